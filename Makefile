@@ -1,0 +1,43 @@
+# simgraph — setup and tests. `make test` is what CI runs (via .ci/run).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+APT_PKGS := pkg-config libopencv-dev libturbojpeg0-dev
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test lint bench-objectives clean
+
+setup: $(STAMP)
+
+# apt packages ffcv builds against; installed only when missing.
+apt-deps:
+	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing apt packages:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+$(STAMP): pyproject.toml
+	@$(MAKE) --no-print-directory apt-deps
+	@[ -x $(PY) ] || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	# numpy first: ffcv's setup.py imports it at build time.
+	$(PY) -m pip install -q numpy==2.4.6
+	$(PY) -m pip install -q --no-build-isolation ffcv==1.0.2 || $(PY) -m pip install -q ffcv==1.0.2
+	$(PY) -m pip install -q -e '.[dev,bench]'
+	@touch $(STAMP)
+
+# The suite runs inside a loopback-only network namespace: Ray stays on 127.0.0.1 and
+# anything that tries to download at run time fails.
+test: setup
+	unshare -n bash -c 'ip link set lo up && HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)'
+
+lint: setup
+	$(VENV)/bin/ruff check components pipelines tests bench
+
+bench-objectives: setup
+	$(PY) bench/objectives.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,121 @@
+"""The one distributed-gather helper, and the reduction that makes DDP gradients exact.
+
+Semantics (open_clip's "local loss, gathered candidates", made exact):
+
+* :func:`gather` concatenates a tensor's rows from every rank in rank order (ranks may hold
+  different numbers of rows). With ``grad=True`` its backward sums the incoming gradient
+  over all ranks and returns this rank's slice, so candidates used by *other* ranks' anchors
+  send their gradient back to the rank that produced them. (The common shortcut "all_gather,
+  then put the local tensor back" keeps only the local part of that gradient.)
+* Each rank scores its local anchors against the gathered candidates. :func:`global_mean`
+  turns per-anchor losses into this rank's share ``sum_local * world_size / count_global``.
+  DDP averages parameter gradients over ranks, so the applied gradient is that of
+  ``sum_all / count_global``: the single-process loss on the concatenated batch, whatever
+  the world size and however the valid anchors are spread over ranks.
+
+Without an initialised process group every function is the single-process identity.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def gathered_sizes(n_local: int, device: torch.device | None = None) -> list[int]:
+    """Row count of every rank, in rank order (``[n_local]`` when not distributed)."""
+    if not is_distributed():
+        return [n_local]
+    n = torch.tensor([n_local], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(n) for _ in range(world_size())]
+    dist.all_gather(sizes, n)
+    return [int(s.item()) for s in sizes]
+
+
+def _all_gather_varlen(x: Tensor) -> tuple[Tensor, list[int]]:
+    """All-gather rows of ``x`` ([n_r, ...], n_r may differ per rank) → ([sum n_r, ...], sizes)."""
+    ws = world_size()
+    sizes = gathered_sizes(x.shape[0], x.device)
+    longest = max(sizes)
+    if x.shape[0] < longest:  # pad so every rank sends the same shape
+        pad = x.new_zeros((longest - x.shape[0], *x.shape[1:]))
+        x = torch.cat([x, pad])
+    parts = [torch.empty_like(x) for _ in range(ws)]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat([p[:s] for p, s in zip(parts, sizes, strict=True)]), sizes
+
+
+class _GatherWithGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
+        out, sizes = _all_gather_varlen(x)
+        ctx.sizes = sizes
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
+        # Every rank's loss may depend on every rank's rows: sum the gradients, keep our slice.
+        grad = grad.contiguous()
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+        start = sum(ctx.sizes[: rank()])
+        return grad[start : start + ctx.sizes[rank()]]
+
+
+def gather(x: Tensor, grad: bool = True) -> Tensor:
+    """Rows of ``x`` from all ranks, concatenated in rank order: [n_r, ...] → [Σ n_r, ...].
+
+    ``grad=True`` keeps autograd through the gather (see the module docstring); ``grad=False``
+    returns a detached tensor. Identity when not distributed.
+    """
+    if not is_distributed():
+        return x if grad else x.detach()
+    if grad and x.requires_grad:
+        return _GatherWithGrad.apply(x)
+    with torch.no_grad():
+        return _all_gather_varlen(x.detach())[0]
+
+
+def row_offset(n_local: int, device: torch.device | None = None) -> int:
+    """Index of this rank's first row in a :func:`gather` of tensors with ``n_local`` rows."""
+    return sum(gathered_sizes(n_local, device)[: rank()])
+
+
+def all_reduce_sum(x: Tensor) -> Tensor:
+    """Sum over ranks of a detached tensor (a copy; the input is untouched)."""
+    x = x.detach().clone()
+    if is_distributed():
+        dist.all_reduce(x, op=dist.ReduceOp.SUM)
+    return x
+
+
+def global_mean(per_anchor: Tensor, valid: Tensor) -> tuple[Tensor, float, int, int]:
+    """Mean of ``per_anchor`` [A] over ``valid`` [A] anchors of *all* ranks, DDP-ready.
+
+    Returns ``(share, value, count, total)``: ``share`` is this rank's differentiable part,
+    ``Σ_local valid loss · world_size / count_global`` (DDP's gradient averaging then gives the
+    exact global-mean gradient); ``value`` is the global mean as a float (the number to log);
+    ``count`` the number of valid anchors over all ranks, ``total`` of all anchors. With no valid anchor anywhere the
+    share is ``0 · Σ per_anchor`` so that it still has a graph and backward works.
+    """
+    # where(): invalid rows may hold inf/NaN placeholders; never multiply them by 0.
+    local_sum = torch.where(valid, per_anchor, torch.zeros_like(per_anchor)).sum()
+    n = torch.tensor(float(valid.numel()), device=valid.device)
+    stats = all_reduce_sum(torch.stack([local_sum.float(), valid.sum().float(), n]))
+    loss_sum, count, total = float(stats[0]), int(stats[1].round()), int(stats[2].round())
+    if count == 0:
+        return local_sum * 0.0, 0.0, 0, total
+    share = local_sum * (world_size() / count)
+    return share, loss_sum / count, count, total

@@ -1,0 +1,65 @@
+"""CLIP / LiT-style image↔caption baseline (Radford et al. 2021; Zhai et al. 2022).
+
+The caption embeddings are frozen (precomputed by sentence-transformers, as LiT locks one
+tower); a trainable linear head maps them to the image embedding space. For each view v:
+
+    i2t = mean_b −log softmax_m(cos(z_bv, h(c_m)) / τ)[b]      (candidates: all captions)
+    t2i = mean_b −log softmax_m(cos(h(c_b), z_mv) / τ)[b]      (candidates: all images, view v)
+    loss = mean_v (i2t + t2i) / 2
+
+Candidates are gathered from every rank; each rank's labels are offset by its first global
+row (open_clip). Two samples with the same caption text are still negatives, as in CLIP.
+
+Shapes: ``batch.z`` [B, V, D], ``batch.captions`` [B, E].
+
+Raises:
+    ValueError: τ ≤ 0, dims < 1, missing captions, caption size ≠ E, bad shapes, non-finite.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from components import distributed
+from components.objectives.core import ContrastiveBatch, Metrics, Objective, check_positive, unit
+
+
+class CLIP(Objective):
+    requires = frozenset({"captions"})
+
+    def __init__(self, dim: int, caption_dim: int = 384, tau: float = 0.07) -> None:
+        super().__init__()
+        if dim < 1 or caption_dim < 1:
+            raise ValueError(f"dim={dim} and caption_dim={caption_dim} must be >= 1")
+        self.tau = check_positive("tau", tau)
+        self.caption_dim = caption_dim
+        self.head = nn.Linear(caption_dim, dim)
+
+    def compute(self, batch: ContrastiveBatch) -> tuple[Tensor, Metrics]:
+        assert batch.captions is not None
+        if batch.captions.shape[1] != self.caption_dim:
+            raise ValueError(
+                f"captions have {batch.captions.shape[1]} dims, the CLIP head expects "
+                f"{self.caption_dim} (loss.caption_dim)"
+            )
+        b, v, _ = batch.z.shape
+        images = unit(batch.z)  # [B, V, D]
+        texts = unit(self.head(batch.captions.float()))  # [B, D]
+        all_images = distributed.gather(images)  # [N, V, D]
+        all_texts = distributed.gather(texts)  # [N, D]
+        offset = distributed.row_offset(b, batch.z.device)
+        targets = offset + torch.arange(b, device=batch.z.device)
+
+        per_sample = batch.z.new_zeros(b, dtype=torch.float32)
+        for view in range(v):
+            i2t = images[:, view] @ all_texts.T / self.tau  # [B, N]
+            t2i = texts @ all_images[:, view].T / self.tau  # [B, N]
+            per_sample = per_sample + (
+                F.cross_entropy(i2t, targets, reduction="none")
+                + F.cross_entropy(t2i, targets, reduction="none")
+            ) / (2 * v)
+        everyone = torch.ones(b, dtype=torch.bool, device=batch.z.device)
+        share, value, _, _ = distributed.global_mean(per_sample, everyone)
+        return share, {"loss": value}

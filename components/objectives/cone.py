@@ -1,0 +1,183 @@
+"""CoNe: Contrast Your Neighbours (Zheng et al., cone.txt Eq. 1, 2, 9–13 and Alg. 1), and CE.
+
+    L = CE(W·h_i, y_i) + λ_sup · L_in^sup + λ_dc · KL(p_dc_i ‖ p_class_i)
+
+* L_in^sup over the top-N memory-bank neighbours J_i (the N bank keys most similar to the EMA
+  key k_i; ``neighbours_from='query'`` picks them with the online query instead, as the
+  authors' released code does). Over those N, ``w_ij = softmax_{j∈J_i}(q_i·Q_j / τ_sup)`` and
+  ``L_in,i = −log Σ_{j∈J_i, y_j = y_i} w_ij`` (Eq. 2 restricted to the neighbours; no
+  contrastive view is used, Sec. 3.3). Anchors with no same-label neighbour are excluded.
+* Distributional consistency: ``p_inst_ij = softmax_j(k_i·Q_j / τ_dc)`` over the whole bank
+  (Eq. 10, with the EMA key as in Alg. 1), ``p_dc_i = Σ_j p_inst_ij · Q^p_j`` (Eq. 11) with the
+  EMA classifier's stored probabilities, and ``L_dc = KL(p_dc ‖ softmax(W·h_i))`` (Eq. 12); the
+  target p_dc carries no gradient.
+* After the loss the bank takes the EMA keys, labels and EMA class probabilities (Alg. 1).
+  With an empty bank (first step) both auxiliary terms are 0.
+
+With λ_sup = λ_dc = 0 this is exactly cross-entropy. Every view is a query with its own key.
+
+Shapes: ``z`` / ``ema_z`` [B, V, D], ``logits`` / ``ema_logits`` [B, V, C], ``labels`` [B].
+
+Raises:
+    ValueError: λ < 0, τ ≤ 0, bank size or top-N < 1, a label ≥ C, bad shapes, non-finite.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from components import distributed
+from components.memory import MemoryBank
+from components.objectives.core import (
+    ContrastiveBatch,
+    Metrics,
+    Objective,
+    check_non_negative,
+    check_positive,
+    unit,
+)
+
+
+def _check_labels(batch: ContrastiveBatch, num_classes: int) -> None:
+    assert batch.labels is not None and batch.logits is not None
+    if batch.logits.shape[-1] != num_classes:
+        raise ValueError(
+            f"logits have {batch.logits.shape[-1]} classes, the objective was built for "
+            f"{num_classes}"
+        )
+    if batch.labels.numel() and int(batch.labels.max()) >= num_classes:
+        raise ValueError(
+            f"label {int(batch.labels.max())} is out of range for {num_classes} classes"
+        )
+
+
+def _cross_entropy(batch: ContrastiveBatch, label_smoothing: float) -> Tensor:
+    """Per-query CE [B·V] (torch's label smoothing: (1−ε)·onehot + ε/C)."""
+    assert batch.logits is not None and batch.labels is not None
+    logits = batch.logits.float().flatten(0, 1)
+    labels = batch.labels.repeat_interleave(batch.views)
+    return F.cross_entropy(logits, labels, label_smoothing=label_smoothing, reduction="none")
+
+
+class CrossEntropy(Objective):
+    """Softmax cross-entropy on the classifier head (cone.txt Eq. 1): the supervised baseline."""
+
+    requires = frozenset({"labels", "logits"})
+
+    def __init__(self, num_classes: int, label_smoothing: float = 0.0) -> None:
+        super().__init__()
+        if num_classes < 1:
+            raise ValueError(f"num_classes={num_classes} must be >= 1")
+        self.num_classes = num_classes
+        self.label_smoothing = check_non_negative("label_smoothing", label_smoothing)
+
+    def compute(self, batch: ContrastiveBatch) -> tuple[Tensor, Metrics]:
+        _check_labels(batch, self.num_classes)
+        ce = _cross_entropy(batch, self.label_smoothing)
+        share, value, _, _ = distributed.global_mean(ce, torch.ones_like(ce, dtype=torch.bool))
+        return share, {"loss": value, "ce": value}
+
+
+class CoNe(Objective):
+    requires = frozenset({"labels", "logits", "ema_z", "ema_logits"})
+
+    def __init__(
+        self,
+        num_classes: int,
+        dim: int,
+        lambda_sup: float = 0.7,
+        lambda_dc: float = 0.4,
+        tau_sup: float = 0.1,
+        tau_dc: float = 0.07,
+        bank_size: int = 4096,
+        top_n: int = 32,
+        label_smoothing: float = 0.0,
+        neighbours_from: Literal["key", "query"] = "key",
+    ) -> None:
+        super().__init__()
+        if num_classes < 1:
+            raise ValueError(f"num_classes={num_classes} must be >= 1")
+        if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:
+            raise ValueError(f"top_n={top_n!r} is not allowed: it must be an int >= 1")
+        if neighbours_from not in ("key", "query"):
+            raise ValueError(f"neighbours_from={neighbours_from!r}: choose 'key' or 'query'")
+        self.num_classes = num_classes
+        self.lambda_sup = check_non_negative("lambda_sup", lambda_sup)
+        self.lambda_dc = check_non_negative("lambda_dc", lambda_dc)
+        self.tau_sup = check_positive("tau_sup", tau_sup)
+        self.tau_dc = check_positive("tau_dc", tau_dc)
+        self.top_n = top_n
+        self.label_smoothing = check_non_negative("label_smoothing", label_smoothing)
+        self.neighbours_from = neighbours_from
+        self.bank = MemoryBank(bank_size, dim, num_classes=num_classes)
+
+    def compute(self, batch: ContrastiveBatch) -> tuple[Tensor, Metrics]:
+        assert batch.labels is not None and batch.logits is not None
+        assert batch.ema_z is not None and batch.ema_logits is not None
+        _check_labels(batch, self.num_classes)
+        q = unit(batch.z).flatten(0, 1)  # [A, D] queries
+        k = unit(batch.ema_z).flatten(0, 1)  # [A, D] EMA keys
+        logits = batch.logits.float().flatten(0, 1)  # [A, C]
+        labels = batch.labels.repeat_interleave(batch.views)  # [A]
+        everyone = torch.ones_like(labels, dtype=torch.bool)
+
+        ce_share, ce, _, _ = distributed.global_mean(
+            _cross_entropy(batch, self.label_smoothing), everyone
+        )
+        loss = ce_share
+        metrics: Metrics = {"ce": ce, "bank_fill": len(self.bank) / self.bank.size}
+        rows = self.bank.valid()
+        if len(self.bank) == 0:
+            zero = logits.sum() * 0.0
+            sup_in, dc, without = 0.0, 0.0, float(labels.numel())
+            loss = loss + zero
+        else:
+            bank_z = rows["features"].float()
+            sup_share, sup_in, count, total = distributed.global_mean(
+                *self._neighbour_sup_in(q, k, labels, bank_z, rows["labels"])
+            )
+            dc_share, dc, _, _ = distributed.global_mean(
+                self._dc(k, logits, bank_z, rows["probs"].float()), everyone
+            )
+            without = float(total - count)
+            loss = loss + self.lambda_sup * sup_share + self.lambda_dc * dc_share
+        metrics.update(
+            sup_in=sup_in,
+            dc=dc,
+            anchors_without_positive=without,
+            loss=ce + self.lambda_sup * sup_in + self.lambda_dc * dc,
+        )
+        with torch.no_grad():
+            self.bank.enqueue(
+                k,
+                labels=labels,
+                ids=None if batch.sample_ids is None else batch.sample_ids.repeat_interleave(batch.views),
+                probs=torch.softmax(batch.ema_logits.float().flatten(0, 1), dim=1),
+            )
+        return loss, metrics
+
+    def _neighbour_sup_in(
+        self, q: Tensor, k: Tensor, labels: Tensor, bank_z: Tensor, bank_labels: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Per-query L_in over the top-N neighbours [A] and validity [A]."""
+        n = min(self.top_n, bank_z.shape[0])
+        with torch.no_grad():
+            chooser = k if self.neighbours_from == "key" else q.detach()
+            neighbours = (chooser @ bank_z.T).topk(n, dim=1).indices  # [A, N]
+        # Score only the chosen rows: [A, N, D] · [A, D] — avoids an A×K logit matrix.
+        logits = torch.einsum("and,ad->an", bank_z[neighbours], q) / self.tau_sup
+        positives = bank_labels[neighbours] == labels[:, None]  # [A, N]
+        min_value = torch.finfo(logits.dtype).min
+        pos_lse = torch.logsumexp(logits.masked_fill(~positives, min_value), dim=1)
+        return torch.logsumexp(logits, dim=1) - pos_lse, positives.any(1)
+
+    def _dc(self, k: Tensor, logits: Tensor, bank_z: Tensor, bank_probs: Tensor) -> Tensor:
+        """Per-query KL(p_dc ‖ p_class) [A]; p_dc from the EMA key, no gradient."""
+        with torch.no_grad():
+            p_dc = torch.softmax(k @ bank_z.T / self.tau_dc, dim=1) @ bank_probs  # [A, C]
+        log_p_class = torch.log_softmax(logits, dim=1)
+        return (torch.xlogy(p_dc, p_dc) - p_dc * log_p_class).sum(1)

@@ -1,0 +1,358 @@
+"""The one formulation every objective shares (DESIGN.md "Objectives: one formulation").
+
+An objective scores **anchors** (this rank's batch, all views) against **candidates** (every
+rank's batch gathered with autograd, then optionally a memory bank). Logits are
+``s_ij = cos(z_i, c_j) / tau`` in float32 (even under autocast), with each anchor's own column
+masked. A loss is then a *target graph* over candidates (``targets.py``) and a *reducer*
+below; anchors and candidates are never assumed to be the same set, so no function here
+assumes a square or symmetric logit matrix.
+
+Layout: a batch ``z`` of shape [B, V, D] is flattened sample-major (row ``b·V + v``);
+gathered candidates are rank 0's rows, then rank 1's, …, then the bank's.
+
+Memory: for A anchors and M candidates the reducers hold the logits plus one or two further
+A×M float32 buffers (listed per function), and the graph (an A×M bool or float32 matrix).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from components import distributed
+from components.memory import MemoryBank
+
+Metrics = dict[str, float]
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ValueError(message)
+
+
+def _finite(name: str, x: Tensor | None) -> None:
+    if x is not None and x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).sum())
+        raise ValueError(f"{name} has {bad} non-finite value(s) (NaN or inf); fix the model/input")
+
+
+@dataclasses.dataclass
+class ContrastiveBatch:
+    """What every objective receives: this rank's part of the batch.
+
+    Attributes:
+        z: [B, V, D] projector outputs for V ≥ 1 views of B samples (any float dtype; they are
+            L2-normalised in float32 inside the objective).
+        labels: [B] int64 class ids ≥ 0, for supervised losses.
+        sample_ids: [B] int64 dataset-wide sample ids. Needed to recognise the same image in a
+            memory bank; without them the batch position is used and bank rows never match.
+        captions: [B, E] caption embeddings (X-CLR per-sample graph, CLIP).
+        logits: [B, V, C] classifier logits of the online model (CoNe, CE).
+        ema_z: [B, V, D] EMA-encoder projector outputs ("keys"): fill the memory bank.
+        ema_logits: [B, V, C] EMA classifier logits (CoNe's Q_p).
+
+    Raises:
+        ValueError: wrong ranks/shapes/dtypes, mismatched B or V, non-finite values.
+    """
+
+    z: Tensor
+    labels: Tensor | None = None
+    sample_ids: Tensor | None = None
+    captions: Tensor | None = None
+    logits: Tensor | None = None
+    ema_z: Tensor | None = None
+    ema_logits: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        z = self.z
+        _check(isinstance(z, Tensor), f"z must be a torch.Tensor, got {type(z).__name__}")
+        _check(
+            z.ndim == 3 and z.is_floating_point(),
+            f"z must be a float tensor [batch, views, dim], got {z.dtype} {tuple(z.shape)}",
+        )
+        b, v, _ = z.shape
+        for name in ("labels", "sample_ids"):
+            t = getattr(self, name)
+            if t is not None:
+                _check(
+                    t.shape == (b,) and not t.is_floating_point() and t.dtype != torch.bool,
+                    f"{name} must be an integer tensor of shape [{b}], "
+                    f"got {t.dtype} {tuple(t.shape)}",
+                )
+        if self.labels is not None and self.labels.numel():
+            _check(int(self.labels.min()) >= 0, "labels must be >= 0 class ids")
+        if self.captions is not None:
+            c = self.captions
+            _check(
+                c.ndim == 2 and c.shape[0] == b and c.is_floating_point(),
+                f"captions must be a float tensor [{b}, E], got {c.dtype} {tuple(c.shape)}",
+            )
+        if self.ema_z is not None:
+            _check(
+                self.ema_z.shape == z.shape,
+                f"ema_z must match z's shape {tuple(z.shape)}, got {tuple(self.ema_z.shape)}",
+            )
+        for name in ("logits", "ema_logits"):
+            t = getattr(self, name)
+            if t is not None:
+                _check(
+                    t.ndim == 3 and t.shape[:2] == (b, v) and t.is_floating_point(),
+                    f"{name} must be a float tensor [{b}, {v}, classes], got {tuple(t.shape)}",
+                )
+        if self.logits is not None and self.ema_logits is not None:
+            _check(
+                self.logits.shape == self.ema_logits.shape,
+                f"ema_logits {tuple(self.ema_logits.shape)} must match logits "
+                f"{tuple(self.logits.shape)}",
+            )
+        for name in ("z", "captions", "logits", "ema_z", "ema_logits"):
+            _finite(name, getattr(self, name))
+
+    @property
+    def views(self) -> int:
+        return self.z.shape[1]
+
+
+def unit(x: Tensor) -> Tensor:
+    """Rows L2-normalised in float32 (autocast-proof)."""
+    return nn.functional.normalize(x.float(), dim=-1)
+
+
+@dataclasses.dataclass
+class Pairs:
+    """Anchors (this rank) against candidates (all ranks, then the bank), with their metadata.
+
+    ``anchors`` [A, D] and ``candidates`` [M, D] are unit float32 rows; ``self_index`` [A] is
+    each anchor's own column in the candidates; ``*_ids`` / ``*_labels`` are [A] / [M] int64
+    (-1 where unknown); ``*_captions`` [A, E] / [M, E] or None.
+    """
+
+    anchors: Tensor
+    candidates: Tensor
+    self_index: Tensor
+    anchor_ids: Tensor
+    candidate_ids: Tensor
+    anchor_labels: Tensor | None = None
+    candidate_labels: Tensor | None = None
+    anchor_captions: Tensor | None = None
+    candidate_captions: Tensor | None = None
+
+    def self_mask(self) -> Tensor:
+        """[A, M] bool, True at each anchor's own column."""
+        mask = torch.zeros(
+            self.anchors.shape[0], self.candidates.shape[0], dtype=torch.bool,
+            device=self.anchors.device,
+        )
+        return mask.scatter_(1, self.self_index[:, None], True)
+
+
+def pair_up(batch: ContrastiveBatch, bank: MemoryBank | None = None) -> Pairs:
+    """Gather candidates from every rank (with autograd) and append the bank's rows."""
+    b, v, _ = batch.z.shape
+    device = batch.z.device
+    offset = distributed.row_offset(b, device)
+    anchors = unit(batch.z).flatten(0, 1)  # [B·V, D], row b·V + v
+    candidates = distributed.gather(anchors)  # [N·V, D]
+    self_index = (offset * v + torch.arange(b * v, device=device)).long()
+
+    def per_view(t: Tensor) -> Tensor:  # [B, ...] -> [B·V, ...]
+        return t.repeat_interleave(v, dim=0)
+
+    ids = batch.sample_ids if batch.sample_ids is not None else offset + torch.arange(b, device=device)
+    anchor_ids = per_view(ids.to(device).long())
+    pairs = Pairs(
+        anchors=anchors,
+        candidates=candidates,
+        self_index=self_index,
+        anchor_ids=anchor_ids,
+        candidate_ids=distributed.gather(anchor_ids, grad=False),
+    )
+    if batch.labels is not None:
+        pairs.anchor_labels = per_view(batch.labels.long())
+        pairs.candidate_labels = distributed.gather(pairs.anchor_labels, grad=False)
+    if batch.captions is not None:
+        pairs.anchor_captions = per_view(unit(batch.captions))
+        pairs.candidate_captions = distributed.gather(pairs.anchor_captions, grad=False)
+
+    if bank is not None and len(bank):
+        rows = bank.valid()
+        pairs.candidates = torch.cat([pairs.candidates, rows["features"].float()])
+        pairs.candidate_ids = torch.cat([pairs.candidate_ids, rows["ids"]])
+        if pairs.candidate_labels is not None:
+            pairs.candidate_labels = torch.cat([pairs.candidate_labels, rows["labels"]])
+        if pairs.candidate_captions is not None:
+            pairs.candidate_captions = torch.cat(
+                [pairs.candidate_captions, unit(rows["captions"])]
+            )
+    return pairs
+
+
+def masked_logits(pairs: Pairs, tau: float) -> Tensor:
+    """``s_ij = cos(a_i, c_j) / tau`` [A, M] float32, each anchor's own column at finfo.min."""
+    logits = pairs.anchors @ pairs.candidates.T / tau
+    # In place is safe: the matmul's backward needs its inputs, not this output.
+    return logits.scatter_(1, pairs.self_index[:, None], torch.finfo(logits.dtype).min)
+
+
+def graph_cross_entropy(logits: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
+    """``H(t_i, softmax(s_i))`` with ``t_i = w_i / Σ_j w_ij`` — SimCLR, SupCon L_out, X-CLR.
+
+    Since Σ_j t_ij = 1, ``H = logsumexp_j s_ij − Σ_j t_ij s_ij``: no log-softmax matrix is built.
+
+    Args:
+        logits: [A, M] masked logits (:func:`masked_logits`; the own column is excluded).
+        weights: [A, M] non-negative graph weights (bool or float), 0 on the own column.
+
+    Returns:
+        per-anchor loss [A] and validity [A] (anchors with Σ_j w_ij > 0).
+    """
+    w = weights.to(logits.dtype)
+    mass = w.sum(1)
+    valid = mass > 0
+    pulled = (w * logits).sum(1) / mass.clamp_min(torch.finfo(w.dtype).tiny)
+    return torch.logsumexp(logits, dim=1) - pulled, valid
+
+
+def positive_log_mass(logits: Tensor, positives: Tensor) -> tuple[Tensor, Tensor]:
+    """``−log Σ_{p∈P(i)} softmax(s_i)_p`` — SupCon L_in (Eq. 3, the 1/|P| inside the log is a
+    constant shift: ``−log (1/|P|) Σ_p …`` adds ``log |P(i)|``, included here).
+
+    Buffers: one A×M float32 (the positive-masked logits).
+    """
+    valid = positives.any(1)
+    min_value = torch.finfo(logits.dtype).min
+    pos_lse = torch.logsumexp(logits.masked_fill(~positives, min_value), dim=1)
+    count = positives.sum(1).clamp_min(1).to(logits.dtype)
+    return torch.logsumexp(logits, dim=1) - pos_lse + torch.log(count), valid
+
+
+def noise_contrastive(
+    logits: Tensor, positives: Tensor, self_mask: Tensor, margin: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """SINCERE / eps-SupInfoNCE: mean over p ∈ P(i) of
+    ``−log e^{s_ip} / (e^{s_ip − margin} + Σ_{n∈N(i)} e^{s_in})``, N(i) = not positive, not i.
+
+    ``margin`` is in logit units (ε/τ for a cosine margin ε). Buffers: two A×M float32
+    (negatives-masked logits, per-pair losses).
+    """
+    valid = positives.any(1)
+    min_value = torch.finfo(logits.dtype).min
+    noise = ~(positives | self_mask)
+    noise_lse = torch.logsumexp(logits.masked_fill(~noise, min_value), dim=1, keepdim=True)
+    per_pair = torch.logaddexp(logits - margin, noise_lse) - logits  # [A, M]
+    per_pair = torch.where(positives, per_pair, torch.zeros_like(per_pair))
+    count = positives.sum(1).clamp_min(1).to(logits.dtype)
+    return per_pair.sum(1) / count, valid
+
+
+class Objective(nn.Module):
+    """Base of all objectives: ``objective(batch) -> (loss, metrics)``.
+
+    ``loss`` is this rank's DDP share (:func:`components.distributed.global_mean`): call
+    ``backward()`` on it; ``metrics['loss']`` is the global value to log. ``requires`` names
+    the :class:`ContrastiveBatch` fields the objective needs, so a training loop can ask
+    what to compute without branching on the loss name.
+    """
+
+    requires: ClassVar[frozenset[str]] = frozenset()
+
+    def forward(self, batch: ContrastiveBatch) -> tuple[Tensor, Metrics]:
+        missing = sorted(f for f in self.requires if getattr(batch, f) is None)
+        if missing:
+            raise ValueError(
+                f"{type(self).__name__} needs batch field(s) {', '.join(missing)}; "
+                f"they are None (e.g. labels for a supervised loss, captions for "
+                f"X-CLR graph='caption', ema_z when a memory bank is used)"
+            )
+        return self.compute(batch)
+
+    def compute(self, batch: ContrastiveBatch) -> tuple[Tensor, Metrics]:
+        raise NotImplementedError
+
+
+def reduce(per_anchor: Tensor, valid: Tensor, **extra: float) -> tuple[Tensor, Metrics]:
+    """Global mean over valid anchors plus the standard metrics."""
+    share, value, count, total = distributed.global_mean(per_anchor, valid)
+    metrics = {
+        "loss": value,
+        "anchors": float(total),
+        "anchors_without_positive": float(total - count),
+    }
+    metrics.update(extra)
+    return share, metrics
+
+
+def check_positive(name: str, value: float) -> float:
+    """``value`` if it is a finite number > 0, else ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{name}={value!r} is not allowed: it must be a number > 0")
+    if value == float("inf"):
+        raise ValueError(f"{name}={value!r} is not allowed: it must be finite")
+    return float(value)
+
+
+def check_non_negative(name: str, value: float) -> float:
+    """``value`` if it is a finite number ≥ 0, else ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ValueError(f"{name}={value!r} is not allowed: it must be a number >= 0")
+    if value == float("inf"):
+        raise ValueError(f"{name}={value!r} is not allowed: it must be finite")
+    return float(value)
+
+
+class BatchContrastive(Objective):
+    """Shared skeleton of the batch-contrastive losses (SimCLR, SupCon, X-CLR, SINCERE, ε):
+    pair anchors with gathered candidates (+ bank), score, reduce globally, then enqueue the
+    EMA keys. Subclasses only say how to score: :meth:`per_anchor`.
+
+    Args:
+        tau: temperature τ > 0 of ``s_ij = cos / τ``.
+        bank_size: 0 for no memory bank, else its capacity K ≥ 1 (needs ``ema_z`` in batches).
+        dim: projector output dimension D (required when ``bank_size > 0``).
+        caption_dim: caption-embedding size E to keep in the bank (0 = none).
+    """
+
+    def __init__(self, tau: float, bank_size: int = 0, dim: int = 0, caption_dim: int = 0):
+        super().__init__()
+        self.tau = check_positive("tau", tau)
+        if isinstance(bank_size, bool) or not isinstance(bank_size, int) or bank_size < 0:
+            raise ValueError(f"bank_size={bank_size!r} is not allowed: 0 (no bank) or >= 1")
+        self.bank: MemoryBank | None = None
+        if bank_size:
+            if dim < 1:
+                raise ValueError(f"a memory bank needs the embedding dim >= 1, got dim={dim}")
+            self.bank = MemoryBank(bank_size, dim, caption_dim=caption_dim)
+            self.requires = type(self).requires | {"ema_z"}
+
+    def compute(self, batch: ContrastiveBatch) -> tuple[Tensor, Metrics]:
+        pairs = pair_up(batch, self.bank)
+        per_anchor, valid, extra = self.per_anchor(pairs)
+        out = reduce(per_anchor, valid, **extra)
+        if self.bank is not None:
+            out[1]["bank_fill"] = len(self.bank) / self.bank.size
+            self._enqueue(batch)
+        return out
+
+    def per_anchor(self, pairs: Pairs) -> tuple[Tensor, Tensor, Metrics]:
+        """Per-anchor loss [A], validity [A] and extra metrics (already global means)."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def _enqueue(self, batch: ContrastiveBatch) -> None:
+        assert self.bank is not None and batch.ema_z is not None
+        v = batch.views
+
+        def per_view(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.repeat_interleave(v, dim=0)
+
+        keep_captions = self.bank.captions.shape[1] > 0
+        self.bank.enqueue(
+            unit(batch.ema_z).flatten(0, 1),
+            labels=per_view(batch.labels),
+            # Positional ids are only meaningful within one step: store -1 (never matches).
+            ids=per_view(batch.sample_ids),
+            captions=per_view(unit(batch.captions)) if keep_captions else None,
+        )
