@@ -107,15 +107,22 @@ def global_mean(per_anchor: Tensor, valid: Tensor) -> tuple[Tensor, float, int, 
     Returns ``(share, value, count, total)``: ``share`` is this rank's differentiable part,
     ``Σ_local valid loss · world_size / count_global`` (DDP's gradient averaging then gives the
     exact global-mean gradient); ``value`` is the global mean as a float (the number to log);
-    ``count`` the number of valid anchors over all ranks, ``total`` of all anchors. With no valid anchor anywhere the
-    share is ``0 · Σ per_anchor`` so that it still has a graph and backward works.
+    ``count`` the number of valid anchors over all ranks, ``total`` of all anchors. With no
+    valid anchor anywhere the share is ``0 · Σ per_anchor``, which still has a graph.
     """
     # where(): invalid rows may hold inf/NaN placeholders; never multiply them by 0.
     local_sum = torch.where(valid, per_anchor, torch.zeros_like(per_anchor)).sum()
-    n = torch.tensor(float(valid.numel()), device=valid.device)
-    stats = all_reduce_sum(torch.stack([local_sum.float(), valid.sum().float(), n]))
+    counts = torch.tensor([valid.sum(), valid.numel()], dtype=local_sum.dtype, device=valid.device)
+    stats = all_reduce_sum(torch.cat([local_sum.detach()[None], counts]))
     loss_sum, count, total = float(stats[0]), int(stats[1].round()), int(stats[2].round())
     if count == 0:
         return local_sum * 0.0, 0.0, 0, total
     share = local_sum * (world_size() / count)
     return share, loss_sum / count, count, total
+
+
+def mean_over_ranks(values: Tensor) -> float:
+    """Mean of ``values`` [n_r] over the rows of every rank (no gradient) — for metrics."""
+    v = values.detach()
+    stats = all_reduce_sum(torch.stack([v.sum(), torch.tensor(v.numel(), dtype=v.dtype, device=v.device)]))
+    return float(stats[0] / stats[1]) if float(stats[1]) else 0.0

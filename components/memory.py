@@ -113,16 +113,11 @@ class MemoryBank(nn.Module):
         return torch.full((n,), -1, dtype=torch.long, device=device)
 
     def _write(self, buf: Tensor, rows: Tensor) -> None:
-        rows = rows[-self.size :].to(buf.dtype)  # more rows than K: only the newest K survive
-        n, start = rows.shape[0], int(self.ptr)
-        if n == 0:
-            return
-        if n == self.size:  # overwrite all, oldest at ptr so FIFO order is kept
-            buf.copy_(torch.roll(rows, shifts=start, dims=0))
-            return
-        first = min(n, self.size - start)
-        buf[start : start + first] = rows[:first]
-        buf[: n - first] = rows[first:]
+        """Write rows as if one by one from ``ptr`` on; of more than K only the newest K stay."""
+        skipped = max(0, rows.shape[0] - self.size)
+        rows = rows[skipped:].to(buf.dtype)
+        slots = (int(self.ptr) + skipped + torch.arange(rows.shape[0])) % self.size
+        buf[slots.to(buf.device)] = rows
 
     def valid(self) -> dict[str, Tensor]:
         """The filled rows of every field (views; do not modify)."""

@@ -46,7 +46,7 @@ class CLIP(Objective):
             )
         b, v, _ = batch.z.shape
         images = unit(batch.z)  # [B, V, D]
-        texts = unit(self.head(batch.captions.float()))  # [B, D]
+        texts = unit(self.head(batch.captions.to(self.head.weight.dtype)))  # [B, D]
         all_images = distributed.gather(images)  # [N, V, D]
         all_texts = distributed.gather(texts)  # [N, D]
         offset = distributed.row_offset(b, batch.z.device)

@@ -24,6 +24,7 @@ Raises:
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import torch
@@ -36,6 +37,7 @@ from components.objectives.core import (
     ContrastiveBatch,
     Metrics,
     Objective,
+    at_least_fp32,
     check_non_negative,
     check_positive,
     unit,
@@ -58,7 +60,7 @@ def _check_labels(batch: ContrastiveBatch, num_classes: int) -> None:
 def _cross_entropy(batch: ContrastiveBatch, label_smoothing: float) -> Tensor:
     """Per-query CE [B·V] (torch's label smoothing: (1−ε)·onehot + ε/C)."""
     assert batch.logits is not None and batch.labels is not None
-    logits = batch.logits.float().flatten(0, 1)
+    logits = at_least_fp32(batch.logits).flatten(0, 1)
     labels = batch.labels.repeat_interleave(batch.views)
     return F.cross_entropy(logits, labels, label_smoothing=label_smoothing, reduction="none")
 
@@ -121,11 +123,12 @@ class CoNe(Objective):
         _check_labels(batch, self.num_classes)
         q = unit(batch.z).flatten(0, 1)  # [A, D] queries
         k = unit(batch.ema_z).flatten(0, 1)  # [A, D] EMA keys
-        logits = batch.logits.float().flatten(0, 1)  # [A, C]
-        labels = batch.labels.repeat_interleave(batch.views)  # [A]
+        logits = at_least_fp32(batch.logits).flatten(0, 1)  # [A, C]
+        per_view = functools.partial(torch.repeat_interleave, repeats=batch.views, dim=0)
+        labels = per_view(batch.labels)  # [A]
         everyone = torch.ones_like(labels, dtype=torch.bool)
 
-        ce_share, ce, _, _ = distributed.global_mean(
+        ce_share, ce, _, anchors = distributed.global_mean(
             _cross_entropy(batch, self.label_smoothing), everyone
         )
         loss = ce_share
@@ -133,15 +136,15 @@ class CoNe(Objective):
         rows = self.bank.valid()
         if len(self.bank) == 0:
             zero = logits.sum() * 0.0
-            sup_in, dc, without = 0.0, 0.0, float(labels.numel())
+            sup_in, dc, without = 0.0, 0.0, float(anchors)
             loss = loss + zero
         else:
-            bank_z = rows["features"].float()
+            bank_z = rows["features"].to(q.dtype)
             sup_share, sup_in, count, total = distributed.global_mean(
                 *self._neighbour_sup_in(q, k, labels, bank_z, rows["labels"])
             )
             dc_share, dc, _, _ = distributed.global_mean(
-                self._dc(k, logits, bank_z, rows["probs"].float()), everyone
+                self._dc(k, logits, bank_z, rows["probs"].to(q.dtype)), everyone
             )
             without = float(total - count)
             loss = loss + self.lambda_sup * sup_share + self.lambda_dc * dc_share
@@ -155,8 +158,10 @@ class CoNe(Objective):
             self.bank.enqueue(
                 k,
                 labels=labels,
-                ids=None if batch.sample_ids is None else batch.sample_ids.repeat_interleave(batch.views),
-                probs=torch.softmax(batch.ema_logits.float().flatten(0, 1), dim=1),
+                ids=None
+                if batch.sample_ids is None
+                else batch.sample_ids.repeat_interleave(batch.views),
+                probs=torch.softmax(at_least_fp32(batch.ema_logits).flatten(0, 1), dim=1),
             )
         return loss, metrics
 

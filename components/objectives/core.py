@@ -116,9 +116,14 @@ class ContrastiveBatch:
         return self.z.shape[1]
 
 
+def at_least_fp32(x: Tensor) -> Tensor:
+    """fp16/bf16 upcast to float32 (losses never run in half precision); float64 kept."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def unit(x: Tensor) -> Tensor:
-    """Rows L2-normalised in float32 (autocast-proof)."""
-    return nn.functional.normalize(x.float(), dim=-1)
+    """Rows L2-normalised in at least float32."""
+    return nn.functional.normalize(at_least_fp32(x), dim=-1)
 
 
 @dataclasses.dataclass
@@ -143,7 +148,9 @@ class Pairs:
     def self_mask(self) -> Tensor:
         """[A, M] bool, True at each anchor's own column."""
         mask = torch.zeros(
-            self.anchors.shape[0], self.candidates.shape[0], dtype=torch.bool,
+            self.anchors.shape[0],
+            self.candidates.shape[0],
+            dtype=torch.bool,
             device=self.anchors.device,
         )
         return mask.scatter_(1, self.self_index[:, None], True)
@@ -161,7 +168,11 @@ def pair_up(batch: ContrastiveBatch, bank: MemoryBank | None = None) -> Pairs:
     def per_view(t: Tensor) -> Tensor:  # [B, ...] -> [B·V, ...]
         return t.repeat_interleave(v, dim=0)
 
-    ids = batch.sample_ids if batch.sample_ids is not None else offset + torch.arange(b, device=device)
+    ids = (
+        batch.sample_ids
+        if batch.sample_ids is not None
+        else offset + torch.arange(b, device=device)
+    )
     anchor_ids = per_view(ids.to(device).long())
     pairs = Pairs(
         anchors=anchors,
@@ -179,14 +190,16 @@ def pair_up(batch: ContrastiveBatch, bank: MemoryBank | None = None) -> Pairs:
 
     if bank is not None and len(bank):
         rows = bank.valid()
-        pairs.candidates = torch.cat([pairs.candidates, rows["features"].float()])
+        pairs.candidates = torch.cat([pairs.candidates, rows["features"].to(anchors.dtype)])
         pairs.candidate_ids = torch.cat([pairs.candidate_ids, rows["ids"]])
         if pairs.candidate_labels is not None:
             pairs.candidate_labels = torch.cat([pairs.candidate_labels, rows["labels"]])
-        if pairs.candidate_captions is not None:
+        if pairs.candidate_captions is not None and bank.captions.shape[1]:
             pairs.candidate_captions = torch.cat(
-                [pairs.candidate_captions, unit(rows["captions"])]
+                [pairs.candidate_captions, unit(rows["captions"]).to(anchors.dtype)]
             )
+        else:  # a bank without captions: no caption graph over these candidates
+            pairs.candidate_captions = None
     return pairs
 
 

@@ -19,8 +19,13 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from components.objectives.core import BatchContrastive, Metrics, Pairs, graph_cross_entropy
-from components.objectives.core import masked_logits
+from components.objectives.core import (
+    BatchContrastive,
+    Metrics,
+    Pairs,
+    graph_cross_entropy,
+    masked_logits,
+)
 from components.objectives.targets import instance_graph
 
 

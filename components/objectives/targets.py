@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from components.objectives.core import Pairs
+from components.objectives.core import Pairs, at_least_fp32
 
 
 def _without_self(mask: Tensor, pairs: Pairs) -> Tensor:
@@ -48,7 +48,7 @@ def class_similarity_graph(pairs: Pairs, class_similarity: Tensor) -> Tensor:
                 f"{name} labels span [{int(labels.min())}, {int(labels.max())}] but the class "
                 f"similarity matrix is {c}×{c}: labels must lie in [0, {c})"
             )
-    sim = class_similarity.to(pairs.anchors.device, torch.float32)
+    sim = class_similarity.to(pairs.anchors.device, pairs.anchors.dtype)
     return sim[pairs.anchor_labels][:, pairs.candidate_labels]
 
 
@@ -64,6 +64,6 @@ def soft_targets(similarity: Tensor, pairs: Pairs, tau_s: float) -> Tensor:
 
     Computed in float32 with the own column at finfo.min, so tau_s = 1e-3 stays finite.
     """
-    scaled = similarity.float() / tau_s
+    scaled = at_least_fp32(similarity) / tau_s
     scaled = scaled.scatter(1, pairs.self_index[:, None], torch.finfo(scaled.dtype).min)
     return torch.softmax(scaled, dim=1)

@@ -29,6 +29,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from components import distributed
 from components.objectives.core import (
     BatchContrastive,
     Metrics,
@@ -69,7 +70,9 @@ class XCLR(BatchContrastive):
                 raise ValueError("X-CLR graph='class' needs class_similarity, a [C, C] matrix")
             s = torch.as_tensor(class_similarity, dtype=torch.float32)
             if s.ndim != 2 or s.shape[0] != s.shape[1] or s.shape[0] < 1:
-                raise ValueError(f"class_similarity must be a square [C, C] matrix, got {tuple(s.shape)}")
+                raise ValueError(
+                    f"class_similarity must be a square [C, C] matrix, got {tuple(s.shape)}"
+                )
             if not bool(torch.isfinite(s).all()):
                 raise ValueError("class_similarity has non-finite values")
             self.register_buffer("class_similarity", s)
@@ -85,5 +88,5 @@ class XCLR(BatchContrastive):
         loss, valid = graph_cross_entropy(masked_logits(pairs, self.tau), targets)
         # Every anchor with at least one other candidate has a full target distribution.
         valid = valid & (pairs.candidates.shape[0] > 1)
-        true_pos = (targets * instance_graph(pairs)).sum(1).mean()
-        return loss, valid, {"true_positive_weight": float(true_pos)}
+        true_pos = distributed.mean_over_ranks((targets * instance_graph(pairs)).sum(1))
+        return loss, valid, {"true_positive_weight": true_pos}

@@ -1,0 +1,47 @@
+"""Small builders shared by the objective tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from components.objectives import ContrastiveBatch
+
+
+def label_patterns(n: int) -> dict[str, np.ndarray]:
+    """The label patterns every supervised loss is tested on, for ``n`` ≥ 5 samples."""
+    rng = np.random.default_rng(n)
+    singles = np.array([0, 0, 1, 2, 2, *range(3, n - 2)])  # classes 1 and ≥ 3 are singletons
+    return {
+        "unique": np.arange(n),
+        "one_class": np.zeros(n, dtype=np.int64),
+        "singletons": singles.astype(np.int64),
+        "random": rng.integers(0, 3, size=n),
+    }
+
+
+def batch_from(z: np.ndarray | torch.Tensor, **fields: np.ndarray | torch.Tensor) -> ContrastiveBatch:
+    """A float64 :class:`ContrastiveBatch` whose ``z`` requires grad (returned as ``.z``)."""
+    zt = torch.as_tensor(np.asarray(z), dtype=torch.float64).clone().requires_grad_(True)
+    tensors = {}
+    for name, value in fields.items():
+        t = torch.as_tensor(np.asarray(value))
+        tensors[name] = t.double() if t.is_floating_point() else t.long()
+    return ContrastiveBatch(z=zt, **tensors)
+
+
+def numeric_grad(f, x: np.ndarray, h: float = 1e-6) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """Central finite differences of the scalar ``f(x)`` (float64)."""
+    x = np.array(x, dtype=np.float64)
+    g = np.zeros_like(x)
+    it = np.nditer(x, flags=["multi_index"])
+    for _ in it:
+        idx = it.multi_index
+        old = x[idx]
+        x[idx] = old + h
+        up = f(x)
+        x[idx] = old - h
+        down = f(x)
+        x[idx] = old
+        g[idx] = (up - down) / (2 * h)
+    return g

@@ -1,0 +1,94 @@
+"""Config loading: types, ranges, unknown keys, tagged loss sections, dotted overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from components.config import (
+    LOSS_CONFIGS,
+    CoNeConfig,
+    ConfigError,
+    EpsSupInfoNCEConfig,
+    LossSection,
+    SupConConfig,
+    XCLRConfig,
+    apply_overrides,
+    from_dict,
+    load_config,
+    to_dict,
+)
+
+
+def test_every_loss_name_round_trips() -> None:
+    assert set(LOSS_CONFIGS) == {
+        "simclr", "supcon", "xclr", "sincere", "eps_supinfonce", "cone", "ce", "clip",
+    }
+    for name, cls in LOSS_CONFIGS.items():
+        cfg = from_dict(LossSection, {"loss": {"name": name}})
+        assert isinstance(cfg.loss, cls)
+        assert from_dict(LossSection, to_dict(cfg)) == cfg
+
+
+def test_values_and_types() -> None:
+    cfg = from_dict(LossSection, {"loss": {"name": "xclr", "tau": 1, "tau_s": "1e-3"}})
+    assert cfg.loss == XCLRConfig(tau=1.0, tau_s=0.001)
+    assert isinstance(cfg.loss.tau, float)
+
+
+@pytest.mark.parametrize(
+    ("loss", "message"),
+    [
+        ({"name": "supcon", "epsilon": 0.1}, "unknown key loss.epsilon for 'supcon'; allowed"),
+        ({"name": "nope"}, "loss.name='nope' is not allowed: choose one of ce, clip, cone"),
+        ({"name": "xclr", "tau": 0}, "loss.tau=0.0 is not allowed: it must be a finite number > 0"),
+        ({"name": "xclr", "tau_s": -1}, "loss.tau_s=-1.0 is not allowed"),
+        ({"name": "xclr", "tau": "hot"}, "loss.tau='hot' must be a number"),
+        ({"name": "xclr", "tau": True}, "must be a number, not a boolean"),
+        ({"name": "xclr", "graph": "wordnet"}, "loss.graph='wordnet' is not allowed: choose one"),
+        ({"name": "eps_supinfonce", "epsilon": -0.1}, "loss.epsilon=-0.1 is not allowed"),
+        ({"name": "cone", "lambda_sup": -1}, "loss.lambda_sup=-1.0 is not allowed"),
+        ({"name": "cone", "bank_size": 0}, "loss.bank_size=0 is not allowed"),
+        ({"name": "cone", "bank_size": 1.5}, "loss.bank_size=1.5 must be an integer"),
+        ({"name": "supcon", "bank_size": -3}, "loss.bank_size=-3 is not allowed"),
+        ({"name": "supcon", "variant": "both"}, "loss.variant='both' is not allowed"),
+        ({"name": "ce", "label_smoothing": 2}, "must lie in [0.0, 1.0]"),
+    ],
+)
+def test_bad_values_name_key_value_and_allowed(loss: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        from_dict(LossSection, {"loss": loss})
+    assert message in str(err.value)
+
+
+def test_unknown_top_level_key() -> None:
+    with pytest.raises(ConfigError, match="unknown key los for LossSection; allowed keys: loss"):
+        from_dict(LossSection, {"los": {}})
+
+
+def test_overrides_parse_yaml_values_and_switch_loss_cleanly() -> None:
+    base = {"loss": {"name": "supcon", "tau": 0.2, "variant": "in"}}
+    data = apply_overrides(base, ["loss.tau=0.05", "loss.variant=out"])
+    assert from_dict(LossSection, data).loss == SupConConfig(tau=0.05, variant="out")
+    assert base["loss"]["tau"] == 0.2  # the input is not modified
+    # Switching the loss drops the previous loss's parameters instead of failing on them.
+    data = apply_overrides(base, ["loss.name=eps_supinfonce", "loss.epsilon=0.25"])
+    assert from_dict(LossSection, data).loss == EpsSupInfoNCEConfig(epsilon=0.25)
+    with pytest.raises(ConfigError, match="must look like key.path=value"):
+        apply_overrides(base, ["loss.tau"])
+    with pytest.raises(ConfigError, match="'tau' is a value, not a section"):
+        apply_overrides(base, ["loss.tau.x=1"])
+
+
+def test_load_config_from_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("loss:\n  name: cone\n  bank_size: 1000\n  top_n: 8\n")
+    cfg = load_config(path, LossSection, ["loss.lambda_dc=0"])
+    assert cfg.loss == CoNeConfig(bank_size=1000, top_n=8, lambda_dc=0.0)
+    path.write_text("- just a list\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(path, LossSection)
+    path.write_text("loss: !!python/object/apply:os.system ['true']\n")
+    with pytest.raises(Exception, match="could not determine a constructor"):
+        load_config(path, LossSection)  # safe_load never runs code
