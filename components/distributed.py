@@ -124,5 +124,7 @@ def global_mean(per_anchor: Tensor, valid: Tensor) -> tuple[Tensor, float, int, 
 def mean_over_ranks(values: Tensor) -> float:
     """Mean of ``values`` [n_r] over the rows of every rank (no gradient) — for metrics."""
     v = values.detach()
-    stats = all_reduce_sum(torch.stack([v.sum(), torch.tensor(v.numel(), dtype=v.dtype, device=v.device)]))
+    stats = all_reduce_sum(
+        torch.stack([v.sum(), torch.tensor(v.numel(), dtype=v.dtype, device=v.device)])
+    )
     return float(stats[0] / stats[1]) if float(stats[1]) else 0.0

@@ -20,7 +20,9 @@ def label_patterns(n: int) -> dict[str, np.ndarray]:
     }
 
 
-def batch_from(z: np.ndarray | torch.Tensor, **fields: np.ndarray | torch.Tensor) -> ContrastiveBatch:
+def batch_from(
+    z: np.ndarray | torch.Tensor, **fields: np.ndarray | torch.Tensor
+) -> ContrastiveBatch:
     """A float64 :class:`ContrastiveBatch` whose ``z`` requires grad (returned as ``.z``)."""
     zt = torch.as_tensor(np.asarray(z), dtype=torch.float64).clone().requires_grad_(True)
     tensors = {}

@@ -23,7 +23,14 @@ from components.config import (
 
 def test_every_loss_name_round_trips() -> None:
     assert set(LOSS_CONFIGS) == {
-        "simclr", "supcon", "xclr", "sincere", "eps_supinfonce", "cone", "ce", "clip",
+        "simclr",
+        "supcon",
+        "xclr",
+        "sincere",
+        "eps_supinfonce",
+        "cone",
+        "ce",
+        "clip",
     }
     for name, cls in LOSS_CONFIGS.items():
         cfg = from_dict(LossSection, {"loss": {"name": name}})

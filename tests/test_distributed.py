@@ -144,7 +144,9 @@ def test_matches_single_process(world: int, single: dict, tmp_path: Path) -> Non
     for name in CASES:
         ref = single[name]
         for r, result in enumerate(ranks):
-            for step, (got, want) in enumerate(zip(result[name]["steps"], ref["steps"])):
+            for step, (got, want) in enumerate(
+                zip(result[name]["steps"], ref["steps"], strict=True)
+            ):
                 where = f"{name} world={world} rank={r} step={step}"
                 for key, value in want["metrics"].items():
                     assert got["metrics"][key] == pytest.approx(value, rel=1e-9, abs=1e-12), (

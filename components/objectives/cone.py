@@ -140,11 +140,13 @@ class CoNe(Objective):
             loss = loss + zero
         else:
             bank_z = rows["features"].to(q.dtype)
+            with torch.no_grad():
+                key_sim = k @ bank_z.T  # [A, K]: picks neighbours and weighs p_dc
             sup_share, sup_in, count, total = distributed.global_mean(
-                *self._neighbour_sup_in(q, k, labels, bank_z, rows["labels"])
+                *self._neighbour_sup_in(q, key_sim, labels, bank_z, rows["labels"])
             )
             dc_share, dc, _, _ = distributed.global_mean(
-                self._dc(k, logits, bank_z, rows["probs"].to(q.dtype)), everyone
+                self._dc(key_sim, logits, rows["probs"].to(q.dtype)), everyone
             )
             without = float(total - count)
             loss = loss + self.lambda_sup * sup_share + self.lambda_dc * dc_share
@@ -166,13 +168,13 @@ class CoNe(Objective):
         return loss, metrics
 
     def _neighbour_sup_in(
-        self, q: Tensor, k: Tensor, labels: Tensor, bank_z: Tensor, bank_labels: Tensor
+        self, q: Tensor, key_sim: Tensor, labels: Tensor, bank_z: Tensor, bank_labels: Tensor
     ) -> tuple[Tensor, Tensor]:
         """Per-query L_in over the top-N neighbours [A] and validity [A]."""
         n = min(self.top_n, bank_z.shape[0])
         with torch.no_grad():
-            chooser = k if self.neighbours_from == "key" else q.detach()
-            neighbours = (chooser @ bank_z.T).topk(n, dim=1).indices  # [A, N]
+            chooser = key_sim if self.neighbours_from == "key" else q.detach() @ bank_z.T
+            neighbours = chooser.topk(n, dim=1).indices  # [A, N]
         # Score only the chosen rows: [A, N, D] · [A, D] — avoids an A×K logit matrix.
         logits = torch.einsum("and,ad->an", bank_z[neighbours], q) / self.tau_sup
         positives = bank_labels[neighbours] == labels[:, None]  # [A, N]
@@ -180,9 +182,9 @@ class CoNe(Objective):
         pos_lse = torch.logsumexp(logits.masked_fill(~positives, min_value), dim=1)
         return torch.logsumexp(logits, dim=1) - pos_lse, positives.any(1)
 
-    def _dc(self, k: Tensor, logits: Tensor, bank_z: Tensor, bank_probs: Tensor) -> Tensor:
-        """Per-query KL(p_dc ‖ p_class) [A]; p_dc from the EMA key, no gradient."""
+    def _dc(self, key_sim: Tensor, logits: Tensor, bank_probs: Tensor) -> Tensor:
+        """Per-query KL(p_dc ‖ p_class) [A]; p_dc from the EMA key's similarities, no gradient."""
         with torch.no_grad():
-            p_dc = torch.softmax(k @ bank_z.T / self.tau_dc, dim=1) @ bank_probs  # [A, C]
+            p_dc = torch.softmax(key_sim / self.tau_dc, dim=1) @ bank_probs  # [A, C]
         log_p_class = torch.log_softmax(logits, dim=1)
         return (torch.xlogy(p_dc, p_dc) - p_dc * log_p_class).sum(1)

@@ -144,6 +144,7 @@ class Pairs:
     candidate_labels: Tensor | None = None
     anchor_captions: Tensor | None = None
     candidate_captions: Tensor | None = None
+    views: int = 1  # V: batch candidates are [N·V] rows, sample-major
 
     def self_mask(self) -> Tensor:
         """[A, M] bool, True at each anchor's own column."""
@@ -180,6 +181,7 @@ def pair_up(batch: ContrastiveBatch, bank: MemoryBank | None = None) -> Pairs:
         self_index=self_index,
         anchor_ids=anchor_ids,
         candidate_ids=distributed.gather(anchor_ids, grad=False),
+        views=v,
     )
     if batch.labels is not None:
         pairs.anchor_labels = per_view(batch.labels.long())
@@ -222,24 +224,51 @@ def graph_cross_entropy(logits: Tensor, weights: Tensor) -> tuple[Tensor, Tensor
     Returns:
         per-anchor loss [A] and validity [A] (anchors with Σ_j w_ij > 0).
     """
-    w = weights.to(logits.dtype)
-    mass = w.sum(1)
-    valid = mass > 0
-    pulled = (w * logits).sum(1) / mass.clamp_min(torch.finfo(w.dtype).tiny)
+    if weights.dtype == torch.bool:  # hard graph: sum the positive logits sparsely
+        rows, values, count = _positive_entries(logits, weights)
+        pulled = logits.new_zeros(logits.shape[0]).index_add(0, rows, values)
+        valid = count > 0
+        pulled = pulled / count.clamp_min(1)
+    else:  # soft graph: a batched row·row product, no A×M temporary
+        w = weights.to(logits.dtype)
+        mass = w.sum(1)
+        valid = mass > 0
+        pulled = torch.bmm(w[:, None, :], logits[:, :, None]).flatten()
+        pulled = pulled / mass.clamp_min(torch.finfo(w.dtype).tiny)
     return torch.logsumexp(logits, dim=1) - pulled, valid
 
 
-def positive_log_mass(logits: Tensor, positives: Tensor) -> tuple[Tensor, Tensor]:
-    """``−log Σ_{p∈P(i)} softmax(s_i)_p`` — SupCon L_in (Eq. 3, the 1/|P| inside the log is a
-    constant shift: ``−log (1/|P|) Σ_p …`` adds ``log |P(i)|``, included here).
+def _positive_entries(logits: Tensor, positives: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Row index, logit and per-row count of every positive pair: O(#positives), not O(A·M)."""
+    rows, cols = positives.nonzero(as_tuple=True)
+    count = torch.bincount(rows, minlength=logits.shape[0]).to(logits.dtype)
+    return rows, logits[rows, cols], count
 
-    Buffers: one A×M float32 (the positive-masked logits).
+
+def _segment_logsumexp(rows: Tensor, values: Tensor, n: int, valid: Tensor) -> Tensor:
+    """``logsumexp`` of ``values`` grouped by ``rows`` [n]; rows without entries get 0.
+
+    The shift is detached (logsumexp's gradient does not depend on it), and empty rows take
+    log(1) so that no −inf or NaN reaches the backward pass.
     """
-    valid = positives.any(1)
-    min_value = torch.finfo(logits.dtype).min
-    pos_lse = torch.logsumexp(logits.masked_fill(~positives, min_value), dim=1)
-    count = positives.sum(1).clamp_min(1).to(logits.dtype)
-    return torch.logsumexp(logits, dim=1) - pos_lse + torch.log(count), valid
+    shift = torch.full(
+        (n,), torch.finfo(values.dtype).min, dtype=values.dtype, device=values.device
+    )
+    shift = shift.scatter_reduce(0, rows, values.detach(), "amax")
+    total = values.new_zeros(n).index_add(0, rows, torch.exp(values - shift[rows]))
+    return torch.where(valid, torch.log(torch.where(valid, total, 1.0)) + shift, 0.0)
+
+
+def positive_log_mass(logits: Tensor, positives: Tensor) -> tuple[Tensor, Tensor]:
+    """``−log (1/|P(i)|) Σ_{p∈P(i)} softmax(s_i)_p`` — SupCon L_in (supcon.txt Eq. 3).
+
+    The positives' log-sum-exp runs over the positive entries only, so the cost beyond the
+    all-candidates log-sum-exp is O(#positives). Buffers: the bool mask, no A×M float copy.
+    """
+    rows, values, count = _positive_entries(logits, positives)
+    valid = count > 0
+    pos_lse = _segment_logsumexp(rows, values, logits.shape[0], valid)
+    return torch.logsumexp(logits, dim=1) - pos_lse + torch.log(count.clamp_min(1)), valid
 
 
 def noise_contrastive(
@@ -248,17 +277,16 @@ def noise_contrastive(
     """SINCERE / eps-SupInfoNCE: mean over p ∈ P(i) of
     ``−log e^{s_ip} / (e^{s_ip − margin} + Σ_{n∈N(i)} e^{s_in})``, N(i) = not positive, not i.
 
-    ``margin`` is in logit units (ε/τ for a cosine margin ε). Buffers: two A×M float32
-    (negatives-masked logits, per-pair losses).
+    ``margin`` is in logit units (ε/τ for a cosine margin ε). Buffers: one A×M float32 (the
+    noise-masked logits); the per-pair terms are computed on the positive entries only.
     """
-    valid = positives.any(1)
+    rows, values, count = _positive_entries(logits, positives)
     min_value = torch.finfo(logits.dtype).min
     noise = ~(positives | self_mask)
-    noise_lse = torch.logsumexp(logits.masked_fill(~noise, min_value), dim=1, keepdim=True)
-    per_pair = torch.logaddexp(logits - margin, noise_lse) - logits  # [A, M]
-    per_pair = torch.where(positives, per_pair, torch.zeros_like(per_pair))
-    count = positives.sum(1).clamp_min(1).to(logits.dtype)
-    return per_pair.sum(1) / count, valid
+    noise_lse = torch.logsumexp(logits.masked_fill(~noise, min_value), dim=1)  # [A]
+    per_pair = torch.logaddexp(values - margin, noise_lse[rows]) - values  # [#positives]
+    total = logits.new_zeros(logits.shape[0]).index_add(0, rows, per_pair)
+    return total / count.clamp_min(1), count > 0
 
 
 class Objective(nn.Module):

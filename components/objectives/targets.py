@@ -63,7 +63,9 @@ def soft_targets(similarity: Tensor, pairs: Pairs, tau_s: float) -> Tensor:
     """X-CLR targets ``t_ij = softmax_{j≠i}(G_ij / tau_s)`` [A, M] float32, rows sum to 1.
 
     Computed in float32 with the own column at finfo.min, so tau_s = 1e-3 stays finite.
+    The targets carry no gradient (a graph from captions or labels is data, not a model).
     """
-    scaled = at_least_fp32(similarity) / tau_s
-    scaled = scaled.scatter(1, pairs.self_index[:, None], torch.finfo(scaled.dtype).min)
-    return torch.softmax(scaled, dim=1)
+    with torch.no_grad():  # the graph is a fixed target: no gradient, so work in place
+        scaled = at_least_fp32(similarity).div(tau_s)
+        scaled.scatter_(1, pairs.self_index[:, None], torch.finfo(scaled.dtype).min)
+        return torch.softmax(scaled, dim=1)

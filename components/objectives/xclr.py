@@ -34,6 +34,7 @@ from components.objectives.core import (
     BatchContrastive,
     Metrics,
     Pairs,
+    at_least_fp32,
     check_positive,
     graph_cross_entropy,
     masked_logits,
@@ -41,7 +42,6 @@ from components.objectives.core import (
 from components.objectives.targets import (
     caption_similarity_graph,
     class_similarity_graph,
-    instance_graph,
     soft_targets,
 )
 
@@ -68,7 +68,8 @@ class XCLR(BatchContrastive):
         if graph == "class":
             if class_similarity is None:
                 raise ValueError("X-CLR graph='class' needs class_similarity, a [C, C] matrix")
-            s = torch.as_tensor(class_similarity, dtype=torch.float32)
+            s = torch.as_tensor(class_similarity)
+            s = at_least_fp32(s if s.is_floating_point() else s.float()).detach().clone()
             if s.ndim != 2 or s.shape[0] != s.shape[1] or s.shape[0] < 1:
                 raise ValueError(
                     f"class_similarity must be a square [C, C] matrix, got {tuple(s.shape)}"
@@ -88,5 +89,9 @@ class XCLR(BatchContrastive):
         loss, valid = graph_cross_entropy(masked_logits(pairs, self.tau), targets)
         # Every anchor with at least one other candidate has a full target distribution.
         valid = valid & (pairs.candidates.shape[0] > 1)
-        true_pos = distributed.mean_over_ranks((targets * instance_graph(pairs)).sum(1))
+        # Target mass on the other views of the anchor's own image: those are the V columns
+        # of its sample in the batch part of the candidates (its own column holds 0).
+        sample = pairs.self_index // pairs.views  # [A] global sample row
+        cols = sample[:, None] * pairs.views + torch.arange(pairs.views, device=sample.device)
+        true_pos = distributed.mean_over_ranks(targets.gather(1, cols).sum(1))
         return loss, valid, {"true_positive_weight": true_pos}
