@@ -229,13 +229,34 @@ def graph_cross_entropy(logits: Tensor, weights: Tensor) -> tuple[Tensor, Tensor
         pulled = logits.new_zeros(logits.shape[0]).index_add(0, rows, values)
         valid = count > 0
         pulled = pulled / count.clamp_min(1)
-    else:  # soft graph: a batched row·row product, no A×M temporary
-        w = weights.to(logits.dtype)
-        mass = w.sum(1)
-        valid = mass > 0
-        pulled = torch.bmm(w[:, None, :], logits[:, :, None]).flatten()
-        pulled = pulled / mass.clamp_min(torch.finfo(w.dtype).tiny)
+    else:  # soft graph: one fused function, gradient softmax(s) − t computed in place
+        w = weights.detach().to(logits.dtype)
+        mass = w.sum(1, keepdim=True)
+        valid = mass.flatten() > 0
+        targets = w / mass.clamp_min(torch.finfo(w.dtype).tiny)
+        return _SoftCrossEntropy.apply(logits, targets), valid
     return torch.logsumexp(logits, dim=1) - pulled, valid
+
+
+class _SoftCrossEntropy(torch.autograd.Function):
+    """``H(t_i, softmax(s_i)) = logsumexp(s_i) − t_i·s_i`` per row; rows of t sum to 1.
+
+    Backward is ``(softmax(s_i) − t_i) · g_i``, built in one A×M buffer; autograd of the
+    two-term expression would allocate one per term. Saves the logits and targets.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor) -> Tensor:  # type: ignore[override]
+        lse = torch.logsumexp(logits, dim=1)
+        pulled = torch.bmm(targets[:, None, :], logits[:, :, None]).flatten()
+        ctx.save_for_backward(logits, targets, lse)
+        return lse - pulled
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        logits, targets, lse = ctx.saved_tensors
+        out = (logits - lse[:, None]).exp_().sub_(targets).mul_(grad[:, None])
+        return out, None
 
 
 def _positive_entries(logits: Tensor, positives: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -68,4 +68,6 @@ def soft_targets(similarity: Tensor, pairs: Pairs, tau_s: float) -> Tensor:
     with torch.no_grad():  # the graph is a fixed target: no gradient, so work in place
         scaled = at_least_fp32(similarity).div(tau_s)
         scaled.scatter_(1, pairs.self_index[:, None], torch.finfo(scaled.dtype).min)
-        return torch.softmax(scaled, dim=1)
+        # softmax in place (max-shifted, so exp never overflows): no second A×M buffer.
+        scaled.sub_(scaled.amax(dim=1, keepdim=True)).exp_()
+        return scaled.div_(scaled.sum(dim=1, keepdim=True))
