@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 APT_PKGS := pkg-config libopencv-dev libturbojpeg0-dev
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint bench-objectives clean
+.PHONY: setup apt-deps test lint bench-objectives clean
 
 setup: $(STAMP)
 
@@ -30,11 +30,13 @@ $(STAMP): pyproject.toml
 
 # The suite runs inside a loopback-only network namespace: Ray stays on 127.0.0.1 and
 # anything that tries to download at run time fails.
-test: setup
+test: setup lint
+	@unshare -n true 2>/dev/null || { echo "make test: cannot create a network namespace (unshare -n); run as root or with CAP_SYS_ADMIN" >&2; exit 1; }
 	unshare -n bash -c 'ip link set lo up && HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)'
 
 lint: setup
 	$(VENV)/bin/ruff check components pipelines tests bench
+	$(VENV)/bin/mypy components pipelines
 
 bench-objectives: setup
 	$(PY) bench/objectives.py

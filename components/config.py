@@ -245,7 +245,7 @@ def _convert(key: str, value: Any, tp: Any, tagged: Mapping[str, Mapping[str, ty
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(f"{key}={value!r} matches none of {_type_name(tp)}: {'; '.join(errors)}")
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key} must be a mapping of {tp.__name__} fields, got {value!r}")
         return _build(tp, value, key)
@@ -292,7 +292,7 @@ def _from_tagged(key: str, value: Any, choices: Mapping[str, type]) -> Any:
     if not isinstance(value, Mapping):
         raise ConfigError(f"{key} must be a mapping with a 'name', got {value!r}")
     name = value.get("name")
-    if name not in choices:
+    if not isinstance(name, str) or name not in choices:
         raise ConfigError(
             f"{key}.name={name!r} is not allowed: choose one of {', '.join(sorted(choices))}"
         )

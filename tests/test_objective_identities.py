@@ -276,3 +276,18 @@ def test_missing_fields_name_what_is_needed() -> None:
         CrossEntropy(5)(ContrastiveBatch(z=z, labels=torch.tensor([0, 1, 2, 1]), logits=logits))
     with pytest.raises(ValueError, match="captions have 2 dims, the CLIP head expects 4"):
         CLIP(3, 4)(ContrastiveBatch(z=z, captions=torch.randn(4, 2)))
+
+
+def test_autocast_does_not_lower_the_loss_precision() -> None:
+    """Inside a bf16 autocast region the objective still computes in float32."""
+    rng = torch.Generator().manual_seed(0)
+    z = torch.randn(16, 2, 32, generator=rng)
+    labels = torch.randint(0, 4, (16,), generator=rng)
+    captions = torch.randn(16, 8, generator=rng)
+    for objective in (SupCon(0.05), XCLR(0.05, 0.1, "caption"), SINCERE(0.05), CLIP(32, 8)):
+        batch = ContrastiveBatch(z=z, labels=labels, captions=captions)
+        plain = objective(batch)[0]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            auto = objective(batch)[0]
+        assert auto.dtype == torch.float32
+        assert auto.item() == pytest.approx(plain.item(), rel=1e-6), objective

@@ -17,7 +17,6 @@ A×M float32 buffers (listed per function), and the graph (an A×M bool or float
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -319,7 +318,7 @@ class Objective(nn.Module):
     what to compute without branching on the loss name.
     """
 
-    requires: ClassVar[frozenset[str]] = frozenset()
+    requires: frozenset[str] = frozenset()  # per class; an instance may add (e.g. "ema_z")
 
     def forward(self, batch: ContrastiveBatch) -> tuple[Tensor, Metrics]:
         missing = sorted(f for f in self.requires if getattr(batch, f) is None)
@@ -329,7 +328,10 @@ class Objective(nn.Module):
                 f"they are None (e.g. labels for a supervised loss, captions for "
                 f"X-CLR graph='caption', ema_z when a memory bank is used)"
             )
-        return self.compute(batch)
+        # Logits in float32 even inside an autocast region: autocast would run the matmuls
+        # in fp16/bf16, where cos/τ at small τ loses most of its digits.
+        with torch.autocast(device_type=batch.z.device.type, enabled=False):
+            return self.compute(batch)
 
     def compute(self, batch: ContrastiveBatch) -> tuple[Tensor, Metrics]:
         raise NotImplementedError
@@ -416,5 +418,7 @@ class BatchContrastive(Objective):
             labels=per_view(batch.labels),
             # Positional ids are only meaningful within one step: store -1 (never matches).
             ids=per_view(batch.sample_ids),
-            captions=per_view(unit(batch.captions)) if keep_captions else None,
+            captions=per_view(unit(batch.captions))
+            if keep_captions and batch.captions is not None
+            else None,
         )
