@@ -168,26 +168,28 @@ def pair_up(batch: ContrastiveBatch, bank: MemoryBank | None = None) -> Pairs:
     def per_view(t: Tensor) -> Tensor:  # [B, ...] -> [B·V, ...]
         return t.repeat_interleave(v, dim=0)
 
-    ids = (
-        batch.sample_ids
-        if batch.sample_ids is not None
-        else offset + torch.arange(b, device=device)
-    )
-    anchor_ids = per_view(ids.to(device).long())
+    ids = batch.sample_ids
+    if ids is None:  # batch positions: unique across ranks, meaningless across steps
+        ids = offset + torch.arange(b, device=device)
+    labels = batch.labels if batch.labels is not None else torch.full_like(ids, -1)
+    # Per-sample metadata travels once (not once per view), in one collective.
+    meta = torch.stack([ids.to(device).long(), labels.to(device).long()], dim=1)  # [B, 2]
+    all_meta = distributed.gather(meta, grad=False)  # [N, 2]
     pairs = Pairs(
         anchors=anchors,
         candidates=candidates,
         self_index=self_index,
-        anchor_ids=anchor_ids,
-        candidate_ids=distributed.gather(anchor_ids, grad=False),
+        anchor_ids=per_view(meta[:, 0]),
+        candidate_ids=per_view(all_meta[:, 0]),
         views=v,
     )
     if batch.labels is not None:
-        pairs.anchor_labels = per_view(batch.labels.long())
-        pairs.candidate_labels = distributed.gather(pairs.anchor_labels, grad=False)
+        pairs.anchor_labels = per_view(meta[:, 1])
+        pairs.candidate_labels = per_view(all_meta[:, 1])
     if batch.captions is not None:
-        pairs.anchor_captions = per_view(unit(batch.captions))
-        pairs.candidate_captions = distributed.gather(pairs.anchor_captions, grad=False)
+        captions = unit(batch.captions)  # [B, E]
+        pairs.anchor_captions = per_view(captions)
+        pairs.candidate_captions = per_view(distributed.gather(captions, grad=False))
 
     if bank is not None and len(bank):
         rows = bank.valid()
