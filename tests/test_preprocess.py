@@ -1,0 +1,217 @@
+"""``simgraph preprocess`` end to end on Ray Data: round trip, skips, resume after a kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from components.config import PreprocessConfig, from_dict
+from components.data import captions as cap
+from components.data.images import decode_image
+from components.data.shards import read_samples, sha256
+from pipelines.preprocess import PreprocessError, run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def ray_local() -> Iterator[None]:
+    import ray
+
+    ray.init(num_cpus=2, object_store_memory=1 << 30, include_dashboard=False,
+             log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _images(root: Path) -> dict[str, tuple[str, str | None]]:
+    """A class-folder tree with every image kind and every bad kind; path -> (class, caption)."""
+    rng = np.random.default_rng(0)
+    made: dict[str, tuple[str, str | None]] = {}
+
+    def save(cls: str, name: str, img: Image.Image, caption: str | None, **kw: object) -> None:
+        d = root / cls
+        d.mkdir(parents=True, exist_ok=True)
+        img.save(d / name, **kw)
+        if caption is not None:
+            (d / name).with_suffix(".txt").write_text(caption + "\n")
+        made[str(d / name)] = (cls, caption)
+
+    def rgb(h: int, w: int) -> np.ndarray:  # smooth gradients + mild noise (JPEG-friendly)
+        y, x = np.mgrid[0:h, 0:w]
+        base = np.stack([x * 200 / w, y * 200 / h, (x + y) * 100 / (h + w)], axis=-1)
+        return np.clip(base + rng.integers(0, 16, (h, w, 3)), 0, 255).astype(np.uint8)
+
+    save("cat", "rgb.png", Image.fromarray(rgb(20, 30)), "a striped cat")
+    save("cat", "grey.png", Image.fromarray(rgb(24, 24)[:, :, 0]),
+         "a grey cat")
+    save("cat", "big.png", Image.fromarray(rgb(90, 45)), "a striped cat")  # same caption
+    save("dog", "rgba.png", Image.fromarray(
+        np.dstack([rgb(16, 16), rgb(16, 16)[:, :, 1]]), "RGBA"),
+         "a dog")
+    save("dog", "photo.jpg", Image.fromarray(rgb(32, 32)), None, quality=95)
+    save("dog", "deep.png", Image.fromarray(
+        rgb(18, 18)[:, :, 0].astype(np.uint16) * 257), "a deep dog")
+    (root / "dog" / "notes.jpg").write_text("this is not an image")
+    big = root / "dog" / "truncated.png"
+    Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(big)
+    big.write_bytes(big.read_bytes()[:1500])
+    Image.fromarray(rgb(4, 40)).save(root / "cat" / "tiny.png")
+    return made
+
+
+def _cfg(tmp: Path, src: Path, **over: object) -> PreprocessConfig:
+    data = {
+        "output": str(tmp / "out"),
+        "source": {"kind": "folder", "path": str(src)},
+        "image": {"max_side": 40, "min_side": 8, "write_mode": "raw"},
+        "split": {"val": 0.0, "test": 0.0},
+        "shard_size": 2,
+    }
+    for k, v in over.items():
+        section, _, key = k.partition("__")
+        if key:
+            data.setdefault(section, {})[key] = v  # type: ignore[index]
+        else:
+            data[section] = v
+    return from_dict(PreprocessConfig, data)
+
+
+@pytest.mark.slow
+def test_round_trip_skips_and_rerun(tmp_path: Path, ray_local: None) -> None:
+    src = tmp_path / "src"
+    made = _images(src)
+    cfg = _cfg(tmp_path, src)
+    m = run(cfg, echo=False)
+    out = Path(cfg.output)
+
+    assert m["skipped"]["by_reason"] == {"not-an-image": 1, "corrupt-image": 1, "too-small": 1}
+    assert m["splits"]["train"]["samples"] == len(made) == 6
+    assert m["splits"]["train"]["per_class"] == {"cat": 3, "dog": 3}
+    assert len(m["shards"]) == 5  # 9 listed items in shards of 2 (one holds only bad items)
+    assert m["encoder"]["dim"] == 384 and m["fields"]["caption"]["dtype"] == "float16"
+    assert not list((out / "shards").glob("*.beton*"))  # merged, then removed
+
+    # Round trip: exact pixels (raw), labels, ids; embeddings = the model's, same text same bytes.
+    listed = sorted(str(p) for p in src.rglob("*") if p.suffix in (".png", ".jpg"))
+    samples = read_samples(out / "train.beton")
+    model = cap.load_encoder("default")
+    by_caption: dict[str, bytes] = {}
+    for s in samples:
+        path = listed[s["sample_id"]]
+        cls, caption = made[path]
+        expect = decode_image(Path(path).read_bytes(), max_side=40, min_side=8)
+        np.testing.assert_array_equal(s["image"], expect)
+        assert m["classes"][s["label"]] == cls
+        text = caption if caption is not None else f"a photo of a {cls}"
+        ref = cap.embed(model, [text])[0]
+        np.testing.assert_allclose(s["caption"].astype(np.float32), ref, atol=2e-3)
+        assert by_caption.setdefault(text, s["caption"].tobytes()) == s["caption"].tobytes()
+    assert max(s["image"].shape[0] for s in samples) == 40  # big.png 90x45 -> 40x20
+    sim = np.load(out / "class_similarity.npy")
+    ce = np.load(out / "class_embeddings.npy")
+    np.testing.assert_allclose(sim, ce @ ce.T, atol=1e-6)
+    np.testing.assert_allclose(ce[0], cap.embed(model, ["a photo of a cat"])[0], atol=1e-5)
+
+    # Re-run: nothing rebuilt, identical files; other parameters need --overwrite.
+    before = sha256(out / "train.beton")
+    stamp = (out / "train.beton").stat().st_mtime_ns
+    run(cfg, echo=False)
+    assert (out / "train.beton").stat().st_mtime_ns == stamp
+    changed = _cfg(tmp_path, src, image__write_mode="jpg")
+    with pytest.raises(PreprocessError, match="--overwrite"):
+        run(changed, echo=False)
+    m2 = run(changed, overwrite=True, echo=False)
+    assert m2["params"]["image"]["write_mode"] == "jpg" and sha256(out / "train.beton") != before
+    for s in read_samples(out / "train.beton"):
+        expect = decode_image(Path(listed[s["sample_id"]]).read_bytes(), max_side=40, min_side=8)
+        assert np.abs(s["image"].astype(int) - expect).mean() < 6  # JPEG quality 90
+
+
+@pytest.mark.slow
+def test_bad_input_error_policy_and_empty_result(tmp_path: Path, ray_local: None) -> None:
+    src = tmp_path / "src"
+    _images(src)
+    with pytest.raises(PreprocessError, match=r"(notes|truncated)\..*bad_input=error"):
+        run(_cfg(tmp_path, src, bad_input="error"), echo=False)
+    bad = tmp_path / "bad" / "x"
+    bad.mkdir(parents=True)
+    (bad / "a.png").write_text("nope")
+    with pytest.raises(PreprocessError, match="every item was skipped"):
+        run(_cfg(tmp_path, tmp_path / "bad", output=str(tmp_path / "o2")), echo=False)
+
+
+def _session_pids(sid: int) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":  # state; session id (field 6)
+                pids.append(int(d.name))
+    return pids
+
+
+def _kill_session(sid: int) -> None:
+    """SIGKILL every live process of the session until none is left (Ray keeps spawning)."""
+    for _ in range(100):
+        pids = _session_pids(sid)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_identical_files(tmp_path: Path, ray_local: None) -> None:
+    """SIGKILL the whole process tree mid-way, re-run: same bytes as an uninterrupted run."""
+    base = {"source": {"kind": "fashion-mnist", "max_per_class": 30},
+            "image": {"max_side": 28, "min_side": 28}, "shard_size": 15, "keep_shards": True}
+    whole = from_dict(PreprocessConfig, {**base, "output": str(tmp_path / "whole")})
+    ref = run(whole, echo=False)
+
+    cfg_file = tmp_path / "p.yaml"
+    cfg_file.write_text(json.dumps({**base, "output": str(tmp_path / "killed")}))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipelines.cli", "preprocess", str(cfg_file)],
+        cwd=ROOT, env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    shards_dir = tmp_path / "killed" / "shards"
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and len(list(shards_dir.glob("*.json"))) < 3:
+            assert proc.poll() is None, "preprocess exited before it could be killed"
+            time.sleep(0.05)
+    finally:
+        _kill_session(proc.pid)
+        proc.wait()
+    assert not (tmp_path / "killed" / "manifest.json").exists(), "killed too late"
+    written = len(list(shards_dir.glob("*.json")))
+    assert 3 <= written < len(ref["shards"])
+    assert not _session_pids(proc.pid)
+
+    m = run(from_dict(PreprocessConfig, {**base, "output": str(tmp_path / "killed")}), echo=False)
+    assert [s["sha256"] for s in m["shards"]] == [s["sha256"] for s in ref["shards"]]
+    for split in ("train", "val", "test"):
+        assert m["splits"][split]["sha256"] == ref["splits"][split]["sha256"]
+        assert m["splits"][split]["samples"] == ref["splits"][split]["samples"]
+    assert not list(shards_dir.glob("*.tmp"))
