@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 APT_PKGS := pkg-config libopencv-dev libturbojpeg0-dev dataset-fashion-mnist
 STAMP := $(VENV)/.installed
 
-.PHONY: setup apt-deps test lint bench-objectives clean
+.PHONY: setup apt-deps test lint demo bench-objectives clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,10 @@ test: setup lint
 lint: setup
 	$(VENV)/bin/ruff check components pipelines tests bench
 	$(VENV)/bin/mypy components pipelines
+
+# The README's first command: Fashion-MNIST subset -> SimCLR, SupCon, X-CLR on 2 CPU workers.
+demo: setup
+	$(VENV)/bin/simgraph run pipelines/configs/demo.yaml
 
 bench-objectives: setup
 	$(PY) bench/objectives.py

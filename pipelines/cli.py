@@ -7,7 +7,13 @@ Available now:
 
 * ``simgraph preprocess CONFIG [key=value ...] [--overwrite]`` — images → FFCV dataset dir.
 
-Pretrain, evaluate and sweep join as their pipelines land (see README).
+* ``simgraph pretrain CONFIG [key=value ...]`` — Ray Train DDP pretraining; re-running the
+  same run name resumes it from its latest complete checkpoint.
+
+* ``simgraph run CONFIG [key=value ...]`` — preprocess, then several pretraining runs, then a
+  comparison table (``make demo`` runs ``pipelines/configs/demo.yaml``).
+
+Evaluate and sweep join as their pipelines land (see README).
 """
 
 from __future__ import annotations
@@ -15,15 +21,33 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import yaml
 
 from components.config import ConfigError, LossSection, load_config, to_dict
 
 
+def config_class(config: str) -> type:
+    """Which config a file holds, from its top-level keys: a preprocess config names an
+    ``output``, a pretrain config a ``name`` and ``data``; otherwise a loss section."""
+    from components.config import PreprocessConfig, PretrainConfig, load_yaml
+
+    keys = set(load_yaml(config))
+    if "runs" in keys:
+        from components.config import PipelineConfig
+
+        return PipelineConfig
+    if "output" in keys:
+        return PreprocessConfig
+    if {"name", "data"} <= keys:
+        return PretrainConfig
+    return LossSection
+
+
 def validate(config: str, overrides: Sequence[str]) -> int:
     try:
-        cfg = load_config(config, LossSection, overrides)
+        cfg: Any = load_config(config, config_class(config), overrides)
     except (ConfigError, OSError) as e:
         print(f"simgraph: invalid config: {e}", file=sys.stderr)
         return 2
@@ -41,6 +65,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("config", help="YAML preprocess config (see pipelines/configs/data/)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. image.max_side=64")
     p.add_argument("--overwrite", action="store_true", help="rebuild from scratch")
+    p = commands.add_parser("pretrain", help="pretrain an encoder with Ray Train (resumable)")
+    p.add_argument("config", help="YAML pretrain config (see pipelines/configs/pretrain/)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. loss.tau=0.2")
+    p = commands.add_parser("run", help="preprocess + several pretraining runs + a table")
+    p.add_argument("config", help="YAML pipeline config (e.g. pipelines/configs/demo.yaml)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides of the pipeline config")
     args = parser.parse_args(argv)
     if args.command == "validate":
         return validate(args.config, args.overrides)
@@ -48,6 +78,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pipelines import preprocess
 
         return preprocess.main(args.config, args.overrides, overwrite=args.overwrite)
+    if args.command == "pretrain":
+        from pipelines import pretrain
+
+        return pretrain.main(args.config, args.overrides)
+    if args.command == "run":
+        from pipelines import run
+
+        return run.main(args.config, args.overrides)
     parser.error(f"unknown command {args.command!r}")
     return 2
 

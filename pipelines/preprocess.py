@@ -536,7 +536,10 @@ def _assemble(
     }
     if cfg.captions.enabled:
         fields[shards.CAPTION] = {"type": "NDArrayField", "dtype": cfg.captions.dtype,
-                                  "shape": [dim], "normalised": True}
+                                  "shape": [dim], "normalised": True,
+                                  # numba has no float16: FFCV stores its bit pattern
+                                  "stored_as": "int16" if cfg.captions.dtype == "float16"
+                                  else "float32"}
     manifest = {
         "format": FORMAT,
         "complete": True,

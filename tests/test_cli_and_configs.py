@@ -79,3 +79,20 @@ def test_preprocess_cli_reports_config_errors(
     rc = main(["preprocess", str(DATA_FILES[0]), "image.write_mode=png"])
     assert rc == 2
     assert "image.write_mode='png' is not allowed" in capsys.readouterr().err
+
+
+PRETRAIN_FILES = sorted((ROOT / "pipelines" / "configs" / "pretrain").glob("*.yaml"))
+DATA_FILES = sorted((ROOT / "pipelines" / "configs" / "data").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", PRETRAIN_FILES + DATA_FILES, ids=lambda p: p.stem)
+def test_run_and_data_configs_validate(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from components.config import PreprocessConfig, PretrainConfig
+    from pipelines.cli import config_class
+
+    cls = PretrainConfig if path.parent.name == "pretrain" else PreprocessConfig
+    assert config_class(str(path)) is cls
+    load_config(path, cls)
+    assert main(["validate", str(path)]) == 0
+    assert main(["validate", str(path), "no_such_key=1"]) == 2
+    assert "unknown key no_such_key" in capsys.readouterr().err

@@ -99,3 +99,13 @@ def test_load_config_from_yaml(tmp_path: Path) -> None:
     path.write_text("loss: !!python/object/apply:os.system ['true']\n")
     with pytest.raises(Exception, match="could not determine a constructor"):
         load_config(path, LossSection)  # safe_load never runs code
+
+
+def test_only_the_loss_section_switches_kind_by_name() -> None:
+    from components.config import apply_overrides
+
+    data = {"name": "a", "optim": {"name": "sgd", "lr": 0.5},
+            "loss": {"name": "xclr", "tau_s": 0.2}}
+    out = apply_overrides(data, ["name=b", "optim.name=lars", "loss.name=sincere"])
+    assert out == {"name": "b", "optim": {"name": "lars", "lr": 0.5},
+                   "loss": {"name": "sincere"}}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from components.data import captions as cap
 from components.data.images import decode_image
 from components.data.shards import read_samples, sha256
 from pipelines.preprocess import PreprocessError, run
+from tests.procs import kill_session, session_pids
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -151,33 +151,6 @@ def test_bad_input_error_policy_and_empty_result(tmp_path: Path, ray_local: None
         run(_cfg(tmp_path, tmp_path / "bad", output=str(tmp_path / "o2")), echo=False)
 
 
-def _session_pids(sid: int) -> list[int]:
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == sid and fields[0] != "Z":  # state; session id (field 6)
-                pids.append(int(d.name))
-    return pids
-
-
-def _kill_session(sid: int) -> None:
-    """SIGKILL every live process of the session until none is left (Ray keeps spawning)."""
-    for _ in range(100):
-        pids = _session_pids(sid)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.1)
-
-
 @pytest.mark.slow
 def test_killed_run_resumes_to_identical_files(tmp_path: Path, ray_local: None) -> None:
     """SIGKILL the whole process tree mid-way, re-run: same bytes as an uninterrupted run."""
@@ -202,12 +175,12 @@ def test_killed_run_resumes_to_identical_files(tmp_path: Path, ray_local: None) 
             assert proc.poll() is None, "preprocess exited before it could be killed"
             time.sleep(0.05)
     finally:
-        _kill_session(proc.pid)
+        kill_session(proc.pid)
         proc.wait()
     assert not (tmp_path / "killed" / "manifest.json").exists(), "killed too late"
     written = len(list(shards_dir.glob("*.json")))
     assert 3 <= written < len(ref["shards"])
-    assert not _session_pids(proc.pid)
+    assert not session_pids(proc.pid)
 
     m = run(from_dict(PreprocessConfig, {**base, "output": str(tmp_path / "killed")}), echo=False)
     assert [s["sha256"] for s in m["shards"]] == [s["sha256"] for s in ref["shards"]]

@@ -26,6 +26,8 @@ import numpy as np
 
 # Stored field names, in file order. `caption` exists only when captions are embedded.
 IMAGE, LABEL, SAMPLE_ID, CAPTION = "image", "label", "sample_id", "caption"
+# A caption field of this dtype holds float16 bit patterns (see write_shard).
+F16_BITS = np.dtype(np.int16)
 MIN_PAGE_SIZE = 1 << 21
 
 
@@ -76,7 +78,9 @@ def write_shard(
     """Write rows (already decoded RGB ``[H, W, 3]`` uint8) to ``path`` with one writer
     process, so the bytes depend only on the rows (a re-run gives an identical file).
 
-    ``captions``: ``[N, E]`` float16/float32 or ``None``.
+    ``captions``: ``[N, E]`` float16/float32 or ``None``. float16 is stored as its int16 bit
+    pattern (:data:`F16_BITS`): numba, which compiles FFCV's pipeline, has no float16, and an
+    ``NDArrayField`` of float16 stalled the compiled Loader here. Readers view it back.
     """
     import functools
 
@@ -92,6 +96,10 @@ def write_shard(
         SAMPLE_ID: IntField(),
     }
     if captions is not None:
+        if captions.dtype == np.float16:
+            captions = captions.view(F16_BITS)
+        elif captions.dtype != np.float32:
+            raise ShardError(f"captions dtype {captions.dtype} is not float16 or float32")
         fields[CAPTION] = NDArrayField(dtype=captions.dtype, shape=(captions.shape[1],))
     writer = ffcv.writer.DatasetWriter(str(path), fields, page_size=page_size, num_workers=1)
     writer.from_indexed_dataset(_Rows(images, labels, sample_ids, captions), chunksize=256)
@@ -244,7 +252,8 @@ def read_samples(path: str | Path, indices: Sequence[int] | None = None) -> list
             elif name == CAPTION:
                 dt, shape = handler.dtype, handler.shape  # type: ignore[attr-defined]
                 n = int(np.prod(shape)) * dt.itemsize
-                sample[name] = np.frombuffer(bytes(data[int(m) : int(m) + n]), dt).reshape(shape)
+                arr = np.frombuffer(bytes(data[int(m) : int(m) + n]), dt).reshape(shape)
+                sample[name] = arr.view(np.float16) if dt == F16_BITS else arr
             else:
                 sample[name] = int(m)
         out.append(sample)

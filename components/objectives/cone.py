@@ -69,6 +69,7 @@ class CrossEntropy(Objective):
     """Softmax cross-entropy on the classifier head (cone.txt Eq. 1): the supervised baseline."""
 
     requires = frozenset({"labels", "logits"})
+    uses_z = False  # only the classifier head trains: DDP must not wait for projector grads
 
     def __init__(self, num_classes: int, label_smoothing: float = 0.0) -> None:
         super().__init__()

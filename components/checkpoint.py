@@ -1,0 +1,119 @@
+"""Full-state checkpoints (DESIGN.md "Checkpoints and resume").
+
+A checkpoint is a directory holding ``state.pt`` (``torch.save`` of plain containers and
+tensors) and ``meta.json``, written last, with the epoch, step and the sha256 of
+``state.pt``. Both files go to a temp name first and are renamed, so a directory without
+``meta.json``, or whose ``state.pt`` does not match it, is an interrupted write and is never
+loaded (:func:`load_state` raises, :func:`is_complete` says no). Loading uses
+``torch.load(weights_only=True)``: tensors and plain containers only, no code runs.
+
+State keys (``pipelines/pretrain.py``): ``model`` (encoder, projector, classifier head,
+objective incl. memory bank), ``ema``, ``optimizer``, ``scheduler``, ``scaler``, ``epoch``
+(epochs completed), ``step`` (optimizer steps done), ``history`` (per-epoch metrics),
+``seed`` and ``config``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "simgraph-checkpoint/1"
+STATE, META = "state.pt", "meta.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is incomplete, corrupted or from another format."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _replace(tmp: Path, dst: Path) -> None:
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, dst)
+
+
+def save_state(directory: str | Path, state: dict[str, Any]) -> Path:
+    """Write ``state`` into ``directory`` (created) atomically; returns the directory."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / (STATE + ".tmp")
+    torch.save(state, tmp)
+    _replace(tmp, d / STATE)
+    meta = {
+        "format": FORMAT,
+        "epoch": int(state.get("epoch", 0)),
+        "step": int(state.get("step", 0)),
+        "sha256": _sha256(d / STATE),
+        "bytes": (d / STATE).stat().st_size,
+    }
+    tmp = d / (META + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=1))
+    _replace(tmp, d / META)
+    return d
+
+
+def read_meta(directory: str | Path) -> dict[str, Any]:
+    """``meta.json`` of a checkpoint dir.
+
+    Raises:
+        CheckpointError: missing (the write was interrupted) or not this format.
+    """
+    d = Path(directory)
+    try:
+        meta = json.loads((d / META).read_text())
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{d} is not a complete checkpoint: no {META} (its write was interrupted)"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{d / META} is unreadable: {e}") from None
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{d} has format {meta.get('format')!r}, expected {FORMAT!r}")
+    return dict(meta)
+
+
+def is_complete(directory: str | Path) -> bool:
+    """Whether ``directory`` holds a checkpoint whose ``state.pt`` matches its ``meta.json``."""
+    try:
+        meta = read_meta(directory)
+        f = Path(directory) / STATE
+        return f.stat().st_size == meta["bytes"] and _sha256(f) == meta["sha256"]
+    except (CheckpointError, OSError, KeyError):
+        return False
+
+
+def load_state(directory: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Verify and load a checkpoint written by :func:`save_state`.
+
+    Raises:
+        CheckpointError: incomplete (interrupted write), checksum mismatch (corrupted), or
+            not loadable with ``weights_only=True``.
+    """
+    d = Path(directory)
+    meta = read_meta(d)
+    f = d / STATE
+    if not f.exists() or f.stat().st_size != meta["bytes"] or _sha256(f) != meta["sha256"]:
+        raise CheckpointError(
+            f"{f} does not match its {META} (size or sha256): the checkpoint is corrupted or "
+            "was partly overwritten; resume from an earlier one or start a new run"
+        )
+    try:
+        state = torch.load(f, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises several types here
+        raise CheckpointError(f"cannot load {f} with weights_only=True: {e}") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{f} holds a {type(state).__name__}, not a state dict")
+    return state

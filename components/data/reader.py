@@ -1,0 +1,438 @@
+"""Read a preprocessed dataset dir: V augmented views per image for one DDP rank.
+
+:class:`DatasetInfo` reads and checks ``manifest.json``; :class:`ViewLoader` wraps one FFCV
+``Loader`` over ``<split>.beton``:
+
+* **Sharding.** :class:`RankOrder` permutes the whole split with
+  ``default_rng([seed, epoch])`` (the same on every rank) and deals it out ``perm[rank::W]``,
+  so ranks see disjoint samples, a new shuffle each epoch, reproducible from (seed, epoch).
+  With ``drop_last`` the permutation is cut to a multiple of ``W × batch`` first, so every rank
+  runs the same number of steps (DDP collectives need that) and nothing is repeated; without
+  it every sample is read exactly once (evaluation). FFCV's own ``distributed=True`` pads
+  with repeats (``DistributedSampler``), which is why it is not used.
+* **Views.** View 0 reads the stored ``image`` field; views 1..V-1 are extra
+  ``PipelineSpec("image", ...)`` entries, each with its own random crop, flip and colour ops.
+  On CPU colour jitter and grayscale run inside FFCV's compiled pipeline and blur as a batched
+  torch op; on CUDA the crop and flip run in FFCV and the rest as batched torch ops on the
+  device after ``ToDevice``.
+* **Output.** :class:`Batch` with ``images`` ``[B, V, 3, H, W]`` float32 normalised (cloned:
+  FFCV reuses its buffers), ``labels`` / ``sample_ids`` ``[B]`` int64, ``captions`` ``[B, E]``
+  float32 or ``None``.
+
+FFCV compiles each new Loader with numba (15–45 s here): build it once per worker and reuse
+it across epochs (:meth:`ViewLoader.set_epoch`); ``jit=False`` skips compilation (tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from components.config import AugmentConfig
+from components.data.shards import F16_BITS
+
+MANIFEST = "manifest.json"
+FORMAT = "simgraph-dataset/1"
+
+
+class DatasetError(ValueError):
+    """The dataset dir is missing, incomplete or lacks what the run needs."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+    root: Path
+    classes: list[str]
+    splits: dict[str, int]  # split -> sample count
+    caption_dim: int  # 0 = no caption field
+    manifest: dict[str, Any]
+
+    @classmethod
+    def load(cls, root: str | Path) -> DatasetInfo:
+        """Read ``manifest.json``.
+
+        Raises:
+            DatasetError: no manifest (preprocessing not run or not finished), or another format.
+        """
+        root = Path(root)
+        try:
+            m = json.loads((root / MANIFEST).read_text())
+        except FileNotFoundError:
+            raise DatasetError(
+                f"{root} has no {MANIFEST}: run `simgraph preprocess` for it first (or let an "
+                "interrupted run finish)"
+            ) from None
+        except (OSError, ValueError) as e:
+            raise DatasetError(f"cannot read {root / MANIFEST}: {e}") from None
+        if m.get("format") != FORMAT or not m.get("complete"):
+            raise DatasetError(
+                f"{root / MANIFEST} is not a complete {FORMAT} dataset (format "
+                f"{m.get('format')!r}, complete={m.get('complete')}); re-run preprocessing"
+            )
+        caption = m["fields"].get("caption")
+        return cls(
+            root=root,
+            classes=list(m["classes"]),
+            splits={k: int(v["samples"]) for k, v in m["splits"].items()},
+            caption_dim=int(caption["shape"][0]) if caption else 0,
+            manifest=m,
+        )
+
+    def split_file(self, split: str) -> Path:
+        if self.splits.get(split, 0) == 0:
+            have = [s for s, n in self.splits.items() if n]
+            raise DatasetError(f"{self.root} has no samples in split {split!r}; it has {have}")
+        return self.root / self.manifest["splits"][split]["file"]
+
+    def class_similarity(self) -> np.ndarray | None:
+        """``[C, C]`` cosine similarity of the class captions (X-CLR's class graph)."""
+        name = self.manifest.get("class_files", {}).get("class_similarity")
+        return np.load(self.root / name) if name else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Sample order.
+
+
+def rank_order(
+    n: int, *, seed: int, epoch: int, rank: int, world_size: int, batch_size: int,
+    shuffle: bool, drop_last: bool,
+) -> np.ndarray:
+    """The sample indices ``rank`` reads in ``epoch`` (see the module docstring)."""
+    perm = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
+    if drop_last:
+        perm = perm[: (n // (world_size * batch_size)) * world_size * batch_size]
+    return perm[rank::world_size]
+
+
+def _order_factory(max_batches: int | None = None, **kwargs: Any) -> Any:
+    """A ``TraversalOrder`` for FFCV's Loader.
+
+    FFCV 1.0.2 accepts a custom order only as an *instance* that it then calls with the loader
+    (``order(self)`` after ``isinstance(order, TraversalOrder)``), so the instance is a factory.
+    """
+    from ffcv.traversal_order.base import TraversalOrder
+
+    class RankOrder(TraversalOrder):
+        def __init__(self, loader: Any) -> None:
+            super().__init__(loader)
+
+        def sample_order(self, epoch: int) -> Sequence[int]:
+            idx = np.asarray(self.indices)
+            pick = rank_order(len(idx), epoch=epoch, **kwargs)
+            if max_batches is not None:  # a capped epoch: the first batches of this order
+                pick = pick[: max_batches * kwargs["batch_size"]]
+            return idx[pick]
+
+    class Factory(TraversalOrder):
+        def __init__(self) -> None:  # built before the loader exists
+            pass
+
+        def __call__(self, loader: Any) -> TraversalOrder:
+            return RankOrder(loader)
+
+        def sample_order(self, epoch: int) -> Sequence[int]:
+            raise NotImplementedError
+
+    return Factory()
+
+
+# ---------------------------------------------------------------------------------------------
+# The loader.
+
+
+@dataclasses.dataclass
+class Batch:
+    images: torch.Tensor  # [B, V, 3, H, W] float32, normalised
+    labels: torch.Tensor  # [B] int64 (-1 = unlabelled)
+    sample_ids: torch.Tensor  # [B] int64
+    captions: torch.Tensor | None  # [B, E] float32 (L2-normalised) or None
+
+
+def set_jit(enabled: bool) -> None:
+    """Switch FFCV's numba compilation on or off (off: no 15–45 s compile, slow pipeline)."""
+    from ffcv.pipeline.compiler import Compiler
+
+    Compiler.set_enabled(enabled)
+
+
+class ViewLoader:
+    """FFCV loader for one split and one rank; see the module docstring.
+
+    Args:
+        path: the split's ``.beton`` file (``DatasetInfo.split_file``).
+        batch_size: per-rank batch.
+        views: augmented views per image (``train``) — evaluation always gives one.
+        augment: crop / colour parameters.
+        train: random views and a shuffled order; otherwise a centre crop in file order.
+        seed, rank, world_size: the order (``rank_order``).
+        device: ``cpu`` or a CUDA device (then the colour ops run batched on the GPU).
+        num_workers: FFCV decoding threads.
+        drop_last: equal step counts on all ranks (training) or every sample once (eval).
+        with_captions: read the caption embeddings if the file has them.
+        max_batches: cap an epoch at this many batches (the first of each epoch's order; the
+            order itself is unchanged, so capped epochs stay disjoint across ranks).
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        batch_size: int,
+        views: int = 2,
+        augment: AugmentConfig | None = None,
+        train: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        device: str | torch.device = "cpu",
+        num_workers: int = 2,
+        drop_last: bool | None = None,
+        os_cache: bool = True,
+        with_captions: bool = True,
+        max_batches: int | None = None,
+    ) -> None:
+        from ffcv.fields.decoders import IntDecoder, NDArrayDecoder
+        from ffcv.reader import Reader
+        from ffcv.transforms import Squeeze, ToDevice, ToTensor
+
+        if views < 1:
+            raise ValueError(f"views={views} must be >= 1")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
+        self.augment = augment or AugmentConfig()
+        self.device = torch.device(device)
+        self.train = train
+        self.views = views if train else 1
+        drop_last = train if drop_last is None else drop_last
+        threads = torch.get_num_threads()
+        handlers = Reader(str(path)).handlers
+        fields = list(handlers)
+        self.has_captions = with_captions and "caption" in fields
+        # float16 captions are stored as int16 bits (shards.write_shard); viewed back below.
+        self._f16_bits = "caption" in fields and handlers["caption"].dtype == F16_BITS
+        on_gpu = self.device.type == "cuda"
+        to_dev = [ToDevice(self.device, non_blocking=True)] if on_gpu else []
+
+        pipelines: dict[str, Any] = {
+            "label": [IntDecoder(), ToTensor(), Squeeze(), *to_dev],
+            "sample_id": [IntDecoder(), ToTensor(), Squeeze(), *to_dev],
+            "caption": [NDArrayDecoder(), ToTensor(), *to_dev] if self.has_captions else None,
+        }
+        if "caption" not in fields:
+            del pipelines["caption"]
+        self._image_keys = ["image"] + [f"image_{v}" for v in range(1, self.views)]
+        for v, key in enumerate(self._image_keys):
+            ops = self._image_ops(on_gpu) + [ToTensor(), *to_dev, _to_torch_image()]
+            pipelines[key] = ops if v == 0 else _spec("image", ops)
+        if max_batches is not None and max_batches < 1:
+            raise ValueError(f"max_batches={max_batches} must be >= 1 or None")
+        order = _order_factory(max_batches=max_batches, seed=seed, rank=rank,
+                               world_size=world_size,
+                               batch_size=batch_size, shuffle=train, drop_last=drop_last)
+        self.loader = _seeded_loader_class()(
+            str(path), batch_size=batch_size, num_workers=num_workers, order=order,
+            os_cache=os_cache, drop_last=drop_last, pipelines=pipelines,
+        )
+        self.loader.aug_seed = (seed, rank)  # type: ignore[attr-defined]
+        torch.set_num_threads(threads)  # the Loader sets torch threads to num_workers
+        self._names = list(self.loader.pipeline_specs)
+        mean = torch.tensor(self.augment.mean, device=self.device).view(1, 3, 1, 1) * 255
+        std = torch.tensor(self.augment.std, device=self.device).view(1, 3, 1, 1) * 255
+        self._mean, self._std = mean, std
+        self._gpu_aug = self._gpu_augment() if (on_gpu and train) else None
+        self._cpu_blur = self._blur_only() if (train and not on_gpu and self.augment.blur_p > 0) \
+            else None
+
+    def _image_ops(self, on_gpu: bool) -> list[Any]:
+        from ffcv.fields.decoders import CenterCropRGBImageDecoder, RandomResizedCropRGBImageDecoder
+        from ffcv.transforms import RandomHorizontalFlip
+
+        a = self.augment
+        size = (a.resolution, a.resolution)
+        if not self.train:
+            return [CenterCropRGBImageDecoder(size, ratio=a.eval_crop_ratio)]
+        ops: list[Any] = [
+            RandomResizedCropRGBImageDecoder(size, scale=tuple(a.scale), ratio=tuple(a.ratio)),
+        ]
+        if a.flip_p > 0:
+            ops.append(RandomHorizontalFlip(flip_prob=a.flip_p))
+        if on_gpu or max(a.jitter_p, a.grayscale_p) == 0:
+            return ops
+        from components.data.augment import RandomColorJitter, RandomGrayscale
+
+        if a.jitter_p > 0:
+            ops.append(RandomColorJitter(brightness=a.brightness, contrast=a.contrast,
+                                         saturation=a.saturation, hue=a.hue, p=a.jitter_p))
+        if a.grayscale_p > 0:
+            ops.append(RandomGrayscale(p=a.grayscale_p))
+        # Blur runs as a batched torch op after the loader (see _cpu_blur): the compiled
+        # RandomGaussianBlur stalled FFCV's worker threads at 8 px here (open issue).
+        return ops
+
+    def _gpu_augment(self) -> torch.nn.Module:
+        from components.data.augment import BatchedSimCLRAugment
+
+        a = self.augment
+        return BatchedSimCLRAugment(
+            brightness=a.brightness, contrast=a.contrast, saturation=a.saturation, hue=a.hue,
+            jitter_p=a.jitter_p, grayscale_p=a.grayscale_p, blur_p=a.blur_p,
+            sigma=(a.blur_sigma[0], a.blur_sigma[1]),
+        )
+
+    def _blur_only(self) -> torch.nn.Module:
+        from components.data.augment import BatchedSimCLRAugment
+
+        a = self.augment
+        return BatchedSimCLRAugment(jitter_p=0.0, grayscale_p=0.0, blur_p=a.blur_p,
+                                    sigma=(a.blur_sigma[0], a.blur_sigma[1]))
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next iteration reads ``epoch``'s order (resume: set the epoch, then iterate)."""
+        self.loader.next_epoch = epoch
+
+    @property
+    def epoch(self) -> int:
+        return int(self.loader.next_epoch)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Batch]:
+        for out in self.loader:
+            got = dict(zip(self._names, out, strict=True))
+            views = []
+            for key in self._image_keys:
+                x = got[key]  # [B, 3, H, W] uint8, a reused FFCV buffer
+                if self._gpu_aug is not None:
+                    x = self._gpu_aug(x)
+                elif self._cpu_blur is not None:
+                    x = self._cpu_blur(x)
+                views.append((x.float() - self._mean) / self._std)  # a new tensor: safe to keep
+            caps = got.get("caption") if self.has_captions else None
+            yield Batch(
+                images=torch.stack(views, dim=1),
+                labels=got["label"].long().clone(),
+                sample_ids=got["sample_id"].long().clone(),
+                captions=self._captions(caps) if caps is not None else None,
+            )
+
+
+    def _captions(self, caps: torch.Tensor) -> torch.Tensor:
+        if self._f16_bits:  # [B, E] int16 bit patterns -> float16 -> float32 (a new tensor)
+            return caps.view(torch.float16).float()
+        return caps.float().clone()
+
+
+def _seeded_loader_class() -> type:
+    """FFCV ``Loader`` whose random augmentations are reproducible from (seed, rank, epoch,
+    batch index): before each batch the pipeline thread seeds numpy's generator and numba's
+    (FFCV's crop sampler is always numba-compiled; numba keeps one generator per thread).
+
+    Exact with ``jit=False`` or one decoding thread. With JIT and several threads, numba's
+    parallel workers draw from their own, unseeded generators: views then vary run to run.
+    """
+    import numba
+    from ffcv.loader import Loader
+    from ffcv.loader.epoch_iterator import EpochIterator
+    from ffcv.pipeline.compiler import Compiler
+
+    global _LOADER_CLASS
+    if _LOADER_CLASS is not None:
+        return _LOADER_CLASS
+
+    @numba.njit(cache=False)
+    def numba_seed(s: int) -> None:
+        np.random.seed(s)
+
+    _order_stages_by_id()
+
+    class SeededEpochIterator(EpochIterator):
+        def __init__(self, loader: Any, order: Any, epoch: int) -> None:
+            self.epoch = epoch  # before the thread starts (the base __init__ starts it)
+            super().__init__(loader, order)
+
+        def run_pipeline(self, b_ix: int, *args: Any) -> Any:
+            seed, rank = self.loader.aug_seed
+            s = int(np.random.SeedSequence([seed, rank, self.epoch, b_ix]).generate_state(1)[0])
+            np.random.seed(s)
+            numba_seed(s)
+            return super().run_pipeline(b_ix, *args)
+
+    class SeededLoader(Loader):
+        def __iter__(self) -> Any:  # Loader.__iter__, with the seeded iterator
+            Compiler.set_num_threads(self.num_workers)
+            epoch = self.next_epoch
+            order = self.next_traversal_order()
+            selected = order[: len(self) * self.batch_size]
+            self.next_epoch += 1
+            if self.code is None or self.recompile:
+                self.generate_code()
+            return SeededEpochIterator(self, selected, epoch)
+
+    _LOADER_CLASS = SeededLoader
+    return SeededLoader
+
+
+_LOADER_CLASS: type | None = None
+
+
+def _order_stages_by_id() -> None:
+    """Make FFCV's stage order deterministic.
+
+    FFCV 1.0.2 groups pipeline operations into stages by popping from ``set``s of nodes, so the
+    order in which, e.g., view 0's and view 1's crops run (and draw random numbers) depends on
+    object addresses and differs between Loaders. This replaces ``Graph.group_operations``
+    with the same grouping (alternating jitted / non-jitted stages, a node joins the first
+    stage of its kind after its parents), visiting nodes in creation order (their ids).
+    """
+    from ffcv.pipeline.graph import Graph
+
+    if getattr(Graph, "_simgraph_ordered", False):
+        return
+
+    def group_operations(self: Any) -> list[list[int]]:
+        ident = self.node_to_id
+        front = sorted(self.root_nodes.keys(), key=lambda n: ident[n])
+        stages: list[list[int]] = []
+        while front:
+            jitted = len(stages) % 2 == 0
+            stage: list[int] = []
+            later: list[Any] = []
+            queue = list(front)
+            seen = set()
+            while queue:
+                node = queue.pop(0)
+                if ident[node] in seen:
+                    continue
+                seen.add(ident[node])
+                if node.is_jitted == jitted or node.is_jitted is None:
+                    stage.append(ident[node])
+                    queue.extend(sorted(self.adjacency_list[node], key=lambda n: ident[n]))
+                else:
+                    later.append(node)
+            stages.append(stage)
+            front = sorted({ident[n]: n for n in later}.values(), key=lambda n: ident[n])
+        return stages
+
+    Graph.group_operations = group_operations
+    Graph._simgraph_ordered = True
+
+
+def _spec(field: str, ops: list[Any]) -> Any:
+    from ffcv.pipeline import PipelineSpec
+
+    return PipelineSpec(field, decoder=ops[0], transforms=ops[1:])
+
+
+def _to_torch_image() -> Any:
+    from ffcv.transforms import ToTorchImage
+
+    # channels_last=False: a plain [B, 3, H, W] layout; the training step converts if asked.
+    return ToTorchImage(channels_last=False)

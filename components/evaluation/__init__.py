@@ -1,0 +1,1 @@
+"""Evaluation metrics on frozen embeddings (weighted kNN classifier; see :mod:`.knn`)."""

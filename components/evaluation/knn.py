@@ -1,0 +1,341 @@
+"""Weighted k-nearest-neighbour classifier on frozen embeddings (Wu et al. 2018).
+
+References:
+    Z. Wu, Y. Xiong, S. X. Yu, D. Lin. "Unsupervised feature learning via non-parametric
+    instance discrimination", CVPR 2018, Sec. 3.5 ("weighted kNN classifier").
+    Used to evaluate the learned embeddings by SINCERE (sincere.txt App. M: "As in Wu et al.
+    (2018), cosine similarity is used to choose the nearest neighbors and to weight votes",
+    accuracy reported for k = 1 and 5) and by X-CLR (xclr.txt Fig. 3b, a range of k).
+
+Formula. Train features ``x_1..x_N`` with labels ``y_1..y_N ∈ {0..C-1}``, a query ``q``:
+
+    s_j       = cos(q, x_j) = <q / ‖q‖, x_j / ‖x_j‖>            (float32)
+    N_k(q)    = indices of the k largest s_j                     (torch.topk order on ties)
+    score_c   = Σ_{j ∈ N_k(q)} [y_j = c] · exp(s_j / τ)           (τ = temperature, 0.07 in Wu)
+    predict   = argmax_c score_c
+
+Features are L2-normalised inside, so scaling any row by a positive constant changes nothing;
+an all-zero row has cosine 0 with everything. Top-k is computed once with ``max(k)`` (sorted,
+descending) and the scores for every smaller k come from its first k columns, so a list of k
+costs one pass over the train set.
+
+Ties. Neighbours with exactly equal similarity at the k-th place, and classes with exactly
+equal scores in :func:`knn_accuracy`, are broken by :func:`torch.topk`, whose order among
+equal values is implementation-defined (it can differ between CPU and CUDA). In particular,
+when fewer than ``t`` classes received a vote, the top-``t`` set is filled with score-0 classes
+in that unspecified order.
+
+Overflow. Since ``s_j ≤ 1``, ``score_c ≤ k · exp(1/τ)``; float32 holds it only if
+``1/τ + ln k < ln(float32 max) ≈ 88.72`` (τ > 0.0113 for k = 1, τ > 0.0120 for k = 200).
+Smaller temperatures are rejected instead of returning ``inf`` scores that tie.
+
+Memory: the train features are copied once as float32 [N, D]; queries are processed in chunks
+of ``chunk_size`` rows, so the similarity buffer is [chunk_size, N] float32 plus the
+[chunk_size, max(k)] top-k values/indices and one [chunk_size, C] score matrix per k.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["knn_accuracy", "knn_correct", "knn_top1", "weighted_knn_predict"]
+
+_LOG_F32_MAX = math.log(torch.finfo(torch.float32).max)  # ≈ 88.7228
+
+
+def _as_int(name: str, value: object) -> int:
+    """``value`` as a Python int; bools and non-integers are refused."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} must be an integer, not a bool")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise ValueError(f"{name}={value!r} must be an integer") from None
+
+
+def _ks(k: int | Sequence[int]) -> list[int]:
+    """``k`` as a non-empty sorted list of distinct integers ≥ 1."""
+    values = [k] if not isinstance(k, Sequence) else list(k)
+    if not values:
+        raise ValueError("k=[] is empty; pass an integer ≥ 1 or a non-empty sequence of them")
+    ks = sorted({_as_int("k", v) for v in values})
+    if ks[0] < 1:
+        raise ValueError(f"k={ks[0]} is not allowed; every k must be ≥ 1")
+    return ks
+
+
+def _check_features(name: str, x: Tensor) -> None:
+    if not isinstance(x, Tensor) or x.dim() != 2:
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"{name} has shape {shape}; expected a 2-D [rows, D] tensor")
+    if not x.is_floating_point():
+        raise ValueError(f"{name} has dtype {x.dtype}; expected a floating-point tensor")
+    if not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).sum())
+        raise ValueError(f"{name} has {bad} non-finite value(s) (NaN or inf); all must be finite")
+
+
+def _check_labels(name: str, labels: Tensor, rows: int, num_classes: int) -> None:
+    if not isinstance(labels, Tensor) or labels.dim() != 1 or labels.shape[0] != rows:
+        shape = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
+        raise ValueError(f"{name} has shape {shape}; expected [{rows}] (one label per row)")
+    if labels.dtype == torch.bool or labels.is_floating_point() or labels.is_complex():
+        raise ValueError(f"{name} has dtype {labels.dtype}; expected an integer (int64) tensor")
+    bad = (labels < 0) | (labels >= num_classes)
+    n_bad = int(bad.sum())
+    if n_bad:
+        example = int(labels[bad][0])
+        raise ValueError(
+            f"{name} has {n_bad} label(s) outside [0, num_classes={num_classes}) "
+            f"(e.g. {example}); -1 marks unlabelled samples: drop those rows before kNN"
+        )
+
+
+def _check_temperature(temperature: float, k_max: int) -> None:
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)):
+        raise ValueError(f"temperature={temperature!r} must be a finite number > 0")
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} is not allowed; it must be > 0")
+    # score_c ≤ k · exp(1/τ) must stay finite in float32 (see module docstring).
+    if 1.0 / temperature + math.log(k_max) >= _LOG_F32_MAX:
+        bound = 1.0 / (_LOG_F32_MAX - math.log(k_max))
+        raise ValueError(
+            f"temperature={temperature} overflows float32 scores (k·exp(1/τ) with k={k_max}); "
+            f"allowed: temperature > {bound:.5f}"
+        )
+
+
+@torch.no_grad()
+def weighted_knn_predict(
+    train_features: Tensor,
+    train_labels: Tensor,
+    query_features: Tensor,
+    k: int | Sequence[int],
+    num_classes: int,
+    temperature: float = 0.07,
+    chunk_size: int = 1024,
+    exclude_self: bool = False,
+) -> dict[int, Tensor]:
+    """Class scores of Wu et al.'s weighted kNN classifier, for one or several k.
+
+    ``score[q, c] = Σ_{j ∈ topk_j cos(q, x_j)} [y_j = c] · exp(cos(q, x_j) / temperature)``
+    (module docstring). Runs without autograd and in float32 even under autocast, on the
+    device of ``train_features``.
+
+    Args:
+        train_features: [N, D] float, any scale (rows are L2-normalised inside).
+        train_labels: [N] integer class ids in ``[0, num_classes)``.
+        query_features: [Q, D] float, same device as ``train_features``.
+        k: number of neighbours, or a sequence of them (each 1 ≤ k ≤ N, or ≤ N - 1 with
+            ``exclude_self``). Top-k is computed once for ``max(k)``.
+        num_classes: C ≥ 1.
+        temperature: τ > 0 of the vote weight ``exp(s / τ)`` (0.07 as Wu et al.); bounded
+            below so the scores stay finite in float32 (module docstring).
+        chunk_size: queries per chunk; memory is O(chunk_size · N).
+        exclude_self: the queries *are* the train set (row i of both is the same sample):
+            query i never votes for itself (its diagonal similarity is masked). Requires Q == N.
+
+    Returns:
+        ``{k: scores}`` for every distinct k, ``scores`` a detached [Q, C] float32 tensor.
+
+    Raises:
+        ValueError: wrong shapes/dtypes, mismatched D or device, non-finite features, labels
+            outside ``[0, num_classes)`` (the count is named), k < 1 or k > N (N - 1 with
+            exclude_self), ``exclude_self`` with Q != N, num_classes < 1, chunk_size < 1,
+            temperature ≤ 0 or too small for float32.
+    """
+    _check_features("train_features", train_features)
+    _check_features("query_features", query_features)
+    n, d = train_features.shape
+    q, d_query = query_features.shape
+    if d_query != d:
+        raise ValueError(
+            f"query_features has D={d_query} but train_features has D={d}; they must match"
+        )
+    if query_features.device != train_features.device:
+        raise ValueError(
+            f"query_features is on {query_features.device} but train_features on "
+            f"{train_features.device}; put both on the same device"
+        )
+    num_classes = _as_int("num_classes", num_classes)
+    if num_classes < 1:
+        raise ValueError(f"num_classes={num_classes} is not allowed; it must be ≥ 1")
+    chunk_size = _as_int("chunk_size", chunk_size)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size} is not allowed; it must be ≥ 1")
+    ks = _ks(k)
+    k_max = ks[-1]
+    if exclude_self and q != n:
+        raise ValueError(
+            f"exclude_self=True needs the queries to be the train set, but Q={q} != N={n}"
+        )
+    available = n - 1 if exclude_self else n
+    if k_max > available:
+        what = "N - 1 (exclude_self)" if exclude_self else "N"
+        raise ValueError(
+            f"k={k_max} is larger than the {available} available neighbours; "
+            f"allowed: 1 ≤ k ≤ {what} = {available}"
+        )
+    _check_temperature(temperature, k_max)
+    _check_labels("train_labels", train_labels, n, num_classes)
+
+    device = train_features.device
+    labels = train_labels.to(device=device, dtype=torch.int64)  # [N]
+    out = {kk: torch.zeros(q, num_classes, dtype=torch.float32, device=device) for kk in ks}
+    if q == 0:
+        return out
+
+    with torch.autocast(device_type=device.type, enabled=False):
+        train = F.normalize(train_features.float(), dim=1)  # [N, D] unit rows (0-rows stay 0)
+        for start in range(0, q, chunk_size):
+            stop = min(start + chunk_size, q)
+            query = F.normalize(query_features[start:stop].float(), dim=1)  # [B, D]
+            sim = query @ train.T  # [B, N] cosine similarities
+            if exclude_self:
+                rows = torch.arange(stop - start, device=device)  # [B]
+                sim[rows, rows + start] = float("-inf")  # query i is train row i
+            top_sim, top_idx = sim.topk(k_max, dim=1, largest=True, sorted=True)  # [B, k_max]
+            weights = torch.exp(top_sim / temperature)  # [B, k_max] vote weights
+            votes = labels[top_idx]  # [B, k_max] neighbour labels
+            scores = torch.zeros(stop - start, num_classes, dtype=torch.float32, device=device)
+            done = 0
+            for kk in ks:  # ascending: add neighbours done..kk-1 to the running scores
+                scores.scatter_add_(1, votes[:, done:kk], weights[:, done:kk])  # [B, C]
+                out[kk][start:stop] = scores
+                done = kk
+    return out
+
+
+def _hits(scores: Tensor, labels: Tensor, t: int) -> Tensor:
+    """[Q] bool: is ``labels[i]`` among the ``min(t, C)`` highest ``scores[i]`` (torch.topk)?"""
+    top = scores.topk(min(t, scores.shape[1]), dim=1).indices  # [Q, t]
+    return (top == labels[:, None]).any(dim=1)
+
+
+def _check_scores(scores: Tensor, labels: Tensor) -> None:
+    if not isinstance(scores, Tensor) or scores.dim() != 2 or scores.shape[1] < 1:
+        shape = tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__
+        raise ValueError(f"scores has shape {shape}; expected a 2-D [Q, C] tensor with C ≥ 1")
+    _check_labels("labels", labels, scores.shape[0], scores.shape[1])
+
+
+@torch.no_grad()
+def knn_accuracy(scores: Tensor, labels: Tensor, topk: Sequence[int] = (1, 5)) -> dict[int, float]:
+    """Top-t accuracy of class scores: fraction of queries whose label is in the top t.
+
+    Args:
+        scores: [Q, C] class scores (e.g. one value of :func:`weighted_knn_predict`), Q ≥ 1.
+        labels: [Q] integer labels in ``[0, C)``, on any device (moved to ``scores``').
+        topk: the t values (each ≥ 1). ``t > C`` is clamped to C, which gives 1.0.
+
+    Returns:
+        ``{t: accuracy in [0, 1]}``. Equal scores are ranked by :func:`torch.topk` (module
+        docstring, "Ties"): e.g. with one voted class, top-5 also holds 4 unspecified
+        score-0 classes.
+
+    Raises:
+        ValueError: wrong shapes/dtypes, Q == 0, labels outside ``[0, C)``, t < 1.
+    """
+    _check_scores(scores, labels)
+    if scores.shape[0] == 0:
+        raise ValueError("scores has Q=0 rows; accuracy needs at least one query")
+    ts = [_as_int("topk", t) for t in topk]
+    if not ts:
+        raise ValueError("topk=() is empty; pass at least one t ≥ 1")
+    if min(ts) < 1:
+        raise ValueError(f"topk={min(ts)} is not allowed; every t must be ≥ 1")
+    labels = labels.to(device=scores.device, dtype=torch.int64)  # [Q]
+    q = scores.shape[0]
+    return {t: int(_hits(scores, labels, t).sum()) / q for t in ts}  # exact count / Q
+
+
+@torch.no_grad()
+def knn_correct(
+    train_features: Tensor,
+    train_labels: Tensor,
+    query_features: Tensor,
+    query_labels: Tensor,
+    k: int,
+    num_classes: int,
+    temperature: float = 0.07,
+    chunk_size: int = 1024,
+) -> tuple[int, int]:
+    """(number of queries predicted correctly at top-1, number of queries), for all_reduce.
+
+    Distributed evaluation: every rank holds the full train set (bank) and its shard of the
+    queries; summing both counts over ranks and dividing gives the accuracy on all queries,
+    exactly as one process would (the prediction of a query does not depend on the others).
+    A rank with no queries returns (0, 0).
+
+    k is clamped to ``min(k, N)``: the online monitor runs on tiny data too, where N < 200;
+    with N ≥ k this is exactly :func:`weighted_knn_predict` with k. The prediction is the
+    top-1 class by :func:`torch.topk` (ties: module docstring).
+
+    Raises:
+        ValueError: as :func:`weighted_knn_predict` (k < 1, N == 0, bad labels, …), and for
+            query labels that are not [Q] or lie outside ``[0, num_classes)``.
+    """
+    _check_features("train_features", train_features)
+    _check_features("query_features", query_features)
+    n, q = train_features.shape[0], query_features.shape[0]
+    k = _as_int("k", k)
+    if k < 1:
+        raise ValueError(f"k={k} is not allowed; it must be ≥ 1")
+    if n == 0:
+        raise ValueError("train_features has N=0 rows; kNN needs at least one train sample")
+    num_classes = _as_int("num_classes", num_classes)
+    if num_classes < 1:
+        raise ValueError(f"num_classes={num_classes} is not allowed; it must be ≥ 1")
+    _check_labels("query_labels", query_labels, q, num_classes)
+    k_used = min(k, n)
+    scores = weighted_knn_predict(
+        train_features,
+        train_labels,
+        query_features,
+        k_used,
+        num_classes,
+        temperature=temperature,
+        chunk_size=chunk_size,
+    )[k_used]  # [Q, C]
+    labels = query_labels.to(device=scores.device, dtype=torch.int64)  # [Q]
+    return int(_hits(scores, labels, 1).sum()), q
+
+
+def knn_top1(
+    train_features: Tensor,
+    train_labels: Tensor,
+    query_features: Tensor,
+    query_labels: Tensor,
+    k: int = 200,
+    *,
+    num_classes: int,
+    temperature: float = 0.07,
+    chunk_size: int = 1024,
+) -> float:
+    """Top-1 weighted-kNN accuracy in [0, 1]: the online monitor run each pretraining epoch.
+
+    k = 200 and τ = 0.07 as Wu et al.; k is clamped to ``min(k, N)`` (see
+    :func:`knn_correct`, which this divides: correct / queries).
+
+    Raises:
+        ValueError: as :func:`knn_correct`, and Q == 0 (accuracy undefined).
+    """
+    correct, total = knn_correct(
+        train_features,
+        train_labels,
+        query_features,
+        query_labels,
+        k,
+        num_classes,
+        temperature=temperature,
+        chunk_size=chunk_size,
+    )
+    if total == 0:
+        raise ValueError("query_features has Q=0 rows; accuracy needs at least one query")
+    return correct / total

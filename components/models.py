@@ -1,0 +1,93 @@
+"""Encoders: torchvision ResNets (optionally with the small-image stem), a tiny CNN for tests,
+the SupCon/SimCLR projector MLP and a linear classifier head (CoNe).
+
+``small_images=True`` swaps the ImageNet stem (7×7 stride-2 conv + max-pool) for a 3×3
+stride-1 conv without pooling, the usual CIFAR recipe (SimCLR App. B.9) for 28–64 px inputs.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+Backbone = Literal["resnet18", "resnet34", "resnet50", "tiny"]
+
+
+class TinyCNN(nn.Module):
+    """Three conv blocks and global average pooling: ``[B, 3, H, W] -> [B, width * 4]``."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        c_in = 3
+        for i, c_out in enumerate((width, width * 2, width * 4)):
+            layers += [nn.Conv2d(c_in, c_out, 3, stride=1 if i == 0 else 2, padding=1,
+                                 bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)]
+            c_in = c_out
+        self.features = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.out_dim = c_in
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features(x)
+
+
+def build_backbone(name: Backbone, small_images: bool, width: int = 16) -> tuple[nn.Module, int]:
+    """The feature extractor and its output dimension (the classifier layer removed).
+
+    Raises:
+        ValueError: an unknown backbone name.
+    """
+    if name == "tiny":
+        net = TinyCNN(width)
+        return net, net.out_dim
+    from torchvision import models
+
+    builders = {"resnet18": models.resnet18, "resnet34": models.resnet34,
+                "resnet50": models.resnet50}
+    if name not in builders:
+        raise ValueError(f"model.backbone={name!r} is not one of tiny, {', '.join(builders)}")
+    net = builders[name](weights=None)  # never downloads: random init
+    if small_images:
+        net.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        net.maxpool = nn.Identity()
+    dim = net.fc.in_features
+    net.fc = nn.Identity()
+    return net, dim
+
+
+def projector(in_dim: int, hidden: int, out: int, layers: int = 2) -> nn.Module:
+    """MLP head: (Linear → BN → ReLU) × (layers − 1) → Linear (SupCon: 2048 → 2048 → 128)."""
+    if layers < 1:
+        raise ValueError(f"model.projector_layers={layers} must be >= 1")
+    mods: list[nn.Module] = []
+    d = in_dim
+    for _ in range(layers - 1):
+        mods += [nn.Linear(d, hidden, bias=False), nn.BatchNorm1d(hidden), nn.ReLU(inplace=True)]
+        d = hidden
+    mods.append(nn.Linear(d, out))
+    return nn.Sequential(*mods)
+
+
+class Encoder(nn.Module):
+    """Backbone + projector (+ optional linear classifier on the backbone features).
+
+    ``forward(x [N, 3, H, W]) -> (h [N, F], z [N, D], logits [N, C] | None)``; ``z`` is not
+    normalised here (the objectives normalise).
+    """
+
+    def __init__(
+        self, backbone: nn.Module, feat_dim: int, proj: nn.Module, num_classes: int = 0
+    ) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.feat_dim = feat_dim
+        self.projector = proj
+        self.classifier = nn.Linear(feat_dim, num_classes) if num_classes > 0 else None
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        h = self.backbone(x)
+        z = self.projector(h)
+        logits = self.classifier(h) if self.classifier is not None else None
+        return h, z, logits

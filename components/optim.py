@@ -1,0 +1,374 @@
+"""Optimisers and learning-rate schedules for contrastive pretraining.
+
+* :func:`param_groups` splits a model's parameters into a decayed group and a group of biases
+  and normalisation parameters that gets neither weight decay nor LARS adaptation (SimCLR,
+  Chen et al. 2020, App. B.1; the usual LARS practice).
+* :class:`LARS`: SGD with momentum and the layer-wise trust ratio of You et al. 2017
+  ("Large Batch Training of Convolutional Networks"), in the form SimCLR trains with.
+* :func:`scaled_lr`: the linear (Goyal et al. 2017) and square-root (SimCLR App. B.1) rules.
+* :func:`warmup_cosine` / :func:`build_scheduler`: linear warm-up then cosine decay
+  (Loshchilov & Hutter 2017, SGDR; SimCLR uses 10 warm-up epochs then cosine, no restarts).
+
+The scheduler is stepped once per optimiser step (not per epoch); ``step`` counts optimiser steps
+from 0.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+from torch.optim.lr_scheduler import LambdaLR
+
+OptimizerName = Literal["sgd", "lars", "adamw"]
+ScalingRule = Literal["linear", "sqrt", "none"]
+
+OPTIMIZERS: tuple[str, ...] = ("sgd", "lars", "adamw")
+SCALING_RULES: tuple[str, ...] = ("linear", "sqrt", "none")
+
+
+def _is_int(x: object) -> bool:
+    # bool is an int subclass, but `warmup_steps=True` is a mistake, not 1.
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_nonneg(name: str, value: float) -> None:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name}={value!r} is not allowed: must be a finite number >= 0")
+
+
+def _check_momentum(name: str, value: float) -> None:
+    if not (isinstance(value, int | float) and 0.0 <= value < 1.0):
+        raise ValueError(f"{name}={value!r} is not allowed: must be in [0, 1)")
+
+
+# --------------------------------------------------------------------------- parameter groups
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Two optimiser parameter groups: ``[decayed, excluded]``.
+
+    A parameter with ``ndim <= 1`` (Linear/Conv biases; BatchNorm/LayerNorm/GroupNorm weights
+    and biases) goes to the second group, with ``weight_decay=0.0`` and ``lars_exclude=True``:
+    SimCLR (Chen et al. 2020, App. B.1) and the LARS recipes it follows apply neither weight
+    decay nor trust-ratio adaptation to biases and normalisation parameters. Every other
+    parameter (conv kernels ``[C_out, C_in, k, k]``, linear weights ``[out, in]``) goes to the
+    first group with ``weight_decay`` and ``lars_exclude=False``.
+
+    Frozen parameters (``requires_grad=False``) are left out; a parameter shared between modules
+    appears once (``model.parameters()`` de-duplicates by identity). Either group may be empty.
+
+    Raises:
+        ValueError: ``weight_decay`` negative or not finite, or no trainable parameter.
+    """
+    _check_nonneg("weight_decay", weight_decay)
+    decay: list[Tensor] = []
+    no_decay: list[Tensor] = []
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim <= 1 else decay).append(p)
+    if not decay and not no_decay:
+        raise ValueError(
+            f"model {type(model).__name__} has no trainable parameters "
+            "(all have requires_grad=False or there are none)"
+        )
+    return [
+        {"params": decay, "weight_decay": float(weight_decay), "lars_exclude": False},
+        {"params": no_decay, "weight_decay": 0.0, "lars_exclude": True},
+    ]
+
+
+# --------------------------------------------------------------------------- LARS
+
+
+class LARS(torch.optim.Optimizer):
+    """SGD with momentum and the LARS layer-wise trust ratio (You et al. 2017; SimCLR 2020).
+
+    For each parameter tensor ``p`` (one "layer") with gradient ``g``, in a group whose
+    ``lars_exclude`` is False (the default when the key is absent)::
+
+        g     = g + weight_decay * p
+        trust = eta * ||p|| / (||g|| + eps)   if ||p|| > 0 and ||g|| > 0,   else 1
+        buf   = momentum * buf + trust * g        (buf starts at 0, so step 1: buf = trust * g)
+        d     = trust * g + momentum * buf        if nesterov,   else buf
+        p     = p - lr * d
+
+    i.e. the local learning rate is ``lr * trust`` and it scales the gradient before it enters
+    the momentum buffer (the ``torchlars`` / SimCLR-pytorch form; the TF SimCLR code scales the
+    same way). Norms are Frobenius norms over the whole tensor; ``eta`` is
+    ``trust_coefficient``. In a group with ``lars_exclude=True`` the update is plain SGD with
+    momentum and that group's weight decay, exactly :class:`torch.optim.SGD` with
+    ``dampening=0`` (trust fixed at 1).
+
+    The momentum buffer lives in ``self.state[p]["momentum_buffer"]``, so ``state_dict()`` /
+    ``load_state_dict()`` round-trip the optimiser. The trust ratio is computed on the device
+    with :func:`torch.where` (no host synchronisation).
+
+    Args:
+        params: tensors or parameter groups (e.g. :func:`param_groups`).
+        lr: learning rate ≥ 0.
+        momentum: in [0, 1).
+        weight_decay: ≥ 0 (a group's own value overrides it).
+        trust_coefficient: eta > 0 (SimCLR: 0.001).
+        eps: > 0, keeps the ratio finite for tiny gradients.
+        nesterov: Nesterov momentum (needs momentum > 0).
+
+    Raises:
+        ValueError: any value outside those ranges, in the defaults or in a parameter group.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        trust_coefficient: float = 0.001,
+        eps: float = 1e-8,
+        nesterov: bool = False,
+    ) -> None:
+        defaults: dict[str, Any] = {
+            "lr": lr,
+            "momentum": momentum,
+            "weight_decay": weight_decay,
+            "trust_coefficient": trust_coefficient,
+            "eps": eps,
+            "nesterov": nesterov,
+            "lars_exclude": False,
+        }
+        self._validate(defaults)
+        super().__init__(params, defaults)
+
+    @staticmethod
+    def _validate(group: dict[str, Any]) -> None:
+        _check_nonneg("lr", group["lr"])
+        _check_momentum("momentum", group["momentum"])
+        _check_nonneg("weight_decay", group["weight_decay"])
+        eta = group["trust_coefficient"]
+        if not (isinstance(eta, int | float) and math.isfinite(eta) and eta > 0):
+            raise ValueError(f"trust_coefficient={eta!r} is not allowed: must be > 0")
+        eps = group["eps"]
+        if not (isinstance(eps, int | float) and math.isfinite(eps) and eps > 0):
+            raise ValueError(f"eps={eps!r} is not allowed: must be > 0")
+        if group["nesterov"] and group["momentum"] <= 0:
+            raise ValueError(
+                f"nesterov=True with momentum={group['momentum']!r} is not allowed: "
+                "Nesterov needs momentum > 0"
+            )
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group (filled from the defaults) and validate its hyper-parameters."""
+        super().add_param_group(param_group)
+        self._validate(self.param_groups[-1])
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """One update of every parameter that has a gradient (formula in the class docstring)."""
+        loss: float | None = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+
+        for group in self.param_groups:
+            lr: float = group["lr"]
+            momentum: float = group["momentum"]
+            wd: float = group["weight_decay"]
+            eta: float = group["trust_coefficient"]
+            eps: float = group["eps"]
+            nesterov: bool = group["nesterov"]
+            adapt = not group.get("lars_exclude", False)
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise ValueError("LARS does not support sparse gradients (got one)")
+                d_p = p.grad
+                if wd != 0:
+                    d_p = d_p.add(p, alpha=wd)  # new tensor: never modify p.grad
+                if adapt:
+                    # Scalar 0-dim tensors on p's device: ||p||, ||g|| over the whole tensor.
+                    p_norm = torch.linalg.vector_norm(p)
+                    g_norm = torch.linalg.vector_norm(d_p)
+                    trust = torch.where(
+                        (p_norm > 0) & (g_norm > 0),
+                        eta * p_norm / (g_norm + eps),
+                        torch.ones_like(p_norm),
+                    )
+                    d_p = d_p.mul(trust)  # trust * g, same shape as p
+                state = self.state[p]
+                buf = state.get("momentum_buffer")
+                if buf is None:
+                    # First step: buf = 0 * momentum + d_p (as torch.optim.SGD, dampening 0).
+                    buf = torch.clone(d_p).detach()
+                    state["momentum_buffer"] = buf
+                else:
+                    buf.mul_(momentum).add_(d_p)
+                update = d_p.add(buf, alpha=momentum) if nesterov else buf
+                p.add_(update, alpha=-lr)
+        return loss
+
+
+# --------------------------------------------------------------------------- LR scaling
+
+
+def scaled_lr(
+    base_lr: float,
+    global_batch: int,
+    rule: ScalingRule,
+    reference_batch: int = 256,
+) -> float:
+    """The learning rate for a global batch of ``global_batch`` samples.
+
+    * ``"linear"``: ``base_lr * global_batch / reference_batch`` (Goyal et al. 2017, "Accurate,
+      Large Minibatch SGD"; SimCLR: ``lr = 0.3 × B / 256``).
+    * ``"sqrt"``: ``base_lr * sqrt(global_batch / reference_batch)`` (SimCLR App. B.1: better for
+      LARS at small batch sizes, e.g. ``0.075 × sqrt(B)`` is ``1.2 × sqrt(B / 256)``).
+    * ``"none"``: ``base_lr``.
+
+    Raises:
+        ValueError: ``base_lr`` negative or not finite, ``global_batch`` or ``reference_batch``
+            not an integer ≥ 1, or an unknown ``rule``.
+    """
+    _check_nonneg("base_lr", base_lr)
+    if not (_is_int(global_batch) and global_batch >= 1):
+        raise ValueError(f"global_batch={global_batch!r} is not allowed: must be an integer >= 1")
+    if not (_is_int(reference_batch) and reference_batch >= 1):
+        raise ValueError(
+            f"reference_batch={reference_batch!r} is not allowed: must be an integer >= 1"
+        )
+    if rule == "linear":
+        return base_lr * global_batch / reference_batch
+    if rule == "sqrt":
+        return base_lr * math.sqrt(global_batch / reference_batch)
+    if rule == "none":
+        return float(base_lr)
+    raise ValueError(f"rule={rule!r} is not one of {', '.join(SCALING_RULES)}")
+
+
+# --------------------------------------------------------------------------- schedule
+
+
+def warmup_cosine(
+    step: int, total_steps: int, warmup_steps: int, final_fraction: float = 0.0
+) -> float:
+    """LR multiplier in ``[final_fraction, 1]`` at optimiser step ``step`` (0-based).
+
+    With ``W = warmup_steps``, ``T = total_steps``, ``D = T - W`` cosine steps and
+    ``f = final_fraction``::
+
+        step < W:        (step + 1) / W                       (step 0 is 1/W, never 0; W-1 is 1)
+        W <= step < T:   f + (1 - f) * (1 + cos(pi * (step - W) / max(D - 1, 1))) / 2
+        step >= T:       f                                     (clamped past the end)
+
+    So the cosine phase starts at 1 at ``step == W`` and reaches exactly ``f`` at the last step
+    ``T - 1`` when ``D >= 2`` (a single cosine step, ``D == 1``, stays at 1). Warm-up is linear
+    (Goyal et al. 2017), decay is half a cosine without restarts (Loshchilov & Hutter 2017;
+    SimCLR App. B.1).
+
+    Raises:
+        ValueError: ``step < 0``, ``total_steps < 1``, ``warmup_steps`` outside
+            ``[0, total_steps]``, or ``final_fraction`` outside ``[0, 1]``.
+    """
+    if not (_is_int(total_steps) and total_steps >= 1):
+        raise ValueError(f"total_steps={total_steps!r} is not allowed: must be an integer >= 1")
+    if not (_is_int(warmup_steps) and 0 <= warmup_steps <= total_steps):
+        raise ValueError(
+            f"warmup_steps={warmup_steps!r} is not allowed: must be an integer in "
+            f"[0, total_steps={total_steps}]"
+        )
+    if not (isinstance(final_fraction, int | float) and 0.0 <= final_fraction <= 1.0):
+        raise ValueError(f"final_fraction={final_fraction!r} is not allowed: must be in [0, 1]")
+    if not (_is_int(step) and step >= 0):
+        raise ValueError(f"step={step!r} is not allowed: must be an integer >= 0")
+
+    if step >= total_steps:
+        return float(final_fraction)
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    decay_steps = total_steps - warmup_steps  # >= 1 here, since warmup_steps <= step < total
+    progress = (step - warmup_steps) / max(decay_steps - 1, 1)  # in [0, 1]
+    return final_fraction + (1.0 - final_fraction) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer,
+    total_steps: int,
+    warmup_steps: int,
+    final_fraction: float = 0.0,
+) -> LambdaLR:
+    """``LambdaLR`` with multiplier :func:`warmup_cosine`; call ``.step()`` after each
+    ``optimizer.step()``.
+
+    The multiplier is a :func:`functools.partial` (not a lambda), so the scheduler pickles;
+    its ``state_dict()`` holds only plain values (the partial's empty ``__dict__``), which
+    ``torch.load(weights_only=True)`` reads back. The arguments are validated here, before any
+    step.
+
+    Raises:
+        ValueError: as :func:`warmup_cosine`.
+    """
+    warmup_cosine(0, total_steps, warmup_steps, final_fraction)  # validate now, not mid-run
+    fn = functools.partial(
+        warmup_cosine,
+        total_steps=total_steps,
+        warmup_steps=warmup_steps,
+        final_fraction=final_fraction,
+    )
+    return LambdaLR(optimizer, lr_lambda=fn)
+
+
+# --------------------------------------------------------------------------- builder
+
+
+def build_optimizer(
+    model: nn.Module,
+    name: OptimizerName,
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    trust_coefficient: float = 0.001,
+) -> torch.optim.Optimizer:
+    """The optimiser ``name`` over :func:`param_groups` of ``model``.
+
+    * ``"sgd"``: :class:`torch.optim.SGD` with ``momentum`` (biases/norms not decayed).
+    * ``"lars"``: :class:`LARS` with ``momentum`` and ``trust_coefficient``; biases/norms get
+      neither decay nor adaptation (SimCLR App. B.1).
+    * ``"adamw"``: :class:`torch.optim.AdamW` (Loshchilov & Hutter 2019) with ``betas``;
+      ``momentum`` is ignored.
+
+    The groups' extra ``lars_exclude`` key is carried (and ignored) by SGD and AdamW.
+
+    Raises:
+        ValueError: an unknown ``name`` (listing the allowed ones), or ``lr``, ``momentum``,
+            ``weight_decay``, ``betas`` or ``trust_coefficient`` out of range.
+    """
+    if name not in OPTIMIZERS:
+        raise ValueError(f"optimizer name={name!r} is not one of {', '.join(OPTIMIZERS)}")
+    _check_nonneg("lr", lr)
+    groups = param_groups(model, weight_decay)
+    if name == "adamw":
+        if not (
+            isinstance(betas, tuple | list)
+            and len(betas) == 2
+            and all(isinstance(b, int | float) and 0.0 <= b < 1.0 for b in betas)
+        ):
+            raise ValueError(f"betas={betas!r} is not allowed: must be two numbers in [0, 1)")
+        return torch.optim.AdamW(
+            groups, lr=lr, betas=(float(betas[0]), float(betas[1])), weight_decay=weight_decay
+        )
+    _check_momentum("momentum", momentum)
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    return LARS(
+        groups,
+        lr=lr,
+        momentum=momentum,
+        weight_decay=weight_decay,
+        trust_coefficient=trust_coefficient,
+    )

@@ -1,0 +1,270 @@
+"""The pretraining step, independent of Ray: model assembly, one optimisation step, the online
+kNN monitor and per-epoch seeding. ``pipelines/pretrain.py`` drives these inside Ray Train.
+
+Layout: a batch of ``B`` images with ``V`` views, ``images [B, V, 3, H, W]``, is run through
+the encoder as one ``[B·V, 3, H, W]`` tensor (sample-major, row ``b·V + v``: the layout
+:class:`~components.objectives.ContrastiveBatch` expects), so BatchNorm sees every view.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from components import distributed
+from components.config import LossConfig, ModelConfig, TrainConfig
+from components.evaluation.knn import knn_correct
+from components.memory import EMA, cosine_momentum
+from components.models import Encoder, build_backbone, projector
+from components.objectives import ContrastiveBatch, Metrics, Objective, build_objective
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN/inf: the run stops, keeping its last good checkpoint."""
+
+
+# Fields a batch offers beyond z; an objective receives those it `requires` (+ ids, for banks).
+_OPTIONAL = ("labels", "captions", "logits", "ema_z", "ema_logits")
+
+
+class PretrainModel(nn.Module):
+    """Encoder + objective as one module, so DDP syncs every trainable parameter (the CLIP
+    baseline's head lives in the objective) and the memory bank is saved with the model.
+
+    ``forward(images [B, V, 3, H, W], labels [B], sample_ids [B], captions [B, E] | None,
+    ema) -> (loss, metrics)`` where ``ema`` is the EMA encoder when the objective needs keys.
+    """
+
+    def __init__(self, encoder: Encoder, objective: Objective, channels_last: bool = False):
+        super().__init__()
+        self.encoder = encoder
+        self.objective = objective
+        self.channels_last = channels_last
+
+    def forward(
+        self,
+        images: Tensor,
+        labels: Tensor,
+        sample_ids: Tensor,
+        captions: Tensor | None,
+        ema: EMA | None = None,
+    ) -> tuple[Tensor, Metrics]:
+        b, v = images.shape[:2]
+        x = images.flatten(0, 1)  # [B·V, 3, H, W]
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        needs = self.objective.requires
+        _, z, logits = self.encoder(x)
+        fields: dict[str, Tensor | None] = {
+            "labels": labels, "captions": captions,
+            "logits": None if logits is None else logits.view(b, v, -1),
+        }
+        if ema is not None:
+            _, ez, el = ema(x)
+            fields["ema_z"] = ez.view(b, v, -1)
+            fields["ema_logits"] = None if el is None else el.view(b, v, -1)
+        kept = {k: fields.get(k) for k in _OPTIONAL if k in needs}
+        return self.objective(
+            ContrastiveBatch(z=z.view(b, v, -1), sample_ids=sample_ids, **kept)
+        )
+
+
+def build_model(
+    model_cfg: ModelConfig,
+    loss_cfg: LossConfig,
+    num_classes: int,
+    class_similarity: Tensor | None,
+    caption_dim: int,
+) -> tuple[PretrainModel, EMA | None]:
+    """The encoder (classifier head when the loss reads ``logits``), its objective, and the
+    EMA copy when the objective needs keys (memory bank, CoNe).
+
+    Raises:
+        ValueError: the dataset lacks what the loss needs (see ``build_objective``).
+    """
+    backbone, feat_dim = build_backbone(model_cfg.backbone, model_cfg.small_images,
+                                        model_cfg.width)
+    proj = projector(feat_dim, model_cfg.projector_hidden, model_cfg.projector_dim,
+                     model_cfg.projector_layers)
+    objective = build_objective(loss_cfg, model_cfg.projector_dim, num_classes=num_classes,
+                                class_similarity=class_similarity, caption_dim=caption_dim)
+    head = num_classes if "logits" in objective.requires else 0
+    encoder = Encoder(backbone, feat_dim, proj, num_classes=head)
+    ema = EMA(encoder) if {"ema_z", "ema_logits"} & objective.requires else None
+    return PretrainModel(encoder, objective), ema
+
+
+def uses_projector(objective: Objective) -> bool:
+    """Whether the loss reads ``z`` (cross-entropy only reads ``logits``): DDP must then be
+    told that the projector gets no gradient."""
+    return bool(getattr(objective, "uses_z", True))
+
+
+def seed_everything(seed: int, epoch: int, rank: int) -> None:
+    """Seed torch, numpy and ``random`` from (seed, epoch, rank) at each epoch start.
+
+    The state at an epoch boundary is then a function of the epoch alone, so a run resumed
+    from an end-of-epoch checkpoint draws the same augmentations and dropout as an
+    uninterrupted one. (FFCV's numba-compiled augmentations draw from numba's per-thread
+    generators, which Python cannot reseed: with ``data.jit: true`` the views of a resumed
+    epoch differ; with ``jit: false`` they use numpy's global generator, seeded here.)
+    """
+    s = int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
+    torch.manual_seed(s)
+    np.random.seed(s)
+    random.seed(s)
+
+
+def autocast(device: torch.device, amp: str) -> AbstractContextManager[Any]:
+    """Autocast for ``train.amp`` (``none`` | ``bf16`` | ``fp16``)."""
+    if amp == "none":
+        return nullcontext()
+    dtype = torch.bfloat16 if amp == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@dataclasses.dataclass
+class StepState:
+    """Running sums over an epoch's steps (averaged by :meth:`summary`)."""
+
+    steps: int = 0
+    sums: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def add(self, metrics: Metrics) -> None:
+        self.steps += 1
+        for k, v in metrics.items():
+            self.sums[k] = self.sums.get(k, 0.0) + float(v)
+
+    def summary(self) -> dict[str, float]:
+        """Per-step means; ``anchors*`` counts are summed over the epoch."""
+        out = {}
+        for k, v in self.sums.items():
+            out[k] = v if k.startswith("anchors") else v / max(self.steps, 1)
+        return out
+
+
+def train_step(
+    model: nn.Module,
+    ema: EMA | None,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler | None,
+    batch: Any,
+    *,
+    train_cfg: TrainConfig,
+    device: torch.device,
+    step: int,
+    total_steps: int,
+    ema_momentum: float,
+    where: str,
+) -> Metrics:
+    """One optimisation step on a reader ``Batch``; returns the objective's metrics + lr.
+
+    Raises:
+        NonFiniteLossError: the global loss is NaN/inf (``where`` says which epoch/step);
+            the optimizer has not been stepped, so the last checkpoint stays good.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    with autocast(device, train_cfg.amp):
+        try:
+            loss, metrics = model(batch.images, batch.labels, batch.sample_ids, batch.captions,
+                                  ema)
+        except ValueError as e:
+            if "non-finite" in str(e):
+                raise NonFiniteLossError(f"{where}: {e}") from None
+            raise
+    value = metrics["loss"]
+    if not math.isfinite(value):
+        raise NonFiniteLossError(
+            f"{where}: the loss is {value} (non-finite); stopping. Lower the learning rate, "
+            "raise the temperature, or use amp='none'/'bf16'; the last checkpoint is intact"
+        )
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+    else:
+        loss.backward()
+    if train_cfg.grad_clip is not None:
+        metrics["grad_norm"] = float(
+            torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.grad_clip)
+        )
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    metrics["lr"] = float(optimizer.param_groups[0]["lr"])
+    scheduler.step()
+    if ema is not None:
+        encoder = _unwrap(model).encoder
+        ema.update(encoder, cosine_momentum(step, total_steps, base=ema_momentum))
+    return metrics
+
+
+def _unwrap(model: nn.Module) -> PretrainModel:
+    inner = getattr(model, "module", model)
+    if not isinstance(inner, PretrainModel):
+        raise TypeError(f"expected a PretrainModel (optionally in DDP), got {type(inner)}")
+    return inner
+
+
+@torch.no_grad()
+def sync_buffers(module: nn.Module) -> None:
+    """Average floating-point buffers (BatchNorm running statistics) over ranks, so every rank
+    evaluates — and rank 0 saves — the same model. Memory-bank buffers are identical on every
+    rank already and are skipped (they live under ``objective``)."""
+    if not distributed.is_distributed():
+        return
+    world = distributed.world_size()
+    for name, buf in module.named_buffers():
+        if buf.is_floating_point() and ".bank." not in f".{name}" and "objective." not in name:
+            buf.copy_(distributed.all_reduce_sum(buf) / world)
+
+
+@torch.no_grad()
+def extract_features(
+    encoder: Encoder, batches: Iterable[Any], device: torch.device, amp: str = "none",
+) -> tuple[Tensor, Tensor]:
+    """Backbone features ``[N, F]`` float32 and labels ``[N]`` of one view per image, in eval
+    mode (this rank's share)."""
+    was = encoder.training
+    encoder.eval()
+    feats, labels = [], []
+    for b in batches:
+        with autocast(device, amp):
+            h = encoder.backbone(b.images[:, 0])
+        feats.append(h.float())
+        labels.append(b.labels)
+    encoder.train(was)
+    if not feats:
+        return torch.zeros(0, 0, device=device), torch.zeros(0, dtype=torch.long, device=device)
+    return torch.cat(feats), torch.cat(labels).to(device)
+
+
+def distributed_knn_top1(
+    bank: tuple[Tensor, Tensor],
+    queries: tuple[Tensor, Tensor],
+    *,
+    k: int,
+    num_classes: int,
+    temperature: float,
+) -> float:
+    """Weighted-kNN top-1 of every rank's queries against every rank's bank rows: the bank is
+    gathered, each rank scores its own queries, correct counts are summed. Equals the
+    single-process value on the concatenated features."""
+    bank_f = distributed.gather(bank[0].contiguous(), grad=False)
+    bank_y = distributed.gather(bank[1].contiguous(), grad=False)
+    correct, total = knn_correct(bank_f, bank_y, queries[0], queries[1], k, num_classes,
+                                 temperature)
+    counts = distributed.all_reduce_sum(
+        torch.tensor([correct, total], dtype=torch.float64, device=bank_f.device)
+    )
+    return float(counts[0] / counts[1]) if counts[1] > 0 else float("nan")

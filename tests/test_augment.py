@@ -1,0 +1,499 @@
+"""SimCLR augmentations (components.data.augment) against torchvision.transforms.v2.functional.
+
+Tolerances
+----------
+* uint8, numba kernels and batched torch functions: max |diff| ≤ 1, and at most 1% of the
+  values (or 3, for tiny images) differ at all. Both sides evaluate the same float32
+  formulas in the same order (including torch's fused multiply-add in ``_blend``), and on
+  this CPU brightness/contrast/saturation/hue/grayscale come out bit-identical; the slack
+  covers last-bit float32 differences that flip a uint8 truncation or rounding by one when
+  the exact value sits on an integer boundary: blur (two separable passes vs torchvision's
+  single 2-D convolution, ~0.002% of values), the contrast mean (summation order), and
+  builds of torch whose vector kernels do not fuse ``a + alpha * b``. Hue shares the bound:
+  same float32 HSV formulas and ``x * 255.999`` truncation as torchvision.
+* float32 batched functions: 1e-5 absolute (float32 rounding; hue 1e-5 as well, the HSV
+  formulas being identical).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms.v2.functional as TF
+from ffcv.pipeline.compiler import Compiler
+
+from components.data import augment as A
+from components.data.augment import (
+    BatchedSimCLRAugment,
+    RandomColorJitter,
+    RandomGaussianBlur,
+    RandomGrayscale,
+    batched_adjust_brightness,
+    batched_adjust_contrast,
+    batched_adjust_hue,
+    batched_adjust_saturation,
+    batched_color_jitter,
+    batched_gaussian_blur,
+    batched_grayscale,
+    blur_kernel_size,
+)
+
+SIZES = [(1, 1), (5, 7), (32, 32), (17, 40)]
+FACTORS = [0.0, 0.35, 1.0, 1.4, 2.7]
+HUES = [-0.5, -0.3, -0.1, 0.0, 0.05, 0.25, 0.5]
+
+
+def _rand_hwc(h: int, w: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed + 31 * h + w).integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+def _chw(img: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(img).permute(2, 0, 1).contiguous()
+
+
+def _hwc(t: torch.Tensor) -> np.ndarray:
+    return t.permute(1, 2, 0).contiguous().numpy()
+
+
+def _assert_u8_close(got: np.ndarray, ref: np.ndarray) -> None:
+    assert got.shape == ref.shape and got.dtype == ref.dtype == np.uint8
+    diff = np.abs(got.astype(np.int16) - ref.astype(np.int16))
+    assert diff.max() <= 1, f"max |diff| = {diff.max()}"
+    n_diff = int((diff != 0).sum())
+    assert n_diff <= max(3, diff.size // 100), f"{n_diff} of {diff.size} values differ"
+
+
+# --------------------------------------------------------------------------------------------
+# numba kernels vs torchvision
+# --------------------------------------------------------------------------------------------
+
+KERNELS: dict[str, tuple[Callable[..., None], Callable[..., torch.Tensor], list[float]]] = {
+    "brightness": (A._adjust_brightness, TF.adjust_brightness, FACTORS),
+    "contrast": (A._adjust_contrast, TF.adjust_contrast, FACTORS),
+    "saturation": (A._adjust_saturation, TF.adjust_saturation, FACTORS),
+    "hue": (A._adjust_hue, TF.adjust_hue, HUES),
+}
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_color_kernels_match_torchvision(name: str, size: tuple[int, int]) -> None:
+    kernel, reference, factors = KERNELS[name]
+    img = _rand_hwc(*size)
+    for factor in factors:
+        out = np.empty_like(img)
+        kernel(img, out, factor)
+        _assert_u8_close(out, _hwc(reference(_chw(img), factor)))
+        inplace = img.copy()
+        kernel(inplace, inplace, factor)  # in place gives the same result
+        np.testing.assert_array_equal(inplace, out)
+
+
+def test_hue_kernel_on_grey_and_saturated_pixels() -> None:
+    # Edge cases of the HSV conversion: grey (max == min), pure primaries, black/white.
+    vals = np.array([0, 1, 127, 128, 254, 255], dtype=np.uint8)
+    img = np.stack(np.meshgrid(vals, vals, vals, indexing="ij"), axis=-1).reshape(36, 6, 3)
+    for shift in HUES:
+        out = np.empty_like(img)
+        A._adjust_hue(img, out, shift)
+        _assert_u8_close(out, _hwc(TF.adjust_hue(_chw(img), shift)))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_grayscale_kernel_matches_torchvision(size: tuple[int, int]) -> None:
+    img = _rand_hwc(*size)
+    out = np.empty_like(img)
+    A._to_grayscale(img, out)
+    ref = _hwc(TF.rgb_to_grayscale(_chw(img), num_output_channels=3))
+    np.testing.assert_array_equal(out, ref)  # one multiply-add chain, truncated: exact
+    assert (out[..., 0] == out[..., 1]).all() and (out[..., 1] == out[..., 2]).all()
+
+
+@pytest.mark.parametrize("size", [(5, 7), (32, 32), (17, 40), (64, 48)])
+def test_blur_kernel_matches_torchvision(size: tuple[int, int]) -> None:
+    img = _rand_hwc(*size)
+    h, w = size
+    for sigma in (0.1, 0.7, 2.0):
+        for kx, ky in ((3, 3), (5, 3), (3, 5), (9, 9)):
+            if kx // 2 >= w or ky // 2 >= h:
+                continue  # torch's reflect padding needs pad < side
+            out = np.empty_like(img)
+            A._gaussian_blur(img, out, sigma, kx, ky)
+            ref = TF.gaussian_blur(_chw(img), kernel_size=[kx, ky], sigma=[sigma, sigma])
+            _assert_u8_close(out, _hwc(ref))
+
+
+def test_blur_kernel_large_radius_and_constant_image() -> None:
+    # Radius ≥ side: torch refuses reflect padding; we reflect repeatedly. Check against the
+    # batched torch version (same rule) and that a constant image stays constant.
+    img = _rand_hwc(3, 4)
+    out = np.empty_like(img)
+    A._gaussian_blur(img, out, 1.5, 11, 9)
+    ref = batched_gaussian_blur(_chw(img)[None], torch.tensor([1.5]), (11, 9))[0]
+    _assert_u8_close(out, _hwc(ref))
+    const = np.full((2, 5, 3), 77, np.uint8)
+    A._gaussian_blur(const, out[:2, :5], 2.0, 7, 7)
+    assert (out[:2, :5] == 77).all()
+
+
+def test_blur_kernel_size_rule() -> None:
+    # SimCLR's reference: k = side // 10, made odd; at least 3.
+    assert blur_kernel_size(224) == 23
+    assert blur_kernel_size(96) == 9
+    assert blur_kernel_size(32) == 3
+    assert blur_kernel_size(1) == 3
+    assert blur_kernel_size(64, 0.25) == 17
+    assert A._blur_kernel_size_nb(224, 0.1) == 23
+
+
+# --------------------------------------------------------------------------------------------
+# batched torch functions vs torchvision per sample
+# --------------------------------------------------------------------------------------------
+
+B, H, W = 6, 17, 23
+
+
+@pytest.fixture(params=["uint8", "float32"])
+def batch(request: pytest.FixtureRequest) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 256, (B, 3, H, W), generator=g, dtype=torch.uint8)
+    # A grey and a constant sample exercise the max == min branches.
+    x[1] = x[1, :1]
+    x[2] = 200
+    return x if request.param == "uint8" else x.float() / 255.0
+
+
+def _assert_batched_close(got: torch.Tensor, ref: torch.Tensor) -> None:
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    if ref.dtype == torch.uint8:
+        _assert_u8_close(got.numpy(), ref.numpy())
+    else:
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("fn", "reference", "factors"),
+    [
+        (batched_adjust_brightness, TF.adjust_brightness, [0.0, 0.35, 1.0, 1.4, 2.7, 0.8]),
+        (batched_adjust_contrast, TF.adjust_contrast, [0.0, 0.35, 1.0, 1.4, 2.7, 0.8]),
+        (batched_adjust_saturation, TF.adjust_saturation, [0.0, 0.35, 1.0, 1.4, 2.7, 0.8]),
+        (batched_adjust_hue, TF.adjust_hue, [-0.5, -0.3, 0.0, 0.05, 0.25, 0.5]),
+    ],
+    ids=["brightness", "contrast", "saturation", "hue"],
+)
+def test_batched_color_functions_match_torchvision(
+    batch: torch.Tensor,
+    fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    reference: Callable[..., torch.Tensor],
+    factors: list[float],
+) -> None:
+    before = batch.clone()
+    got = fn(batch, torch.tensor(factors))
+    torch.testing.assert_close(batch, before, atol=0, rtol=0)  # input untouched
+    ref = torch.stack([reference(batch[i], f) for i, f in enumerate(factors)])
+    _assert_batched_close(got, ref)
+
+
+def test_batched_color_jitter_chains_in_fixed_order(batch: torch.Tensor) -> None:
+    b = torch.tensor([0.6, 1.3, 1.0, 0.9, 1.4, 0.7])
+    c = torch.tensor([1.2, 0.6, 1.0, 1.4, 0.8, 0.9])
+    s = torch.tensor([0.0, 1.4, 1.0, 0.7, 1.1, 0.6])
+    h = torch.tensor([0.1, -0.1, 0.0, 0.05, -0.02, 0.08])
+    apply = torch.tensor([True, True, True, False, True, False])
+    got = batched_color_jitter(batch, b, c, s, h, apply=apply)
+    for i in range(B):
+        ref = batch[i]
+        if apply[i]:
+            ref = TF.adjust_brightness(ref, float(b[i]))
+            ref = TF.adjust_contrast(ref, float(c[i]))
+            ref = TF.adjust_saturation(ref, float(s[i]))
+            ref = TF.adjust_hue(ref, float(h[i]))
+        _assert_batched_close(got[i], ref)
+    assert torch.equal(batched_color_jitter(batch), batch)  # nothing to do
+
+
+def test_batched_grayscale_matches_torchvision(batch: torch.Tensor) -> None:
+    apply = torch.tensor([True, False, True, True, False, True])
+    got = batched_grayscale(batch, apply=apply)
+    for i in range(B):
+        ref = TF.rgb_to_grayscale(batch[i], num_output_channels=3) if apply[i] else batch[i]
+        _assert_batched_close(got[i], ref)
+
+
+@pytest.mark.parametrize("kernel_size", [(3, 3), (5, 3), (9, 7)])
+def test_batched_blur_matches_torchvision(
+    batch: torch.Tensor, kernel_size: tuple[int, int]
+) -> None:
+    sigma = torch.tensor([0.1, 0.5, 1.0, 1.5, 2.0, 0.8])
+    apply = torch.tensor([True, True, True, True, False, True])
+    got = batched_gaussian_blur(batch, sigma, kernel_size, apply=apply)
+    for i in range(B):
+        ref = batch[i]
+        if apply[i]:
+            ref = TF.gaussian_blur(ref, list(kernel_size), [float(sigma[i])] * 2)
+        _assert_batched_close(got[i], ref)
+
+
+def test_numba_and_torch_paths_agree() -> None:
+    img = _rand_hwc(20, 24, seed=5)
+    x = _chw(img)[None]
+    for fn, kernel, f in [
+        (batched_adjust_contrast, A._adjust_contrast, 1.3),
+        (batched_adjust_hue, A._adjust_hue, -0.2),
+    ]:
+        out = np.empty_like(img)
+        kernel(img, out, f)
+        _assert_u8_close(out, _hwc(fn(x, torch.tensor([f]))[0]))
+
+
+# --------------------------------------------------------------------------------------------
+# BatchedSimCLRAugment
+# --------------------------------------------------------------------------------------------
+
+
+def test_module_probability_zero_is_identity(batch: torch.Tensor) -> None:
+    aug = BatchedSimCLRAugment(jitter_p=0.0, grayscale_p=0.0, blur_p=0.0)
+    assert torch.equal(aug(batch), batch)
+
+
+def test_module_shapes_dtypes_and_reproducibility(batch: torch.Tensor) -> None:
+    x = batch.repeat(4, 1, 1, 1)  # 24 samples, 4 copies of each image
+    aug = BatchedSimCLRAugment(generator=torch.Generator().manual_seed(3))
+    out = aug(x)
+    assert out.shape == x.shape and out.dtype == x.dtype and not out.requires_grad
+    if x.is_floating_point():
+        assert out.min() >= 0 and out.max() <= 1
+    again = BatchedSimCLRAugment(generator=torch.Generator().manual_seed(3))(x)
+    assert torch.equal(out, again)
+    # Per-sample randomness: copies of the same image come out differently.
+    assert not torch.equal(out[0], out[B]) or not torch.equal(out[0], out[2 * B])
+
+
+def test_module_per_sample_parameters_differ() -> None:
+    x = torch.randint(0, 256, (1, 3, 16, 16), dtype=torch.uint8).expand(32, 3, 16, 16)
+    aug = BatchedSimCLRAugment(jitter_p=1.0, grayscale_p=0.0, blur_p=0.0)
+    out = aug(x).reshape(32, -1)
+    assert len({tuple(r.tolist()) for r in out}) == 32
+
+
+def test_module_grayscale_and_blur_always() -> None:
+    x = torch.rand(8, 3, 40, 40)
+    out = BatchedSimCLRAugment(jitter_p=0.0, grayscale_p=1.0, blur_p=1.0)(x)
+    assert torch.equal(out[:, 0], out[:, 1]) and torch.equal(out[:, 1], out[:, 2])
+    # Blur with k = 5 (10% of 40, odd): smoother than the grayscale input.
+    gray = batched_grayscale(x)
+    assert out.diff(dim=-1).abs().mean() < gray.diff(dim=-1).abs().mean()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_module_on_cuda_matches_cpu_functions() -> None:
+    x = torch.randint(0, 256, (16, 3, 32, 32), dtype=torch.uint8)
+    xc = x.cuda()
+    f = torch.linspace(0.5, 1.5, 16)
+    h = torch.linspace(-0.4, 0.4, 16)
+    s = torch.linspace(0.1, 2.0, 16)
+    for fn, arg in [(batched_adjust_contrast, f), (batched_adjust_hue, h)]:
+        _assert_u8_close(fn(xc, arg.cuda()).cpu().numpy(), fn(x, arg).numpy())
+    got = batched_gaussian_blur(xc.float() / 255, s.cuda(), 3).cpu()
+    torch.testing.assert_close(got, batched_gaussian_blur(x.float() / 255, s, 3), atol=1e-5,
+                               rtol=0)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    out = BatchedSimCLRAugment(generator=gen)(xc)
+    assert out.is_cuda and out.dtype == torch.uint8 and out.shape == x.shape
+
+
+def test_batched_input_errors() -> None:
+    x = torch.zeros(2, 3, 4, 4, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"\[B, 3, H, W\]"):
+        batched_grayscale(torch.zeros(3, 4, 4))
+    with pytest.raises(TypeError, match="uint8 or floating"):
+        batched_grayscale(torch.zeros(2, 3, 4, 4, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"shape \[B\]"):
+        batched_adjust_brightness(x, torch.ones(3))
+    with pytest.raises(ValueError, match="hue shifts"):
+        batched_adjust_hue(x, torch.tensor([0.1, 0.6]))
+    with pytest.raises(ValueError, match="odd"):
+        batched_gaussian_blur(x, torch.ones(2), 4)
+    with pytest.raises(ValueError, match="sigma"):
+        batched_gaussian_blur(x, torch.tensor([1.0, 0.0]), 3)
+
+
+# --------------------------------------------------------------------------------------------
+# Constructor validation
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: RandomColorJitter(brightness=-0.1), r"brightness .*\[0, inf\).*-0\.1"),
+        (lambda: RandomColorJitter(contrast=float("inf")), r"contrast .*inf"),
+        (lambda: RandomColorJitter(saturation=float("nan")), r"saturation .*nan"),
+        (lambda: RandomColorJitter(hue=0.6), r"hue must be in \[0, 0\.5\], got 0\.6"),
+        (lambda: RandomColorJitter(hue=-0.1), r"hue must be in \[0, 0\.5\], got -0\.1"),
+        (lambda: RandomColorJitter(p=1.5), r"p must be in \[0, 1\], got 1\.5"),
+        (lambda: RandomGrayscale(p=-0.2), r"p must be in \[0, 1\], got -0\.2"),
+        (lambda: RandomGaussianBlur(p=2), r"p must be in \[0, 1\], got 2"),
+        (lambda: RandomGaussianBlur(sigma=(0.0, 1.0)), r"0 < min <= max.*\(0\.0, 1\.0\)"),
+        (lambda: RandomGaussianBlur(sigma=(2.0, 1.0)), r"0 < min <= max.*\(2\.0, 1\.0\)"),
+        (lambda: RandomGaussianBlur(sigma=(1.0,)), r"\(min, max\) pair"),  # type: ignore[arg-type]
+        (lambda: RandomGaussianBlur(kernel_fraction=0), r"kernel_fraction .*\(0, 1\], got 0"),
+        (lambda: RandomGaussianBlur(kernel_fraction=1.5), r"\(0, 1\], got 1\.5"),
+        (lambda: BatchedSimCLRAugment(jitter_p=-1), r"jitter_p must be in \[0, 1\], got -1"),
+        (lambda: BatchedSimCLRAugment(grayscale_p=3), r"grayscale_p .*got 3"),
+        (lambda: BatchedSimCLRAugment(blur_p=1.01), r"blur_p .*got 1\.01"),
+        (lambda: BatchedSimCLRAugment(hue=0.51), r"hue .*got 0\.51"),
+        (lambda: BatchedSimCLRAugment(sigma=(-1.0, 2.0)), r"sigma"),
+        (lambda: BatchedSimCLRAugment(kernel_fraction=-0.1), r"kernel_fraction"),
+    ],
+)
+def test_constructor_validation(make: Callable[[], object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_constructor_type_errors() -> None:
+    with pytest.raises(TypeError, match="brightness must be a real number"):
+        RandomColorJitter(brightness="0.4")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="p must be a real number"):
+        RandomGrayscale(p=True)
+    ok = RandomColorJitter(brightness=0, contrast=1, saturation=2.5, hue=0.5, p=1)
+    assert (ok.brightness, ok.hue, ok.p) == (0.0, 0.5, 1.0)
+
+
+# --------------------------------------------------------------------------------------------
+# FFCV operations inside a Loader
+# --------------------------------------------------------------------------------------------
+
+N_IMAGES, SIDE = 16, 32
+
+
+@pytest.fixture(scope="module")
+def beton(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
+    import functools
+
+    import ffcv.writer
+    from ffcv.fields import IntField, RGBImageField
+    from tqdm import tqdm
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (N_IMAGES, SIDE, SIDE, 3), dtype=np.uint8)
+    path = tmp_path_factory.mktemp("augment") / "tiny.beton"
+    ffcv.writer.tqdm = functools.partial(tqdm, disable=True)  # type: ignore[attr-defined]
+    writer = ffcv.writer.DatasetWriter(
+        str(path), {"image": RGBImageField(write_mode="raw"), "label": IntField()},
+        num_workers=1,
+    )
+    writer.from_indexed_dataset([(images[i], i) for i in range(N_IMAGES)])
+    return path, images
+
+
+@pytest.fixture
+def ffcv_state() -> Iterator[None]:
+    """Restore FFCV's compiler switch and thread counts (the Loader changes them)."""
+    enabled, threads, torch_threads = Compiler.is_enabled, Compiler.num_threads, (
+        torch.get_num_threads()
+    )
+    yield
+    Compiler.set_enabled(enabled)
+    Compiler.set_num_threads(threads)
+    torch.set_num_threads(torch_threads)
+
+
+def _load(path: Path, ops: list, batch_size: int = 5, num_workers: int = 1) -> tuple:
+    from ffcv.fields.basics import IntDecoder
+    from ffcv.fields.rgb_image import SimpleRGBImageDecoder
+    from ffcv.loader import Loader, OrderOption
+    from ffcv.transforms import ToTensor, ToTorchImage
+
+    loader = Loader(
+        str(path), batch_size=batch_size, num_workers=num_workers, order=OrderOption.SEQUENTIAL,
+        drop_last=False,
+        pipelines={
+            "image": [SimpleRGBImageDecoder(), *ops, ToTensor(), ToTorchImage()],
+            "label": [IntDecoder(), ToTensor()],
+        },
+    )
+    images, labels = [], []
+    for img, lab in loader:
+        assert img.dtype == torch.uint8 and img.shape[1:] == (3, SIDE, SIDE)
+        assert img.shape[0] <= batch_size
+        images.append(img.clone())
+        labels.append(lab.clone().view(-1))
+    return torch.cat(images), torch.cat(labels)
+
+
+@pytest.fixture
+def no_jit(ffcv_state: None) -> None:
+    Compiler.set_enabled(False)
+
+
+def test_ffcv_ops_with_p0_leave_images_unchanged(beton: tuple, no_jit: None) -> None:
+    path, images = beton
+    ops = [RandomColorJitter(p=0.0), RandomGrayscale(p=0.0), RandomGaussianBlur(p=0.0)]
+    got, labels = _load(path, ops)
+    assert got.shape == (N_IMAGES, 3, SIDE, SIDE)  # 5 + 5 + 5 + 1: partial last batch
+    assert labels.tolist() == list(range(N_IMAGES))
+    assert torch.equal(got, torch.from_numpy(images).permute(0, 3, 1, 2))
+
+
+def test_ffcv_grayscale_p1_gives_equal_channels(beton: tuple, no_jit: None) -> None:
+    path, images = beton
+    got, _ = _load(path, [RandomColorJitter(p=0.0), RandomGrayscale(p=1.0)])
+    assert torch.equal(got[:, 0], got[:, 1]) and torch.equal(got[:, 1], got[:, 2])
+    ref = TF.rgb_to_grayscale(torch.from_numpy(images).permute(0, 3, 1, 2), 3)
+    assert torch.equal(got, ref)
+
+
+def test_ffcv_blur_with_fixed_sigma_matches_torchvision(beton: tuple, no_jit: None) -> None:
+    path, images = beton
+    got, _ = _load(path, [RandomGaussianBlur(p=1.0, sigma=(1.3, 1.3))])
+    ref = TF.gaussian_blur(torch.from_numpy(images).permute(0, 3, 1, 2), [3, 3], [1.3, 1.3])
+    _assert_u8_close(got.numpy(), ref.numpy())
+
+
+def test_ffcv_full_simclr_pipeline(beton: tuple, no_jit: None) -> None:
+    path, images = beton
+    np.random.seed(0)
+    ops = [RandomColorJitter(p=1.0), RandomGrayscale(p=0.5), RandomGaussianBlur(p=0.5)]
+    got, _ = _load(path, ops)
+    src = torch.from_numpy(images).permute(0, 3, 1, 2)
+    assert got.shape == src.shape
+    changed = (got != src).flatten(1).any(dim=1)
+    assert changed.all()  # every image jittered (p=1, continuous factors)
+    # Jitter with all magnitudes 0 is the identity even at p=1.
+    same, _ = _load(path, [RandomColorJitter(0, 0, 0, 0, p=1.0)])
+    assert torch.equal(same, src)
+
+
+def test_ffcv_ops_reject_tensors(beton: tuple, no_jit: None) -> None:
+    from ffcv.fields.rgb_image import SimpleRGBImageDecoder
+    from ffcv.loader import Loader
+    from ffcv.transforms import ToTensor
+
+    path, _ = beton
+    with pytest.raises(TypeError, match="RandomGrayscale needs uint8"):
+        loader = Loader(str(path), batch_size=4, num_workers=1,
+                        pipelines={"image": [SimpleRGBImageDecoder(), ToTensor(),
+                                             RandomGrayscale()]})
+        next(iter(loader))
+
+
+@pytest.mark.slow
+def test_ffcv_ops_compile_under_numba(beton: tuple, ffcv_state: None) -> None:
+    """The full pipeline with FFCV's numba compilation on, two threads (prange)."""
+    path, images = beton
+    Compiler.set_enabled(True)
+    ops = [RandomColorJitter(p=0.8), RandomGrayscale(p=1.0), RandomGaussianBlur(p=0.5)]
+    got, labels = _load(path, ops, num_workers=2)
+    assert got.shape == (N_IMAGES, 3, SIDE, SIDE) and labels.tolist() == list(range(N_IMAGES))
+    assert torch.equal(got[:, 0], got[:, 1]) and torch.equal(got[:, 1], got[:, 2])
+    # Deterministic check of the compiled code: jitter off, blur always with a fixed sigma.
+    blurred, _ = _load(path, [RandomColorJitter(p=0.0), RandomGrayscale(p=0.0),
+                              RandomGaussianBlur(p=1.0, sigma=(1.3, 1.3))], num_workers=2)
+    ref = TF.gaussian_blur(torch.from_numpy(images).permute(0, 3, 1, 2), [3, 3], [1.3, 1.3])
+    _assert_u8_close(blurred.numpy(), ref.numpy())

@@ -1,0 +1,229 @@
+"""``simgraph pretrain`` on Ray Train: exact resume after a SIGKILL, worker failover,
+interrupted checkpoints, and the driver's checks (all on a synthetic dataset, 2 CPU workers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from components.checkpoint import load_state
+from components.config import PretrainConfig, from_dict
+from pipelines.pretrain import (
+    PAUSE_ENV,
+    PretrainError,
+    check_dataset,
+    latest_complete,
+    prepare_run_dir,
+)
+from tests.datasets import synthetic_dataset
+from tests.procs import kill_session, session_pids
+
+ROOT = Path(__file__).resolve().parents[1]
+# Rank-local timings: everything else in a history row must match exactly.
+TIMING = {"samples_per_s", "data_wait", "time_s"}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return synthetic_dataset(tmp_path_factory.mktemp("pretrain") / "ds")
+
+
+def _config(dataset: Path, storage: Path, **over: Any) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "name": "run",
+        "storage": str(storage),
+        # jit off: exact resume needs FFCV's augmentations on numpy's (seeded) generator.
+        "data": {"dataset": str(dataset), "batch_size": 16, "num_workers": 1, "jit": False,
+                 "augment": {"resolution": 16}},
+        "model": {"backbone": "tiny", "width": 8, "projector_hidden": 32, "projector_dim": 16},
+        "loss": {"name": "supcon", "tau": 0.2, "bank_size": 40},
+        "optim": {"name": "lars", "lr": 0.2, "warmup_epochs": 1},
+        "train": {"epochs": 4},
+        "checkpoint": {"every_epochs": 1, "keep": 2},
+        "scaling": {"num_workers": 2, "cpus_per_worker": 0.5},
+        "knn": {"k": 10},
+    }
+    for key, value in over.items():
+        node = cfg
+        *path, leaf = key.split("__")
+        for k in path:
+            node = node.setdefault(k, {})
+        node[leaf] = value
+    return cfg
+
+
+def _start(cfg: dict[str, Any], tmp: Path, pause_at_step: int = 0) -> subprocess.Popen:
+    path = tmp / f"{cfg['name']}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, PAUSE_ENV: str(pause_at_step)}
+    log = open(tmp / f"{cfg['name']}.log", "a")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen([sys.executable, "-m", "pipelines.cli", "pretrain", str(path)],
+                            cwd=ROOT, env=env, start_new_session=True, stdout=log,
+                            stderr=subprocess.STDOUT)
+
+
+def _finish(proc: subprocess.Popen, tmp: Path, name: str, timeout: float = 400) -> None:
+    try:
+        rc = proc.wait(timeout=timeout)
+    finally:
+        kill_session(proc.pid)
+    assert rc == 0, (tmp / f"{name}.log").read_text()[-4000:]
+
+
+def _wait_for(cond: Any, proc: subprocess.Popen, tmp: Path, name: str, timeout: float = 300):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"{name} exited early:\n"
+                                 + (tmp / f"{name}.log").read_text()[-4000:])
+        time.sleep(0.2)
+    kill_session(proc.pid)
+    raise AssertionError(f"timed out waiting; log:\n{(tmp / f'{name}.log').read_text()[-4000:]}")
+
+
+def _final(run_dir: Path) -> dict[str, Any]:
+    best = latest_complete(run_dir)
+    assert best is not None, f"no complete checkpoint in {run_dir}"
+    return load_state(best[1])
+
+
+def _registered(run_dir: Path, name: str) -> bool:
+    snap = run_dir / "checkpoint_manager_snapshot.json"
+    return snap.exists() and name in snap.read_text()
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_identical_weights_and_metrics(dataset: Path,
+                                                             tmp_path: Path) -> None:
+    """4 epochs straight vs 2 epochs, SIGKILL of the whole process tree, re-run: identical.
+
+    A half-written ``epoch_00003`` (what a kill during the upload leaves) is planted before
+    the re-run: it must not be used, and the resumed run writes a complete one over it.
+    """
+    straight = _config(dataset, tmp_path / "runs", name="straight")
+    _finish(_start(straight, tmp_path), tmp_path, "straight")
+
+    killed = _config(dataset, tmp_path / "runs", name="killed")
+    steps = 4  # 128 train samples / (2 workers × 16)
+    proc = _start(killed, tmp_path, pause_at_step=2 * steps + 1)
+    run_dir = tmp_path / "runs" / "killed"
+    _wait_for(lambda: (run_dir / "workers" / "paused-rank0-step9").exists()
+              and _registered(run_dir, "epoch_00002"), proc, tmp_path, "killed")
+    kill_session(proc.pid)
+    assert proc.wait(timeout=30) != 0 and not session_pids(proc.pid)
+    assert latest_complete(run_dir)[0] == 2  # type: ignore[index]
+    partial = run_dir / "epoch_00003"
+    partial.mkdir()
+    (partial / "state.pt").write_bytes(b"\x80\x02 half a pickle")
+
+    _finish(_start(killed, tmp_path), tmp_path, "killed")
+    assert "resumed 'killed' after epoch 2" in (tmp_path / "killed.log").read_text()
+
+    a, b = _final(tmp_path / "runs" / "straight"), _final(run_dir)
+    assert a["epoch"] == b["epoch"] == 4 and a["step"] == b["step"] == 16
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    for key in ("optimizer", "scheduler"):
+        assert repr(a[key]) == repr(b[key]), key
+    strip = [{k: v for k, v in row.items() if k not in TIMING} for row in a["history"]]
+    assert strip == [{k: v for k, v in row.items() if k not in TIMING} for row in b["history"]]
+    assert [r["epoch"] for r in b["history"]] == [1, 2, 3, 4]
+    assert 0.0 <= b["history"][-1]["knn_top1"] <= 1.0
+    assert b["model"]["objective.bank.features"].abs().sum() > 0  # the memory bank was restored
+    # metrics.csv holds each epoch once, even though the killed run had logged epoch 2
+    rows = (run_dir / "metrics.csv").read_text().splitlines()
+    assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3", "4"]
+
+
+@pytest.mark.slow
+def test_sigkilled_worker_is_restarted_from_checkpoint(dataset: Path, tmp_path: Path) -> None:
+    cfg = _config(dataset, tmp_path / "runs", name="failover", scaling__max_failures=1,
+                  loss={"name": "simclr", "tau": 0.2})
+    proc = _start(cfg, tmp_path, pause_at_step=6)  # mid-epoch 2 (4 steps per epoch)
+    run_dir = tmp_path / "runs" / "failover"
+    _wait_for(lambda: (run_dir / "workers" / "paused-rank1-step6").exists(), proc, tmp_path,
+              "failover")
+    victim = json.loads((run_dir / "workers" / "rank1.json").read_text())["pid"]
+    os.kill(victim, signal.SIGKILL)
+    _finish(proc, tmp_path, "failover")
+    state = _final(run_dir)
+    assert state["epoch"] == 4 and state["step"] == 16
+    assert [r["epoch"] for r in state["history"]] == [1, 2, 3, 4]
+    assert json.loads((run_dir / "workers" / "rank1.json").read_text())["pid"] != victim
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver checks (no Ray).
+
+
+def test_rerun_with_another_config_is_refused(dataset: Path, tmp_path: Path) -> None:
+    cfg = from_dict(PretrainConfig, _config(dataset, tmp_path))
+    prepare_run_dir(cfg)
+    # allowed on resume: more epochs, other scaling
+    prepare_run_dir(from_dict(PretrainConfig, _config(dataset, tmp_path, train__epochs=8,
+                                                      scaling__num_workers=1)))
+    other = from_dict(PretrainConfig, _config(dataset, tmp_path, optim__lr=0.5))
+    with pytest.raises(PretrainError, match=r"optim\.lr differ"):
+        prepare_run_dir(other)
+
+
+@pytest.mark.parametrize(
+    ("loss", "error"),
+    [
+        ({"name": "clip"}, "caption_dim=384 but .* 8-d"),
+        ({"name": "clip", "caption_dim": 8}, None),
+        ({"name": "xclr", "graph": "class"}, None),
+        ({"name": "cone", "bank_size": 64, "top_n": 4}, None),
+    ],
+)
+def test_dataset_checks(dataset: Path, tmp_path: Path, loss: dict, error: str | None) -> None:
+    cfg = from_dict(PretrainConfig, _config(dataset, tmp_path, loss=loss))
+    if error is not None:
+        with pytest.raises(PretrainError, match=error):
+            check_dataset(cfg)
+        return
+    facts = check_dataset(cfg)
+    assert facts["num_classes"] == 4 and facts["knn"] and facts["caption_dim"] == 8
+
+
+def test_dataset_without_captions_or_enough_samples(tmp_path: Path) -> None:
+    ds = synthetic_dataset(tmp_path / "nocap", train_per_class=2, val_per_class=1)
+    manifest = json.loads((ds / "manifest.json").read_text())
+    del manifest["fields"]["caption"]
+    (ds / "manifest.json").write_text(json.dumps(manifest))
+    cfg = from_dict(PretrainConfig, _config(ds, tmp_path, loss={"name": "xclr",
+                                                                 "graph": "caption"}))
+    with pytest.raises(PretrainError, match="needs caption embeddings"):
+        check_dataset(cfg)
+    cfg = from_dict(PretrainConfig, _config(ds, tmp_path))  # 8 samples < 2 × 16
+    with pytest.raises(PretrainError, match="fewer than one global batch"):
+        check_dataset(cfg)
+    with pytest.raises(PretrainError, match="no manifest.json"):
+        check_dataset(from_dict(PretrainConfig, _config(tmp_path / "missing", tmp_path)))
+
+
+def test_latest_complete_skips_interrupted_writes(tmp_path: Path) -> None:
+    from components.checkpoint import save_state
+
+    save_state(tmp_path / "epoch_00001", {"epoch": 1, "step": 4, "w": torch.ones(3)})
+    save_state(tmp_path / "epoch_00002", {"epoch": 2, "step": 8, "w": torch.ones(3)})
+    shutil.copytree(tmp_path / "epoch_00002", tmp_path / "epoch_00003")
+    (tmp_path / "epoch_00003" / "meta.json").unlink()  # killed before meta.json was written
+    shutil.copytree(tmp_path / "epoch_00002", tmp_path / "epoch_00004")
+    with open(tmp_path / "epoch_00004" / "state.pt", "r+b") as f:  # truncated state
+        f.truncate(10)
+    best = latest_complete(tmp_path)
+    assert best is not None and best[0] == 2 and best[1].name == "epoch_00002"
