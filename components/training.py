@@ -232,20 +232,26 @@ def sync_buffers(module: nn.Module) -> None:
 @torch.no_grad()
 def extract_features(
     encoder: Encoder, batches: Iterable[Any], device: torch.device, amp: str = "none",
+    projector: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """Backbone features ``[N, F]`` float32 and labels ``[N]`` of one view per image, in eval
-    mode (this rank's share)."""
+    """Backbone features ``[N, F]`` (or projector outputs ``[N, D]``) float32 and labels
+    ``[N]`` of the first view of each image, in eval mode (this rank's share)."""
     was = encoder.training
     encoder.eval()
     feats, labels = [], []
     for b in batches:
         with autocast(device, amp):
             h = encoder.backbone(b.images[:, 0])
+            if projector:
+                h = encoder.projector(h)
         feats.append(h.float())
         labels.append(b.labels)
     encoder.train(was)
-    if not feats:
-        return torch.zeros(0, 0, device=device), torch.zeros(0, dtype=torch.long, device=device)
+    if not feats:  # a rank with no samples: still the right width for a gather
+        last = list(encoder.projector.modules())[-1]
+        width = int(getattr(last, "out_features", 0)) if projector else encoder.feat_dim
+        return (torch.zeros(0, width, device=device),
+                torch.zeros(0, dtype=torch.long, device=device))
     return torch.cat(feats), torch.cat(labels).to(device)
 
 

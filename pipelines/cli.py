@@ -13,7 +13,10 @@ Available now:
 * ``simgraph run CONFIG [key=value ...]`` — preprocess, then several pretraining runs, then a
   comparison table (``make demo`` runs ``pipelines/configs/demo.yaml``).
 
-Evaluate and sweep join as their pipelines land (see README).
+* ``simgraph evaluate RUN_DIR [RUN_DIR ...] [--checkpoint PATH] [--projector] [--out DIR]`` —
+  kNN, linear probe, graph metrics, plots and a report per run, and a comparison of several.
+
+Sweeps join when their pipeline lands (see README).
 """
 
 from __future__ import annotations
@@ -71,6 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = commands.add_parser("run", help="preprocess + several pretraining runs + a table")
     p.add_argument("config", help="YAML pipeline config (e.g. pipelines/configs/demo.yaml)")
     p.add_argument("overrides", nargs="*", help="dotted overrides of the pipeline config")
+    p = commands.add_parser("evaluate", help="kNN, probe, graph metrics and reports of runs")
+    p.add_argument("run_dirs", nargs="+", help="run dirs (storage/name) to evaluate")
+    p.add_argument("--checkpoint", help="a checkpoint dir (default: the run's newest)")
+    p.add_argument("--projector", action="store_true", help="projector instead of backbone")
+    p.add_argument("--out", help="where the comparison of several runs goes")
     args = parser.parse_args(argv)
     if args.command == "validate":
         return validate(args.config, args.overrides)
@@ -82,6 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pipelines import pretrain
 
         return pretrain.main(args.config, args.overrides)
+    if args.command == "evaluate":
+        from pipelines import evaluate
+
+        return evaluate.main(args.run_dirs, args.checkpoint, args.projector, args.out)
     if args.command == "run":
         from pipelines import run
 

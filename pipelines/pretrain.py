@@ -22,6 +22,7 @@ positives, online kNN top-1) reported to Ray (Tune/ASHA read them) and written b
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -122,8 +123,31 @@ def check_dataset(cfg: PretrainConfig) -> dict[str, Any]:
         knn, knn_note = False, (f"split {cfg.knn.query_split!r} or {cfg.knn.bank_split!r} is "
                                 "empty")
     return {"num_classes": len(info.classes), "caption_dim": info.caption_dim,
+            "dataset": dataset_identity(info.manifest),
             "train_samples": train_n, "knn": knn, "knn_note": knn_note,
             "needs_captions": "captions" in needs}
+
+
+def absolute_paths(cfg: PretrainConfig) -> PretrainConfig:
+    """Local dataset and storage paths made absolute: Ray Train workers run in another
+    working directory. URIs (``s3://`` …) are left as they are."""
+    def fix(p: str) -> str:
+        return p if "://" in p else str(Path(p).expanduser().resolve())
+
+    return dataclasses.replace(
+        cfg, storage=fix(cfg.storage),
+        data=dataclasses.replace(cfg.data, dataset=fix(cfg.data.dataset)),
+    )
+
+
+def dataset_identity(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What identifies a dataset dir's content: stored in checkpoints, so evaluation can refuse
+    a dataset other than the one a run trained on."""
+    return {
+        "params_digest": manifest.get("params_digest"),
+        "splits": {k: v.get("sha256") for k, v in manifest.get("splits", {}).items()},
+        "classes": list(manifest.get("classes", [])),
+    }
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -199,6 +223,7 @@ def run(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, Any]]:
     from components.checkpoint import load_state
     from pipelines.preprocess import ray_session
 
+    cfg = absolute_paths(cfg)
     facts = check_dataset(cfg)
     run_dir = prepare_run_dir(cfg)
     done = latest_complete(run_dir)
@@ -446,6 +471,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
                         "scaler": None if scaler is None else scaler.state_dict(),
                         "epoch": epoch + 1, "step": step, "history": history,
                         "seed": cfg.train.seed, "config": to_dict(cfg),
+                        "dataset": facts["dataset"],
                     })
                     ckpt = ray.train.Checkpoint.from_directory(tmp)
                 ray.train.report(row, checkpoint=ckpt,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -53,3 +54,29 @@ def synthetic_dataset(
     }
     (root / MANIFEST).write_text(json.dumps(manifest))
     return root
+
+
+def tiny_run_config(dataset: Path, storage: Path, **over: Any) -> dict[str, Any]:
+    """A pretrain config for the synthetic dataset: tiny CNN, 2 CPU workers, 4 epochs;
+    ``a__b=v`` overrides ``cfg[a][b]``."""
+    cfg: dict[str, Any] = {
+        "name": "run",
+        "storage": str(storage),
+        # jit off: exact resume needs FFCV's augmentations on numpy's (seeded) generator.
+        "data": {"dataset": str(dataset), "batch_size": 16, "num_workers": 1, "jit": False,
+                 "augment": {"resolution": 16}},
+        "model": {"backbone": "tiny", "width": 8, "projector_hidden": 32, "projector_dim": 16},
+        "loss": {"name": "supcon", "tau": 0.2, "bank_size": 40},
+        "optim": {"name": "lars", "lr": 0.2, "warmup_epochs": 1},
+        "train": {"epochs": 4},
+        "checkpoint": {"every_epochs": 1, "keep": 2},
+        "scaling": {"num_workers": 2, "cpus_per_worker": 0.5},
+        "knn": {"k": 10},
+    }
+    for key, value in over.items():
+        node = cfg
+        *path, leaf = key.split("__")
+        for k in path:
+            node = node.setdefault(k, {})
+        node[leaf] = value
+    return cfg

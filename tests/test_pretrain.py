@@ -26,7 +26,7 @@ from pipelines.pretrain import (
     latest_complete,
     prepare_run_dir,
 )
-from tests.datasets import synthetic_dataset
+from tests.datasets import synthetic_dataset, tiny_run_config
 from tests.procs import kill_session, session_pids
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,30 +37,6 @@ TIMING = {"samples_per_s", "data_wait", "time_s"}
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return synthetic_dataset(tmp_path_factory.mktemp("pretrain") / "ds")
-
-
-def _config(dataset: Path, storage: Path, **over: Any) -> dict[str, Any]:
-    cfg: dict[str, Any] = {
-        "name": "run",
-        "storage": str(storage),
-        # jit off: exact resume needs FFCV's augmentations on numpy's (seeded) generator.
-        "data": {"dataset": str(dataset), "batch_size": 16, "num_workers": 1, "jit": False,
-                 "augment": {"resolution": 16}},
-        "model": {"backbone": "tiny", "width": 8, "projector_hidden": 32, "projector_dim": 16},
-        "loss": {"name": "supcon", "tau": 0.2, "bank_size": 40},
-        "optim": {"name": "lars", "lr": 0.2, "warmup_epochs": 1},
-        "train": {"epochs": 4},
-        "checkpoint": {"every_epochs": 1, "keep": 2},
-        "scaling": {"num_workers": 2, "cpus_per_worker": 0.5},
-        "knn": {"k": 10},
-    }
-    for key, value in over.items():
-        node = cfg
-        *path, leaf = key.split("__")
-        for k in path:
-            node = node.setdefault(k, {})
-        node[leaf] = value
-    return cfg
 
 
 def _start(cfg: dict[str, Any], tmp: Path, pause_at_step: int = 0) -> subprocess.Popen:
@@ -113,10 +89,10 @@ def test_killed_run_resumes_to_identical_weights_and_metrics(dataset: Path,
     A half-written ``epoch_00003`` (what a kill during the upload leaves) is planted before
     the re-run: it must not be used, and the resumed run writes a complete one over it.
     """
-    straight = _config(dataset, tmp_path / "runs", name="straight")
+    straight = tiny_run_config(dataset, tmp_path / "runs", name="straight")
     _finish(_start(straight, tmp_path), tmp_path, "straight")
 
-    killed = _config(dataset, tmp_path / "runs", name="killed")
+    killed = tiny_run_config(dataset, tmp_path / "runs", name="killed")
     steps = 4  # 128 train samples / (2 workers × 16)
     proc = _start(killed, tmp_path, pause_at_step=2 * steps + 1)
     run_dir = tmp_path / "runs" / "killed"
@@ -150,7 +126,7 @@ def test_killed_run_resumes_to_identical_weights_and_metrics(dataset: Path,
 
 @pytest.mark.slow
 def test_sigkilled_worker_is_restarted_from_checkpoint(dataset: Path, tmp_path: Path) -> None:
-    cfg = _config(dataset, tmp_path / "runs", name="failover", scaling__max_failures=1,
+    cfg = tiny_run_config(dataset, tmp_path / "runs", name="failover", scaling__max_failures=1,
                   loss={"name": "simclr", "tau": 0.2})
     proc = _start(cfg, tmp_path, pause_at_step=6)  # mid-epoch 2 (4 steps per epoch)
     run_dir = tmp_path / "runs" / "failover"
@@ -170,12 +146,12 @@ def test_sigkilled_worker_is_restarted_from_checkpoint(dataset: Path, tmp_path: 
 
 
 def test_rerun_with_another_config_is_refused(dataset: Path, tmp_path: Path) -> None:
-    cfg = from_dict(PretrainConfig, _config(dataset, tmp_path))
+    cfg = from_dict(PretrainConfig, tiny_run_config(dataset, tmp_path))
     prepare_run_dir(cfg)
     # allowed on resume: more epochs, other scaling
-    prepare_run_dir(from_dict(PretrainConfig, _config(dataset, tmp_path, train__epochs=8,
+    prepare_run_dir(from_dict(PretrainConfig, tiny_run_config(dataset, tmp_path, train__epochs=8,
                                                       scaling__num_workers=1)))
-    other = from_dict(PretrainConfig, _config(dataset, tmp_path, optim__lr=0.5))
+    other = from_dict(PretrainConfig, tiny_run_config(dataset, tmp_path, optim__lr=0.5))
     with pytest.raises(PretrainError, match=r"optim\.lr differ"):
         prepare_run_dir(other)
 
@@ -190,7 +166,7 @@ def test_rerun_with_another_config_is_refused(dataset: Path, tmp_path: Path) -> 
     ],
 )
 def test_dataset_checks(dataset: Path, tmp_path: Path, loss: dict, error: str | None) -> None:
-    cfg = from_dict(PretrainConfig, _config(dataset, tmp_path, loss=loss))
+    cfg = from_dict(PretrainConfig, tiny_run_config(dataset, tmp_path, loss=loss))
     if error is not None:
         with pytest.raises(PretrainError, match=error):
             check_dataset(cfg)
@@ -204,15 +180,15 @@ def test_dataset_without_captions_or_enough_samples(tmp_path: Path) -> None:
     manifest = json.loads((ds / "manifest.json").read_text())
     del manifest["fields"]["caption"]
     (ds / "manifest.json").write_text(json.dumps(manifest))
-    cfg = from_dict(PretrainConfig, _config(ds, tmp_path, loss={"name": "xclr",
+    cfg = from_dict(PretrainConfig, tiny_run_config(ds, tmp_path, loss={"name": "xclr",
                                                                  "graph": "caption"}))
     with pytest.raises(PretrainError, match="needs caption embeddings"):
         check_dataset(cfg)
-    cfg = from_dict(PretrainConfig, _config(ds, tmp_path))  # 8 samples < 2 × 16
+    cfg = from_dict(PretrainConfig, tiny_run_config(ds, tmp_path))  # 8 samples < 2 × 16
     with pytest.raises(PretrainError, match="fewer than one global batch"):
         check_dataset(cfg)
     with pytest.raises(PretrainError, match="no manifest.json"):
-        check_dataset(from_dict(PretrainConfig, _config(tmp_path / "missing", tmp_path)))
+        check_dataset(from_dict(PretrainConfig, tiny_run_config(tmp_path / "missing", tmp_path)))
 
 
 def test_latest_complete_skips_interrupted_writes(tmp_path: Path) -> None:

@@ -41,17 +41,19 @@ def test_tiny_pipeline_end_to_end(tmp_path: Path) -> None:
         "preprocess": str(ROOT / "pipelines/configs/data/demo.yaml"),
         "pretrain": str(ROOT / "pipelines/configs/pretrain/demo.yaml"),
         "prefix": "tiny",
-        "overrides": [f"storage={tmp_path / 'runs'}", "train.epochs=2", "data.batch_size=32"],
+        # relative paths, as in the shipped configs: resolved against the working directory
+        # (Ray Train workers run elsewhere)
+        "overrides": ["storage=runs", "train.epochs=2", "data.batch_size=32"],
         "runs": {"simclr": ["loss.name=simclr"], "xclr": ["loss.name=xclr", "loss.tau_s=0.2"]},
     }
     pre = yaml.safe_load((ROOT / "pipelines/configs/data/demo.yaml").read_text())
-    pre.update(output=str(tmp_path / "data"), source={"kind": "fashion-mnist",
+    pre.update(output="data", source={"kind": "fashion-mnist",
                                                       "max_per_class": 12})
     (tmp_path / "pre.yaml").write_text(yaml.safe_dump(pre))
     spec["preprocess"] = str(tmp_path / "pre.yaml")
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(spec))
     out = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", str(tmp_path / "p.yaml")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
     table = out.stdout[out.stdout.index("| run |"):]
     assert "| simclr | simclr | 2 |" in table and "| xclr | xclr | 2 |" in table

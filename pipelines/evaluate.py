@@ -1,0 +1,374 @@
+"""``simgraph evaluate RUN_DIR [RUN_DIR ...] [--checkpoint PATH] [--projector] [--out DIR]``.
+
+For each run, top to bottom:
+
+1. Load the run's ``config.yaml`` and a checkpoint (the newest complete one, or
+   ``--checkpoint``); refuse a checkpoint written under another config and a dataset dir
+   whose content differs from the one the run trained on (checkpoints record its identity).
+2. Extract frozen features (backbone, or projector with ``--projector``) of one centre view of
+   every image of the bank split (train) and the query split (test, else val), batched, with
+   a progress bar; GPU when there is one.
+3. Metrics (``components/evaluation``): weighted kNN (Wu et al. 2018, votes exp(cos/0.07)) for
+   k ∈ {1, 5, 10, 20, 50, 100, 200}, top-1/top-5; a linear probe on standardised features;
+   SINCERE's target–noise separation (median margin, overlap); label error and intra-class
+   connectivity of the test kNN graph (definitions in ``components/evaluation/graph.py``);
+   learned class-similarity matrix next to the target one (X-CLR Fig. 4).
+4. Write ``<run>/eval/report.md``, ``metrics.json`` and PNG plots. With several runs, also a
+   comparison table and overlaid plots in ``--out`` (default: ``<storage>/comparison``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from components.config import PretrainConfig, from_dict
+
+KS = (1, 5, 10, 20, 50, 100, 200)
+# Hyperparameters worth a column in the comparison table, when the loss has them.
+KEY_PARAMS = ("tau", "tau_s", "graph", "epsilon", "variant", "lambda_sup", "lambda_dc",
+              "tau_sup", "tau_dc", "bank_size", "top_n")
+
+
+class EvaluateError(RuntimeError):
+    """A run cannot be evaluated; the message says why and what to do."""
+
+
+@dataclasses.dataclass
+class RunEval:
+    name: str
+    run_dir: Path
+    loss: str
+    params: dict[str, Any]
+    epoch: int
+    knn: dict[int, dict[str, float]]  # k -> {"top1", "top5"}
+    probe: dict[str, Any]
+    separation: dict[str, float]
+    graph: dict[str, float]
+    learned_similarity: np.ndarray  # [C, C]
+    target_similarity: np.ndarray | None
+    target_sims: np.ndarray  # [M] SINCERE target similarities
+    noise_sims: np.ndarray
+    classes: list[str]
+    feature: str
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "run": self.name, "loss": self.loss, "params": self.params, "epoch": self.epoch,
+            "feature": self.feature, "knn": {str(k): v for k, v in self.knn.items()},
+            "probe": self.probe, "separation": self.separation, "graph": self.graph,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading.
+
+
+def load_run(run_dir: str | Path, checkpoint: str | Path | None = None
+             ) -> tuple[PretrainConfig, dict[str, Any], Path]:
+    """The run's config, a verified checkpoint state and its path.
+
+    Raises:
+        EvaluateError: not a run dir, no complete checkpoint, or a checkpoint from another
+            config.
+    """
+    from components.checkpoint import CheckpointError, load_state
+    from pipelines.pretrain import RESUMABLE_CHANGES, RUN_CONFIG, _flatten, latest_complete
+
+    run_dir = Path(run_dir)
+    if not (run_dir / RUN_CONFIG).exists():
+        raise EvaluateError(f"{run_dir} is not a run dir (no {RUN_CONFIG}); give the "
+                            "storage/name dir that `simgraph pretrain` wrote")
+    cfg = from_dict(PretrainConfig, yaml.safe_load((run_dir / RUN_CONFIG).read_text()))
+    if checkpoint is None:
+        found = latest_complete(run_dir)
+        if found is None:
+            raise EvaluateError(f"{run_dir} has no complete checkpoint: pretrain it first "
+                                "(or let the interrupted run resume)")
+        checkpoint = found[1]
+    try:
+        state = load_state(checkpoint)
+    except CheckpointError as e:
+        raise EvaluateError(str(e)) from None
+    theirs, ours = _flatten(state.get("config", {})), _flatten(dataclasses.asdict(cfg))
+    diff = sorted(k for k in set(theirs) | set(ours)
+                  if theirs.get(k) != ours.get(k) and not k.startswith(RESUMABLE_CHANGES))
+    if diff:
+        raise EvaluateError(
+            f"checkpoint {checkpoint} was written by another config than {run_dir} "
+            f"({', '.join(diff[:5])} differ); evaluate it with its own run dir"
+        )
+    return cfg, state, Path(checkpoint)
+
+
+def _dataset(cfg: PretrainConfig, state: dict[str, Any]) -> Any:
+    from components.data.reader import DatasetError, DatasetInfo
+    from pipelines.pretrain import dataset_identity
+
+    try:
+        info = DatasetInfo.load(cfg.data.dataset)
+    except DatasetError as e:
+        raise EvaluateError(str(e)) from None
+    if not info.classes:
+        raise EvaluateError(f"{info.root} has no labels: kNN, the probe and the graph metrics "
+                            "need labelled data")
+    trained_on = state.get("dataset")
+    if trained_on is not None and trained_on != dataset_identity(info.manifest):
+        raise EvaluateError(
+            f"{info.root} does not hold the data this run trained on (its manifest's digest, "
+            "split checksums or classes differ); point data.dataset at the original dataset dir"
+        )
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# One run.
+
+
+def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
+                 projector: bool = False, device: str | None = None, jit: bool | None = None,
+                 probe_epochs: int = 100) -> RunEval:
+    """Every metric of one run (see the module docstring); nothing written."""
+    import torch
+
+    from components.data.reader import ViewLoader, set_jit
+    from components.evaluation.graph import (
+        class_similarity_matrix,
+        graph_metrics,
+        target_noise_separation,
+    )
+    from components.evaluation.knn import knn_accuracy, weighted_knn_predict
+    from components.evaluation.probe import linear_probe
+    from components.training import build_model, extract_features
+
+    cfg, state, _ = load_run(run_dir, checkpoint)
+    info = _dataset(cfg, state)
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    set_jit(cfg.data.jit if jit is None else jit)
+    sim = info.class_similarity()
+    model, _ = build_model(cfg.model, cfg.loss, len(info.classes),
+                           None if sim is None else torch.as_tensor(sim, dtype=torch.float32),
+                           info.caption_dim)
+    model.load_state_dict(state["model"])
+    encoder = model.encoder.to(dev)
+    query_split = "test" if info.splits.get("test", 0) else "val"
+
+    def features(split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        loader = ViewLoader(info.split_file(split), batch_size=cfg.data.batch_size, views=1,
+                            augment=cfg.data.augment, train=False, device=dev,
+                            num_workers=cfg.data.num_workers, with_captions=False)
+        return extract_features(encoder, _progress(loader, f"{Path(run_dir).name}: {split}"),
+                                dev, projector=projector)
+
+    bank_f, bank_y = features("train")
+    query_f, query_y = features(query_split)
+    c = len(info.classes)
+    ks = [k for k in KS if k <= len(bank_f)]
+    scores = weighted_knn_predict(bank_f, bank_y, query_f, ks, c, temperature=0.07)
+    knn = {}
+    for k in ks:
+        acc = knn_accuracy(scores[k], query_y.to(scores[k].device), topk=(1, 5))
+        knn[k] = {"top1": acc[1], "top5": acc[5]}
+    pr = linear_probe(bank_f, bank_y, query_f, query_y, c, epochs=probe_epochs, device=dev)
+    sep = target_noise_separation(bank_f, bank_y, query_f, query_y)
+    graph = graph_metrics(query_f, query_y, k=min(10, len(query_f) - 1))
+    learned = class_similarity_matrix(query_f, query_y, c).numpy()
+    params = {k: getattr(cfg.loss, k) for k in KEY_PARAMS if hasattr(cfg.loss, k)}
+    return RunEval(
+        name=Path(run_dir).name, run_dir=Path(run_dir), loss=cfg.loss.name, params=params,
+        epoch=int(state["epoch"]), knn=knn,
+        probe={"top1": pr.top1, "top5": pr.top5, "weight_decay": pr.weight_decay},
+        separation={"margin": sep.margin, "overlap": sep.overlap,
+                    "target_median": sep.target_median, "noise_median": sep.noise_median},
+        graph=graph, learned_similarity=learned, target_similarity=sim,
+        target_sims=sep.target_sims.numpy(), noise_sims=sep.noise_sims.numpy(),
+        classes=list(info.classes), feature="projector" if projector else "backbone",
+    )
+
+
+def _progress(loader: Any, desc: str) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(loader, desc=desc, total=len(loader), leave=False, disable=not sys.stderr.isatty())
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots and reports.
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_knn(evals: Sequence[RunEval], path: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for e in evals:
+        ks = sorted(e.knn)
+        ax.plot(ks, [100 * e.knn[k]["top1"] for k in ks], marker="o", label=e.name)
+    ax.set_xscale("log")
+    ax.set_xlabel("k")
+    ax.set_ylabel("weighted kNN top-1 (%)")
+    ax.set_title("kNN accuracy vs k (X-CLR Fig. 3b)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_separation(evals: Sequence[RunEval], path: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    bins = np.linspace(-1, 1, 81)
+    for i, e in enumerate(evals):
+        colour = f"C{i}"
+        ax.hist(e.target_sims, bins=bins, histtype="step", color=colour,
+                label=f"{e.name} target")
+        ax.hist(e.noise_sims, bins=bins, histtype="step", color=colour, linestyle="--",
+                label=f"{e.name} noise")
+    ax.set_xlabel("cosine similarity to nearest train neighbour")
+    ax.set_ylabel("test images")
+    ax.set_title("Target vs noise (SINCERE Fig. 2)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_similarity(e: RunEval, path: Path) -> None:
+    plt = _plt()
+    mats = [("learned (mean pairwise cosine)", e.learned_similarity)]
+    if e.target_similarity is not None:
+        mats.append(("target (class-caption cosine)", e.target_similarity))
+    fig, axes = plt.subplots(1, len(mats), figsize=(4.2 * len(mats), 3.8), squeeze=False)
+    for ax, (title, m) in zip(axes[0], mats, strict=True):
+        im = ax.imshow(m, vmin=-1, vmax=1, cmap="coolwarm")
+        ax.set_title(title, fontsize=9)
+        ax.set_xticks(range(len(e.classes)), e.classes, rotation=90, fontsize=6)
+        ax.set_yticks(range(len(e.classes)), e.classes, fontsize=6)
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.suptitle(f"{e.name}: class similarity (X-CLR Fig. 4)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _pct(x: float) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}"
+
+
+def comparison_table(evals: Sequence[RunEval]) -> str:
+    ks = sorted({k for e in evals for k in e.knn})
+    head = (["run", "loss", "params", "epoch"] + [f"kNN@{k}" for k in ks]
+            + ["probe", "margin", "overlap", "label err", "connectivity"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for e in evals:
+        params = ", ".join(f"{k}={v}" for k, v in e.params.items())
+        cells = [e.name, e.loss, params, str(e.epoch)]
+        cells += [_pct(e.knn[k]["top1"]) if k in e.knn else "—" for k in ks]
+        cells += [_pct(e.probe["top1"]), f"{e.separation['margin']:.3f}",
+                  _pct(e.separation["overlap"]), _pct(e.graph["label_error"]),
+                  f"{e.graph['intra_class_connectivity']:.3f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_report(e: RunEval) -> Path:
+    """``<run>/eval/report.md`` with metrics.json and the plots; returns the report path."""
+    out = e.run_dir / "eval"
+    out.mkdir(exist_ok=True)
+    plot_knn([e], out / "knn_vs_k.png")
+    plot_separation([e], out / "separation.png")
+    plot_similarity(e, out / "class_similarity.png")
+    (out / "metrics.json").write_text(json.dumps(e.summary(), indent=1))
+    knn_rows = "\n".join(f"| {k} | {_pct(v['top1'])} | {_pct(v['top5'])} |"
+                         for k, v in sorted(e.knn.items()))
+    text = f"""# Evaluation of `{e.name}`
+
+Loss **{e.loss}** ({", ".join(f"{k}={v}" for k, v in e.params.items())}), checkpoint after
+epoch {e.epoch}; {e.feature} features of one centre view per image.
+
+{comparison_table([e])}
+
+## Weighted kNN (Wu et al. 2018; votes exp(cos / 0.07))
+
+| k | top-1 % | top-5 % |
+|---:|---:|---:|
+{knn_rows}
+
+![kNN vs k](knn_vs_k.png)
+
+## Linear probe
+
+Top-1 {_pct(e.probe["top1"])} %, top-5 {_pct(e.probe["top5"])} % (standardised features,
+L-BFGS, weight decay {e.probe["weight_decay"]} chosen on a 10 % validation split of train).
+
+## Target–noise separation (SINCERE Table 1, Fig. 2)
+
+Median similarity of each test image to its nearest same-class train image
+{e.separation["target_median"]:.3f}, to its nearest other-class train image
+{e.separation["noise_median"]:.3f}: margin **{e.separation["margin"]:.3f}**;
+{_pct(e.separation["overlap"])} % of test images are at least as close to another class.
+
+![separation](separation.png)
+
+## kNN-graph metrics (X-CLR A.8; our definitions, see components/evaluation/graph.py)
+
+Label error {_pct(e.graph["label_error"])} % (share of symmetric 10-NN edges joining different
+classes); intra-class connectivity {e.graph["intra_class_connectivity"]:.3f} (mean share of a
+class in its largest connected component; not on the scale of X-CLR's Table 9).
+
+## Class similarity (X-CLR Fig. 4)
+
+![class similarity](class_similarity.png)
+"""
+    (out / "report.md").write_text(text)
+    return out / "report.md"
+
+
+def write_comparison(evals: Sequence[RunEval], out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    plot_knn(evals, out / "knn_vs_k.png")
+    plot_separation(evals, out / "separation.png")
+    text = (f"# Comparison of {len(evals)} runs\n\n{comparison_table(evals)}\n\n"
+            "kNN@k and probe: top-1 %; margin: SINCERE median target − noise similarity; "
+            "overlap: % of test images at least as close to another class; label error %: "
+            "share of 10-NN edges across classes.\n\n"
+            "![kNN vs k](knn_vs_k.png)\n\n![separation](separation.png)\n")
+    (out / "comparison.md").write_text(text)
+    (out / "comparison.json").write_text(json.dumps([e.summary() for e in evals], indent=1))
+    return out / "comparison.md"
+
+
+def main(run_dirs: Sequence[str], checkpoint: str | None = None, projector: bool = False,
+         out: str | None = None) -> int:
+    if checkpoint is not None and len(run_dirs) != 1:
+        print("simgraph evaluate: --checkpoint needs exactly one RUN_DIR", file=sys.stderr)
+        return 2
+    evals = []
+    try:
+        for d in run_dirs:
+            e = evaluate_run(d, checkpoint, projector=projector)
+            print(f"{write_report(e)}")
+            evals.append(e)
+    except EvaluateError as err:
+        print(f"simgraph evaluate: {err}", file=sys.stderr)
+        return 1
+    print(comparison_table(evals))
+    if len(evals) > 1:
+        where = Path(out) if out else Path(run_dirs[0]).resolve().parent / "comparison"
+        print(write_comparison(evals, where))
+    return 0

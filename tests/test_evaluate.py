@@ -1,0 +1,122 @@
+"""``simgraph evaluate``: reports render with every plot, several runs compare, known-answer
+metrics through the same functions, and each bad input is a clear error."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from components.checkpoint import save_state
+from components.config import PretrainConfig, from_dict, to_dict
+from components.data.reader import DatasetInfo, set_jit
+from components.evaluation.graph import graph_metrics, target_noise_separation
+from components.evaluation.knn import knn_top1
+from components.evaluation.probe import linear_probe
+from components.training import build_model
+from pipelines.evaluate import EvaluateError, evaluate_run, load_run, main
+from pipelines.pretrain import check_dataset, prepare_run_dir
+from tests.datasets import synthetic_dataset, tiny_run_config
+
+
+@pytest.fixture(autouse=True)
+def _no_jit() -> Any:
+    set_jit(False)
+    yield
+    set_jit(True)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return synthetic_dataset(tmp_path_factory.mktemp("eval") / "ds")
+
+
+def _run(dataset: Path, storage: Path, name: str, **over: Any) -> Path:
+    """A run dir with one checkpoint, as `simgraph pretrain` leaves it (no Ray needed)."""
+    cfg = from_dict(PretrainConfig, tiny_run_config(dataset, storage, name=name, **over))
+    run_dir = prepare_run_dir(cfg)
+    facts = check_dataset(cfg)
+    torch.manual_seed(0)
+    sim = torch.as_tensor(DatasetInfo.load(dataset).class_similarity(), dtype=torch.float32)
+    model, _ = build_model(cfg.model, cfg.loss, facts["num_classes"], sim, facts["caption_dim"])
+    save_state(run_dir / "epoch_00001", {"model": model.state_dict(), "epoch": 1, "step": 4,
+                                         "history": [], "config": to_dict(cfg),
+                                         "dataset": facts["dataset"]})
+    return run_dir
+
+
+def test_report_and_comparison_render(dataset: Path, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    a = _run(dataset, tmp_path, "a")
+    b = _run(dataset, tmp_path, "b", loss={"name": "xclr", "tau_s": 0.2})
+    assert main([str(a), str(b)]) == 0
+    for run in (a, b):
+        out = run / "eval"
+        for f in ("report.md", "metrics.json", "knn_vs_k.png", "separation.png",
+                  "class_similarity.png"):
+            assert (out / f).stat().st_size > 0, f
+        m = json.loads((out / "metrics.json").read_text())
+        assert set(m["knn"]) == {"1", "5", "10", "20", "50", "100"}  # 128 train images
+        assert all(0 <= v["top1"] <= v["top5"] <= 1 for v in m["knn"].values())
+        assert 0 <= m["probe"]["top1"] <= 1 and -2 <= m["separation"]["margin"] <= 2
+        assert 0 <= m["graph"]["label_error"] <= 1
+    comp = (tmp_path / "comparison" / "comparison.md").read_text()
+    assert "| a | supcon | tau=0.2, variant=out, bank_size=40 | 1 |" in comp
+    assert "| b | xclr | tau=0.1, tau_s=0.2, graph=class" in comp
+    assert (tmp_path / "comparison" / "knn_vs_k.png").exists()
+    assert "kNN@1" in capsys.readouterr().out
+
+
+def test_projector_features(dataset: Path, tmp_path: Path) -> None:
+    e = evaluate_run(_run(dataset, tmp_path, "p"), projector=True, probe_epochs=20)
+    assert e.feature == "projector" and e.learned_similarity.shape == (4, 4)
+
+
+def test_known_structure_through_the_metrics() -> None:
+    """Separated clusters: kNN = probe = 100 %, exact separation margin, no label error."""
+    g = torch.Generator().manual_seed(0)
+    centres = torch.eye(4, 8)
+    y = torch.arange(4).repeat_interleave(20)
+    x = centres[y] + 0.01 * torch.randn(80, 8, generator=g)
+    q = centres[y] + 0.01 * torch.randn(80, 8, generator=g)
+    assert knn_top1(x, y, q, y, k=10, num_classes=4) == 1.0
+    assert linear_probe(x, y, q, y, 4, epochs=50).top1 == 1.0
+    sep = target_noise_separation(x, y, q, y)
+    unit = torch.nn.functional.normalize
+    best_same = (unit(q, dim=1) @ unit(x, dim=1).T).masked_fill(y[:, None] != y[None], -2)
+    assert sep.target_median == pytest.approx(float(best_same.max(1).values.median()), abs=1e-3)
+    assert sep.overlap == 0.0 and sep.margin > 0.9
+    assert graph_metrics(q, y, k=5) == {"label_error": 0.0, "intra_class_connectivity": 1.0}
+    shuffled = y[torch.randperm(80, generator=g)]
+    assert knn_top1(x, shuffled, q, y, k=10, num_classes=4) < 0.6
+
+
+def test_bad_inputs_are_clear_errors(dataset: Path, tmp_path: Path) -> None:
+    with pytest.raises(EvaluateError, match="not a run dir"):
+        load_run(tmp_path)
+    run = _run(dataset, tmp_path, "r")
+    empty = tmp_path / "empty"
+    shutil.copytree(run, empty)
+    shutil.rmtree(empty / "epoch_00001")
+    with pytest.raises(EvaluateError, match="no complete checkpoint"):
+        load_run(empty)
+    other = _run(dataset, tmp_path / "o", "r", optim__lr=0.9)
+    with pytest.raises(EvaluateError, match=r"another config .*optim\.lr"):
+        load_run(run, other / "epoch_00001")
+    # a dataset dir with other content under the same path
+    moved = tmp_path / "ds2"
+    shutil.copytree(dataset, moved)
+    run2 = _run(moved, tmp_path / "m", "m")
+    manifest = json.loads((moved / "manifest.json").read_text())
+    manifest["splits"]["train"]["sha256"] = "0" * 64
+    (moved / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(EvaluateError, match="does not hold the data this run trained on"):
+        evaluate_run(run2)
+    manifest["classes"] = []
+    (moved / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(EvaluateError, match="needs labelled data|has no labels"):
+        evaluate_run(run2)
