@@ -54,7 +54,7 @@ def _fmt(values: list[float], pct: bool) -> str:
     scale = 100 if pct else 1
     m = statistics.mean(values) * scale
     s = statistics.stdev(values) * scale if len(values) > 1 else 0.0
-    return f"{m:.1f} ± {s:.1f}" if pct else f"{m:.3f} ± {s:.3f}"
+    return f"{m:.1f} ± {s:.1f}" if pct else f"{m:.2e} ± {s:.1e}"
 
 
 def main() -> None:
@@ -71,6 +71,7 @@ def main() -> None:
     pre = load_config(ROOT / "pipelines/configs/data/demo.yaml", PreprocessConfig, [
         f"output={work / 'data'}", f"source.max_per_class={args.per_class}"])
     results: dict[str, list[dict[str, float]]] = {}
+    failed: list[str] = []
     t0 = time.perf_counter()
     with preprocess.ray_session(None):
         preprocess.run(pre, echo=False)
@@ -80,16 +81,22 @@ def main() -> None:
                     *LOSSES[loss], f"name={loss}-s{seed}", f"storage={work / 'runs'}",
                     f"data.dataset={pre.output}", f"train.seed={seed}",
                     f"train.epochs={args.epochs}", "knn.every_epochs=0", *args.overrides])
-                pretrain.run(cfg, echo=False)
+                try:
+                    pretrain.run(cfg, echo=False)
+                except pretrain.PretrainError as err:  # reported, and the others still run
+                    print(f"{cfg.name}: FAILED {err}", flush=True)
+                    failed.append(f"{cfg.name}: {str(err).splitlines()[0]}")
+                    continue
                 e = evaluate.evaluate_run(work / "runs" / cfg.name)
                 results.setdefault(loss, []).append(_metrics(e))
                 print(f"{cfg.name}: {_metrics(e)}  ({time.perf_counter() - t0:.0f} s)",
                       flush=True)
-    Path(args.out).write_text(report(results, args, time.perf_counter() - t0))
+    Path(args.out).write_text(report(results, args, time.perf_counter() - t0, failed))
     print(Path(args.out).read_text())
 
 
-def report(results: dict[str, list[dict[str, float]]], args: Any, wall: float) -> str:
+def report(results: dict[str, list[dict[str, float]]], args: Any, wall: float,
+           failed: list[str]) -> str:
     head = "| loss | " + " | ".join(METRICS.values()) + " |"
     rows = [head, "|---|" + "---:|" * len(METRICS)]
     for loss, runs in results.items():
@@ -111,7 +118,7 @@ def report(results: dict[str, list[dict[str, float]]], args: Any, wall: float) -
             continue
         holds = x >= y if "≥" in text else x > y
         claims.append(f"- {text}: **{'holds' if holds else 'does not hold'}** here "
-                      f"({x:.3f} vs {y:.3f})")
+                      f"({x:.4g} vs {y:.4g})")
     return f"""# Reproduction at small scale
 
 `python bench/reproduce.py --per-class {args.per_class} --epochs {args.epochs} --seeds \
@@ -128,6 +135,8 @@ classes.
 Claims of the papers at this scale:
 
 {chr(10).join(claims)}
+
+{"Failed runs: " + "; ".join(failed) if failed else "Every run finished."}
 
 Caveat: a tiny CNN for a few epochs on a few thousand 28 px images is far from the papers'
 ResNet-50 / ImageNet budgets; differences smaller than the std are not evidence either way.

@@ -103,9 +103,10 @@ def build_model(
 
 
 def uses_projector(objective: Objective) -> bool:
-    """Whether the loss reads ``z`` (cross-entropy only reads ``logits``): DDP must then be
-    told that the projector gets no gradient."""
-    return bool(getattr(objective, "uses_z", True))
+    """Whether every step's loss reads ``z``. Cross-entropy only reads ``logits``; CoNe reads
+    ``z`` only once its bank holds neighbours. Otherwise DDP must be told
+    (``find_unused_parameters``) that the projector may get no gradient."""
+    return bool(getattr(objective, "always_uses_z", True))
 
 
 def seed_everything(seed: int, epoch: int, rank: int) -> None:

@@ -16,7 +16,8 @@ Available now:
 * ``simgraph evaluate RUN_DIR [RUN_DIR ...] [--checkpoint PATH] [--projector] [--out DIR]`` —
   kNN, linear probe, graph metrics, plots and a report per run, and a comparison of several.
 
-Sweeps join when their pipeline lands (see README).
+* ``simgraph sweep SPACE.yaml [--resume] [key=value ...]`` — Ray Tune + Optuna over
+  pretraining, conditional per-loss spaces from ``search_spaces/*.yaml``, ASHA, resume.
 """
 
 from __future__ import annotations
@@ -79,6 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--checkpoint", help="a checkpoint dir (default: the run's newest)")
     p.add_argument("--projector", action="store_true", help="projector instead of backbone")
     p.add_argument("--out", help="where the comparison of several runs goes")
+    p = commands.add_parser("sweep", help="Ray Tune + Optuna sweep over pretraining")
+    p.add_argument("space", help="search space YAML (see search_spaces/)")
+    p.add_argument("overrides", nargs="*", help="overrides of the sweep file, e.g. num_samples=8")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
     args = parser.parse_args(argv)
     if args.command == "validate":
         return validate(args.config, args.overrides)
@@ -94,6 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pipelines import evaluate
 
         return evaluate.main(args.run_dirs, args.checkpoint, args.projector, args.out)
+    if args.command == "sweep":
+        from pipelines import sweep
+
+        return sweep.main(args.space, args.overrides, resume=args.resume)
     if args.command == "run":
         from pipelines import run
 

@@ -188,8 +188,10 @@ def prepare_run_dir(cfg: PretrainConfig) -> Path:
     return run_dir
 
 
-def make_trainer(cfg: PretrainConfig, run_dir: Path, facts: dict[str, Any]) -> Any:
-    """The Ray Train V2 ``TorchTrainer`` for this run (same name + storage = resume)."""
+def make_trainer(cfg: PretrainConfig, run_dir: Path, facts: dict[str, Any],
+                 callbacks: Sequence[Any] = ()) -> Any:
+    """The Ray Train V2 ``TorchTrainer`` for this run (same name + storage = resume).
+    ``callbacks``: Ray Train callbacks, e.g. Tune's ``TuneReportCallback`` in a sweep trial."""
     import ray.train
     from ray.train.torch import TorchTrainer
 
@@ -209,6 +211,7 @@ def make_trainer(cfg: PretrainConfig, run_dir: Path, facts: dict[str, Any]) -> A
             storage_path=str(run_dir.parent),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
             failure_config=ray.train.FailureConfig(max_failures=s.max_failures),
+            callbacks=list(callbacks),
         ),
     )
 

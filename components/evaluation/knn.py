@@ -37,26 +37,24 @@ of ``chunk_size`` rows, so the similarity buffer is [chunk_size, N] float32 plus
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from components.evaluation.checks import (
+    as_int,
+    at_least_one,
+    check_features,
+    check_labels,
+    check_same_device,
+    check_same_width,
+)
+
 __all__ = ["knn_accuracy", "knn_correct", "knn_top1", "weighted_knn_predict"]
 
 _LOG_F32_MAX = math.log(torch.finfo(torch.float32).max)  # ≈ 88.7228
-
-
-def _as_int(name: str, value: object) -> int:
-    """``value`` as a Python int; bools and non-integers are refused."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} must be an integer, not a bool")
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise ValueError(f"{name}={value!r} must be an integer") from None
 
 
 def _ks(k: int | Sequence[int]) -> list[int]:
@@ -64,37 +62,18 @@ def _ks(k: int | Sequence[int]) -> list[int]:
     values = [k] if not isinstance(k, Sequence) else list(k)
     if not values:
         raise ValueError("k=[] is empty; pass an integer ≥ 1 or a non-empty sequence of them")
-    ks = sorted({_as_int("k", v) for v in values})
+    ks = sorted({as_int("k", v) for v in values})
     if ks[0] < 1:
         raise ValueError(f"k={ks[0]} is not allowed; every k must be ≥ 1")
     return ks
 
 
-def _check_features(name: str, x: Tensor) -> None:
-    if not isinstance(x, Tensor) or x.dim() != 2:
-        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"{name} has shape {shape}; expected a 2-D [rows, D] tensor")
-    if not x.is_floating_point():
-        raise ValueError(f"{name} has dtype {x.dtype}; expected a floating-point tensor")
-    if not bool(torch.isfinite(x).all()):
-        bad = int((~torch.isfinite(x)).sum())
-        raise ValueError(f"{name} has {bad} non-finite value(s) (NaN or inf); all must be finite")
+_UNLABELLED_HINT = "-1 marks unlabelled samples: drop those rows before kNN"
 
 
 def _check_labels(name: str, labels: Tensor, rows: int, num_classes: int) -> None:
-    if not isinstance(labels, Tensor) or labels.dim() != 1 or labels.shape[0] != rows:
-        shape = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
-        raise ValueError(f"{name} has shape {shape}; expected [{rows}] (one label per row)")
-    if labels.dtype == torch.bool or labels.is_floating_point() or labels.is_complex():
-        raise ValueError(f"{name} has dtype {labels.dtype}; expected an integer (int64) tensor")
-    bad = (labels < 0) | (labels >= num_classes)
-    n_bad = int(bad.sum())
-    if n_bad:
-        example = int(labels[bad][0])
-        raise ValueError(
-            f"{name} has {n_bad} label(s) outside [0, num_classes={num_classes}) "
-            f"(e.g. {example}); -1 marks unlabelled samples: drop those rows before kNN"
-        )
+    """``labels`` is [rows] integer class ids in ``[0, num_classes)`` (no unlabelled -1)."""
+    check_labels(name, labels, rows, num_classes, hint=_UNLABELLED_HINT)
 
 
 def _check_temperature(temperature: float, k_max: int) -> None:
@@ -150,25 +129,14 @@ def weighted_knn_predict(
             exclude_self), ``exclude_self`` with Q != N, num_classes < 1, chunk_size < 1,
             temperature ≤ 0 or too small for float32.
     """
-    _check_features("train_features", train_features)
-    _check_features("query_features", query_features)
-    n, d = train_features.shape
-    q, d_query = query_features.shape
-    if d_query != d:
-        raise ValueError(
-            f"query_features has D={d_query} but train_features has D={d}; they must match"
-        )
-    if query_features.device != train_features.device:
-        raise ValueError(
-            f"query_features is on {query_features.device} but train_features on "
-            f"{train_features.device}; put both on the same device"
-        )
-    num_classes = _as_int("num_classes", num_classes)
-    if num_classes < 1:
-        raise ValueError(f"num_classes={num_classes} is not allowed; it must be ≥ 1")
-    chunk_size = _as_int("chunk_size", chunk_size)
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size={chunk_size} is not allowed; it must be ≥ 1")
+    check_features("train_features", train_features)
+    check_features("query_features", query_features)
+    n = train_features.shape[0]
+    q = query_features.shape[0]
+    check_same_width("query_features", query_features, "train_features", train_features)
+    check_same_device("query_features", query_features, "train_features", train_features)
+    num_classes = at_least_one("num_classes", num_classes)
+    chunk_size = at_least_one("chunk_size", chunk_size)
     ks = _ks(k)
     k_max = ks[-1]
     if exclude_self and q != n:
@@ -245,7 +213,7 @@ def knn_accuracy(scores: Tensor, labels: Tensor, topk: Sequence[int] = (1, 5)) -
     _check_scores(scores, labels)
     if scores.shape[0] == 0:
         raise ValueError("scores has Q=0 rows; accuracy needs at least one query")
-    ts = [_as_int("topk", t) for t in topk]
+    ts = [as_int("topk", t) for t in topk]
     if not ts:
         raise ValueError("topk=() is empty; pass at least one t ≥ 1")
     if min(ts) < 1:
@@ -281,17 +249,13 @@ def knn_correct(
         ValueError: as :func:`weighted_knn_predict` (k < 1, N == 0, bad labels, …), and for
             query labels that are not [Q] or lie outside ``[0, num_classes)``.
     """
-    _check_features("train_features", train_features)
-    _check_features("query_features", query_features)
+    check_features("train_features", train_features)
+    check_features("query_features", query_features)
     n, q = train_features.shape[0], query_features.shape[0]
-    k = _as_int("k", k)
-    if k < 1:
-        raise ValueError(f"k={k} is not allowed; it must be ≥ 1")
+    k = at_least_one("k", k)
     if n == 0:
         raise ValueError("train_features has N=0 rows; kNN needs at least one train sample")
-    num_classes = _as_int("num_classes", num_classes)
-    if num_classes < 1:
-        raise ValueError(f"num_classes={num_classes} is not allowed; it must be ≥ 1")
+    num_classes = at_least_one("num_classes", num_classes)
     _check_labels("query_labels", query_labels, q, num_classes)
     k_used = min(k, n)
     scores = weighted_knn_predict(

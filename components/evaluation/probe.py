@@ -52,13 +52,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import operator
 from collections.abc import Sequence
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from components.evaluation.checks import (
+    as_float,
+    as_int,
+    at_least_one,
+    check_features,
+    check_label_tensor,
+    check_labels,
+    check_same_width,
+)
 
 __all__ = [
     "ProbeResult",
@@ -86,66 +95,20 @@ class ProbeResult:
 # --------------------------------------------------------------------------- validation
 
 
-def _as_int(name: str, value: object) -> int:
-    """``value`` as a Python int; bools and non-integers are refused."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} must be an integer, not a bool")
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise ValueError(f"{name}={value!r} must be an integer") from None
-
-
-def _as_float(name: str, value: object) -> float:
-    """``value`` as a finite Python float; bools and non-numbers are refused."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name}={value!r} must be a finite number")
-    out = float(value)
-    if not math.isfinite(out):
-        raise ValueError(f"{name}={value!r} must be a finite number")
-    return out
-
-
 def _check_features(name: str, x: Tensor, *, allow_empty: bool = False) -> None:
-    if not isinstance(x, Tensor) or x.dim() != 2:
-        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"{name} has shape {shape}; expected a 2-D [rows, D] tensor")
-    if not x.is_floating_point():
-        raise ValueError(f"{name} has dtype {x.dtype}; expected a floating-point tensor")
-    if x.shape[1] == 0:
-        raise ValueError(f"{name} has D=0 feature dimensions; expected D ≥ 1")
-    if x.shape[0] == 0 and not allow_empty:
-        raise ValueError(f"{name} has 0 rows; the linear probe needs at least one sample")
-    if not bool(torch.isfinite(x).all()):
-        bad = int((~torch.isfinite(x)).sum())
-        raise ValueError(f"{name} has {bad} non-finite value(s) (NaN or inf); all must be finite")
+    """Finite float [rows, D] with D ≥ 1, and rows ≥ 1 unless ``allow_empty``."""
+    empty_reason = None if allow_empty else "the linear probe needs at least one sample"
+    check_features(name, x, require_columns=True, empty_reason=empty_reason)
 
 
 def _check_labels(name: str, labels: Tensor, rows: int, num_classes: int) -> None:
-    if not isinstance(labels, Tensor) or labels.dim() != 1 or labels.shape[0] != rows:
-        shape = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
-        raise ValueError(f"{name} has shape {shape}; expected [{rows}] (one label per row)")
-    if labels.dtype == torch.bool or labels.is_floating_point() or labels.is_complex():
-        raise ValueError(f"{name} has dtype {labels.dtype}; expected an integer (int64) tensor")
-    bad = (labels < 0) | (labels >= num_classes)
-    n_bad = int(bad.sum())
-    if n_bad:
-        example = int(labels[bad][0])
-        raise ValueError(
-            f"{name} has {n_bad} label(s) outside [0, num_classes={num_classes}) "
-            f"(e.g. {example}); the linear probe needs labels: drop unlabelled (-1) rows first"
-        )
-
-
-def _check_num_classes(num_classes: object) -> int:
-    c = _as_int("num_classes", num_classes)
-    if c < 1:
-        raise ValueError(f"num_classes={c} is not allowed; it must be ≥ 1")
-    return c
+    """[rows] integer class ids in ``[0, num_classes)`` (no unlabelled -1)."""
+    hint = "the linear probe needs labels: drop unlabelled (-1) rows first"
+    check_labels(name, labels, rows, num_classes, hint=hint)
 
 
 def _check_val_fraction(val_fraction: object) -> float:
-    f = _as_float("val_fraction", val_fraction)
+    f = as_float("val_fraction", val_fraction)
     if not 0.0 <= f < 1.0:
         raise ValueError(f"val_fraction={f} is not allowed; it must lie in [0, 1)")
     return f
@@ -161,7 +124,7 @@ def _check_weight_decays(weight_decays: object) -> list[float]:
         raise ValueError("weight_decays is empty; pass at least one weight decay ≥ 0")
     out: list[float] = []
     for value in weight_decays:
-        wd = _as_float("weight_decay", value)
+        wd = as_float("weight_decay", value)
         if wd < 0:
             raise ValueError(f"weight_decay={wd} is not allowed; every weight decay must be ≥ 0")
         if wd not in out:
@@ -170,15 +133,11 @@ def _check_weight_decays(weight_decays: object) -> list[float]:
 
 
 def _check_training(epochs: object, lr: object, batch_size: object, optimizer: object) -> int:
-    n_epochs = _as_int("epochs", epochs)
-    if n_epochs < 1:
-        raise ValueError(f"epochs={n_epochs} is not allowed; it must be ≥ 1")
-    rate = _as_float("lr", lr)
+    n_epochs = at_least_one("epochs", epochs)
+    rate = as_float("lr", lr)
     if rate <= 0:
         raise ValueError(f"lr={rate} is not allowed; it must be > 0")
-    size = _as_int("batch_size", batch_size)
-    if size < 1:
-        raise ValueError(f"batch_size={size} is not allowed; it must be ≥ 1")
+    at_least_one("batch_size", batch_size)
     if optimizer not in _OPTIMIZERS:
         raise ValueError(f"optimizer={optimizer!r} is not allowed; choose one of {_OPTIMIZERS}")
     return n_epochs
@@ -208,11 +167,7 @@ def standardize(train: Tensor, *others: Tensor) -> tuple[Tensor, ...]:
     _check_features("train", train)
     for i, other in enumerate(others):
         _check_features(f"others[{i}]", other, allow_empty=True)
-        if other.shape[1] != train.shape[1]:
-            raise ValueError(
-                f"others[{i}] has D={other.shape[1]} but train has D={train.shape[1]}; "
-                "they must match"
-            )
+        check_same_width(f"others[{i}]", other, "train", train)
     dtype = torch.float64 if train.dtype == torch.float64 else torch.float32
     x = train.to(dtype)  # [N, D]
     mean = x.mean(dim=0)  # [D]
@@ -243,13 +198,8 @@ def stratified_split(labels: Tensor, val_fraction: float, seed: int = 0) -> tupl
         ValueError: labels not a 1-D integer tensor, negative labels, val_fraction ∉ [0, 1).
     """
     f = _check_val_fraction(val_fraction)
-    seed = _as_int("seed", seed)
-    if not isinstance(labels, Tensor) or labels.dim() != 1:
-        shape = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
-        raise ValueError(f"labels has shape {shape}; expected a 1-D [N] tensor")
-    if labels.dtype == torch.bool or labels.is_floating_point() or labels.is_complex():
-        raise ValueError(f"labels has dtype {labels.dtype}; expected an integer (int64) tensor")
-    y = labels.detach().to(device="cpu", dtype=torch.int64)  # [N]
+    seed = as_int("seed", seed)
+    y = check_label_tensor("labels", labels).detach().to(device="cpu", dtype=torch.int64)  # [N]
     if y.numel() and int(y.min()) < 0:
         raise ValueError(
             f"labels has a negative label ({int(y.min())}); the split needs labels ≥ 0 "
@@ -372,11 +322,11 @@ def fit_linear_classifier(
         FloatingPointError: SGD diverged to non-finite weights (lr too large).
     """
     _check_features("features", features)
-    num_classes = _check_num_classes(num_classes)
+    num_classes = at_least_one("num_classes", num_classes)
     _check_labels("labels", labels, features.shape[0], num_classes)
     decay = _check_weight_decays([weight_decay])[0]
     epochs = _check_training(epochs, lr, batch_size, optimizer)
-    seed = _as_int("seed", seed)
+    seed = as_int("seed", seed)
     device = features.device
     with (
         torch.inference_mode(False),
@@ -461,19 +411,15 @@ def linear_probe(
     """
     _check_features("train_features", train_features)
     _check_features("test_features", test_features)
-    n, d = train_features.shape
-    m, d_test = test_features.shape
-    if d_test != d:
-        raise ValueError(
-            f"test_features has D={d_test} but train_features has D={d}; they must match"
-        )
-    num_classes = _check_num_classes(num_classes)
+    n, m = train_features.shape[0], test_features.shape[0]
+    check_same_width("test_features", test_features, "train_features", train_features)
+    num_classes = at_least_one("num_classes", num_classes)
     _check_labels("train_labels", train_labels, n, num_classes)
     _check_labels("test_labels", test_labels, m, num_classes)
     decays = _check_weight_decays(weight_decays)
     f = _check_val_fraction(val_fraction)
     epochs = _check_training(epochs, lr, batch_size, optimizer)
-    seed = _as_int("seed", seed)
+    seed = as_int("seed", seed)
     dev = train_features.device if device is None else torch.device(device)
 
     fit_idx, val_idx = stratified_split(train_labels, f, seed)  # CPU int64

@@ -69,7 +69,8 @@ class CrossEntropy(Objective):
     """Softmax cross-entropy on the classifier head (cone.txt Eq. 1): the supervised baseline."""
 
     requires = frozenset({"labels", "logits"})
-    uses_z = False  # only the classifier head trains: DDP must not wait for projector grads
+    # Only the classifier head trains: DDP must not wait for projector gradients.
+    always_uses_z = False
 
     def __init__(self, num_classes: int, label_smoothing: float = 0.0) -> None:
         super().__init__()
@@ -87,6 +88,8 @@ class CrossEntropy(Objective):
 
 class CoNe(Objective):
     requires = frozenset({"labels", "logits", "ema_z", "ema_logits"})
+    # z enters the loss only once the bank holds neighbours (not on the first step).
+    always_uses_z = False
 
     def __init__(
         self,

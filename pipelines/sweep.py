@@ -1,0 +1,357 @@
+"""``simgraph sweep SPACE.yaml [--resume] [key=value ...]``: Ray Tune + Optuna over pretraining.
+
+Top to bottom:
+
+1. Load the search space (``components/search_space.py``): every parameter path is checked
+   against the config dataclasses, per conditional branch, before any trial starts.
+2. Tune, wired as Ray 2.60 needs it (RAY-NOTES.md): each trial is a function trainable that
+   builds its own Train V2 ``TorchTrainer`` (``pipelines/pretrain.py``) with Tune's
+   ``TuneReportCallback``; ``OptunaSearch`` with the space as a define-by-run function
+   (conditional parameters per loss), behind a ``ConcurrencyLimiter``; ASHA on the reported
+   ``epoch`` (Tune's own iteration counter restarts after a restore) or FIFO. Each trial's
+   run dir (checkpoints, metrics.csv) is ``<sweep dir>/trials/<trial id>``.
+3. ``--resume``: ``Tuner.restore(resume_errored=True)``: finished trials are kept, unfinished and
+   errored ones re-run their trainable, whose Train run resumes from its latest checkpoint
+   (same run name), and the searcher's state comes back.
+4. Results in the sweep dir: ``trials.csv`` / ``trials.md`` (every trial, failed ones marked
+   failed with their error, never with a value), ``best.yaml`` (a runnable pretrain config),
+   plots (metric vs each numeric parameter, best per loss, Optuna parameter importances), and
+   the Optuna study in ``study_storage`` when configured.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from components.config import ConfigError, to_dict
+
+
+class SweepError(RuntimeError):
+    """The sweep cannot start or its results cannot be read."""
+
+
+def sweep_dir(sweep: Any) -> Path:
+    return Path(sweep.storage).expanduser().resolve() / sweep.name
+
+
+# ---------------------------------------------------------------------------------------------
+# One trial (runs in a Tune trial actor).
+
+
+def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]) -> None:
+    """Tune function trainable: pretrain one configuration; Train resumes it if it ran before."""
+    from ray import tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from components.checkpoint import load_state
+    from components.search_space import load_sweep, trial_config
+    from pipelines.pretrain import (
+        absolute_paths,
+        check_dataset,
+        latest_complete,
+        make_trainer,
+        prepare_run_dir,
+    )
+
+    sweep = load_sweep(sweep_path, sweep_overrides)
+    trial_id = tune.get_context().get_trial_id()
+    cfg = absolute_paths(trial_config(sweep, params, name=trial_id,
+                                      storage=str(sweep_dir(sweep) / "trials")))
+    facts = check_dataset(cfg)
+    run_dir = prepare_run_dir(cfg)
+    done = latest_complete(run_dir)
+    if done is not None and done[0] >= cfg.train.epochs:
+        # Trained to the end before the sweep driver died, but Tune never recorded it: replay
+        # its per-epoch results instead of training again.
+        for row in load_state(done[1])["history"]:
+            tune.report(row)
+        return
+    make_trainer(cfg, run_dir, facts, callbacks=[TuneReportCallback()]).fit()
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver.
+
+
+def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
+               resume: bool) -> Any:
+    import ray.tune
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.search import ConcurrencyLimiter
+    from ray.tune.search.optuna import OptunaSearch
+
+    from components.search_space import define_by_run, make_sampler
+
+    # The trial function only drives its TorchTrainer; the Train workers reserve their own CPUs.
+    trainable = ray.tune.with_resources(
+        ray.tune.with_parameters(trial_fn, sweep_path=str(Path(sweep_path).resolve()),
+                                 sweep_overrides=list(sweep_overrides)),
+        {"CPU": 0.25},
+    )
+    path = sweep_dir(sweep)
+    if resume:
+        if not ray.tune.Tuner.can_restore(str(path)):
+            raise SweepError(f"nothing to resume in {path}: start the sweep without --resume")
+        return ray.tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
+    if path.exists() and any(path.iterdir()):
+        raise SweepError(f"{path} already holds a sweep: add --resume to continue it, or set "
+                         "name= to start another")
+    searcher = ConcurrencyLimiter(
+        OptunaSearch(space=define_by_run(sweep), metric=sweep.metric, mode=sweep.mode,
+                     sampler=make_sampler(sweep)),
+        max_concurrent=sweep.max_concurrent,
+    )
+    s = sweep.scheduler
+    if s.name == "asha":
+        scheduler: Any = ASHAScheduler(
+            time_attr="epoch", metric=sweep.metric, mode=sweep.mode,
+            max_t=s.max_epochs or _base_epochs(sweep), grace_period=s.grace_period,
+            reduction_factor=s.reduction_factor,
+        )
+    else:
+        scheduler = FIFOScheduler()
+    return ray.tune.Tuner(
+        trainable,
+        tune_config=ray.tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
+                                        num_samples=sweep.num_samples),
+        run_config=ray.tune.RunConfig(name=sweep.name, storage_path=str(path.parent),
+                                      verbose=1),
+    )
+
+
+def _base_epochs(sweep: Any) -> int:
+    from components.search_space import trial_config
+
+    return int(trial_config(sweep, {}, name="probe", storage="/tmp").train.epochs)
+
+
+def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
+        echo: bool = True) -> list[dict[str, Any]]:
+    """Run (or resume) a sweep; returns one row per trial (see :func:`trial_rows`)."""
+    from components.search_space import load_sweep
+    from pipelines.preprocess import ray_session
+
+    sweep = load_sweep(sweep_path, overrides)
+    with ray_session(None):
+        tuner = make_tuner(sweep, sweep_path, overrides, resume)
+        results = tuner.fit()
+    rows = trial_rows(results, sweep)
+    write_results(sweep, rows)
+    if echo:
+        print(markdown(rows, sweep))
+        print(f"sweep dir: {sweep_dir(sweep)}")
+    return rows
+
+
+def trial_rows(results: Any, sweep: Any) -> list[dict[str, Any]]:
+    """One row per trial: id, status, parameters, epochs run, last and best metric.
+    A failed trial carries its error and no metric values."""
+    rows = []
+    for r in results:
+        cfg = {k: v for k, v in (r.config or {}).items()}
+        df = r.metrics_dataframe
+        history = [] if df is None or sweep.metric not in df else list(df[sweep.metric])
+        epochs = int(df["epoch"].max()) if df is not None and "epoch" in df else 0
+        failed = r.error is not None
+        best = None
+        if history and not failed:
+            finite = [v for v in history if isinstance(v, int | float) and math.isfinite(v)]
+            if finite:
+                best = max(finite) if sweep.mode == "max" else min(finite)
+        rows.append({
+            "trial": (r.metrics or {}).get("trial_id") or Path(r.path).name,
+            "status": "failed" if failed else "finished",
+            "error": _short(r.error) if failed else "",
+            "epochs": epochs,
+            sweep.metric: None if failed or not history else history[-1],
+            f"best_{sweep.metric}": best,
+            "params": cfg,
+        })
+    sign = -1.0 if sweep.mode == "max" else 1.0
+
+    def order(row: dict[str, Any]) -> tuple[bool, float]:
+        best = row[f"best_{sweep.metric}"]
+        return best is None, sign * float(best or 0.0)
+
+    rows.sort(key=order)
+    return rows
+
+
+def _short(err: Any) -> str:
+    text = str(err).strip().splitlines()
+    for line in text:
+        if "Error:" in line and "Traceback" not in line:
+            return line.strip()[:300]
+    return (text[-1] if text else type(err).__name__)[:300]
+
+
+def markdown(rows: Sequence[dict[str, Any]], sweep: Any) -> str:
+    keys = sorted({k for r in rows for k in r["params"]})
+    head = ["trial", "status", "epochs", f"best {sweep.metric}", *keys]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        best = r[f"best_{sweep.metric}"]
+        cells = [r["trial"], r["status"] + (f" ({r['error']})" if r["error"] else ""),
+                 str(r["epochs"]), "—" if best is None else f"{best:.4g}"]
+        cells += [_fmt(r["params"].get(k)) for k in keys]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "—"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def write_results(sweep: Any, rows: Sequence[dict[str, Any]]) -> None:
+    from components.search_space import trial_config
+
+    out = sweep_dir(sweep)
+    out.mkdir(parents=True, exist_ok=True)
+    keys = sorted({k for r in rows for k in r["params"]})
+    with open(out / "trials.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["trial", "status", "error", "epochs", sweep.metric,
+                    f"best_{sweep.metric}", *keys])
+        for r in rows:
+            w.writerow([r["trial"], r["status"], r["error"], r["epochs"], r[sweep.metric],
+                        r[f"best_{sweep.metric}"], *[r["params"].get(k) for k in keys]])
+    (out / "trials.md").write_text(markdown(rows, sweep) + "\n")
+    good = [r for r in rows if r[f"best_{sweep.metric}"] is not None]
+    if good:
+        best = good[0]
+        cfg = trial_config(sweep, best["params"], name=f"{sweep.name}-best",
+                           storage=sweep.storage)
+        (out / "best.yaml").write_text(
+            f"# best trial {best['trial']} of sweep {sweep.name}: {sweep.metric} = "
+            f"{best[f'best_{sweep.metric}']:.4g}\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False)
+        )
+    plot_results(sweep, rows, out)
+    if sweep.study_storage:
+        export_study(sweep, rows)
+
+
+def plot_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    key = f"best_{sweep.metric}"
+    good = [r for r in rows if r[key] is not None]
+    numeric = sorted({k for r in good for k, v in r["params"].items()
+                      if isinstance(v, int | float) and not isinstance(v, bool)})
+    for k in numeric:  # e.g. metric vs tau_s: X-CLR Fig. 3c
+        pts = [(r["params"][k], r[key], r["params"].get("loss.name", "")) for r in good
+               if k in r["params"]]
+        fig, ax = plt.subplots(figsize=(4.5, 3.2))
+        for loss in sorted({p[2] for p in pts}):
+            xs = [p[0] for p in pts if p[2] == loss]
+            ys = [p[1] for p in pts if p[2] == loss]
+            ax.scatter(xs, ys, label=loss or None)
+        if k.split(".")[-1].startswith(("tau", "temperature", "bank")):
+            ax.set_xscale("log")
+        ax.set_xlabel(k)
+        ax.set_ylabel(sweep.metric)
+        if any(p[2] for p in pts):
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / f"{sweep.metric}_vs_{k}.png", dpi=110)
+        plt.close(fig)
+    losses = sorted({r["params"].get("loss.name") for r in good} - {None})
+    if losses:
+        best = [max((r[key] for r in good if r["params"].get("loss.name") == loss),
+                    key=lambda v: v if sweep.mode == "max" else -v) for loss in losses]
+        fig, ax = plt.subplots(figsize=(4.5, 3.2))
+        ax.bar(losses, best)
+        ax.set_ylabel(f"best {sweep.metric}")
+        fig.tight_layout()
+        fig.savefig(out / "best_per_loss.png", dpi=110)
+        plt.close(fig)
+    importances = param_importances(sweep, rows)
+    if importances:
+        fig, ax = plt.subplots(figsize=(4.5, 0.5 + 0.4 * len(importances)))
+        ax.barh(list(importances), list(importances.values()))
+        ax.set_xlabel("Optuna importance (fANOVA)")
+        fig.tight_layout()
+        fig.savefig(out / "param_importances.png", dpi=110)
+        plt.close(fig)
+        (out / "param_importances.yaml").write_text(yaml.safe_dump(importances))
+
+
+def _study(sweep: Any, rows: Sequence[dict[str, Any]], storage: Any = None) -> Any:
+    """An Optuna study holding the finished trials (value = best metric), failed ones FAIL."""
+    import optuna
+
+    from components.search_space import optuna_distributions
+
+    dists = optuna_distributions(sweep)
+    direction: Literal["maximize", "minimize"] = "maximize" if sweep.mode == "max" else "minimize"
+    if storage is not None:
+        try:
+            optuna.delete_study(study_name=sweep.name, storage=storage)
+        except KeyError:
+            pass
+    study = optuna.create_study(study_name=sweep.name, storage=storage, direction=direction)
+    for r in rows:
+        params = {k: v for k, v in r["params"].items() if k in dists}
+        value = r[f"best_{sweep.metric}"]
+        state = (optuna.trial.TrialState.COMPLETE if value is not None
+                 else optuna.trial.TrialState.FAIL)
+        study.add_trial(optuna.trial.create_trial(
+            params=params, distributions={k: dists[k] for k in params},
+            value=value, state=state, user_attrs={"trial": r["trial"]},
+        ))
+    return study
+
+
+def param_importances(sweep: Any, rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    import optuna
+
+    if sum(r[f"best_{sweep.metric}"] is not None for r in rows) < 2:
+        return {}
+    try:
+        return {k: float(v) for k, v in
+                optuna.importance.get_param_importances(_study(sweep, rows)).items()}
+    except (RuntimeError, ValueError) as e:  # e.g. a single distinct value per parameter
+        print(f"simgraph sweep: no parameter importances ({e})", file=sys.stderr)
+        return {}
+
+
+def export_study(sweep: Any, rows: Sequence[dict[str, Any]]) -> None:
+    """Write the trials to ``study_storage`` (``sqlite:///…`` or ``journal:<file>``) so the
+    study opens in Optuna's API and dashboard."""
+    import optuna
+
+    spec = sweep.study_storage
+    if spec.startswith("journal:"):
+        from optuna.storages.journal import JournalFileBackend
+
+        storage: Any = optuna.storages.JournalStorage(JournalFileBackend(spec[len("journal:"):]))
+    else:
+        storage = optuna.storages.RDBStorage(spec)
+    _study(sweep, rows, storage)
+
+
+def main(space: str, overrides: Sequence[str], resume: bool = False) -> int:
+    from components.search_space import load_sweep
+
+    try:
+        load_sweep(space, overrides)
+    except (ConfigError, OSError) as e:
+        print(f"simgraph: invalid search space: {e}", file=sys.stderr)
+        return 2
+    try:
+        run(space, overrides, resume=resume)
+    except SweepError as e:
+        print(f"simgraph sweep: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,119 @@
+"""``simgraph sweep``: a 4-trial sweep on tiny data, killed after 2 trials and resumed without
+re-running them; results, best config and the Optuna study; failed trials stay failed."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+from components.search_space import load_sweep
+
+from components.config import PretrainConfig, load_config
+from pipelines.sweep import markdown, trial_rows
+from tests.datasets import synthetic_dataset, tiny_run_config
+from tests.procs import kill_session, session_pids
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _space(tmp: Path) -> Path:
+    ds = synthetic_dataset(tmp / "ds")
+    base = tiny_run_config(ds, tmp / "unused", name="base", train__epochs=2,
+                           scaling={"num_workers": 1, "cpus_per_worker": 1.0},
+                           loss={"name": "simclr", "tau": 0.2})
+    (tmp / "base.yaml").write_text(yaml.safe_dump(base))
+    space = {
+        "name": "s", "storage": str(tmp / "sweeps"), "base": str(tmp / "base.yaml"),
+        "metric": "knn_top1", "mode": "max", "num_samples": 4, "max_concurrent": 1,
+        "resources": {"workers": 1, "cpus_per_worker": 1.0, "gpus_per_worker": 0.0},
+        "searcher": {"name": "random", "seed": 0},
+        "scheduler": {"name": "fifo"},
+        "study_storage": f"sqlite:///{tmp / 'study.db'}",
+        "space": {"loss.name": {"choice": ["simclr", "xclr"]},
+                  "optim.lr": {"loguniform": [0.01, 0.5]}},
+        "conditional": {"loss.name": {"xclr": {"loss.tau_s": {"loguniform": [0.05, 1.0]}}}},
+    }
+    path = tmp / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    return path
+
+
+def _done(trials: Path) -> list[Path]:
+    return [d for d in trials.glob("*") if (d / "epoch_00002" / "meta.json").exists()]
+
+
+@pytest.mark.slow
+def test_sweep_killed_after_two_trials_resumes_the_rest(tmp_path: Path) -> None:
+    space = _space(tmp_path)
+    log = open(tmp_path / "sweep.log", "a")  # noqa: SIM115
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "sweep", str(space)],
+                            cwd=ROOT, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+    trials = tmp_path / "sweeps" / "s" / "trials"
+    deadline = time.time() + 400
+    try:
+        while len(_done(trials)) < 2:
+            assert proc.poll() is None, (tmp_path / "sweep.log").read_text()[-4000:]
+            assert time.time() < deadline, (tmp_path / "sweep.log").read_text()[-4000:]
+            time.sleep(0.2)
+    finally:
+        kill_session(proc.pid)
+    assert not session_pids(proc.pid)
+    first = {d.name: (d / "workers" / "rank0.json").read_text() for d in _done(trials)}
+    assert len(first) in (2, 3)
+
+    out = subprocess.run([sys.executable, "-m", "pipelines.cli", "sweep", str(space), "--resume"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    with open(tmp_path / "sweeps" / "s" / "trials.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"finished"}
+    assert {int(r["epochs"]) for r in rows} == {2}
+    assert len({r["trial"] for r in rows}) == 4
+    # the finished trials were not re-run: their workers never started again
+    for name, info in first.items():
+        assert (trials / name / "workers" / "rank0.json").read_text() == info
+    for r in rows:  # conditional parameter only where the loss has it
+        assert (r["loss.tau_s"] != "") == (r["loss.name"] == "xclr")
+    best = load_config(tmp_path / "sweeps" / "s" / "best.yaml", PretrainConfig)
+    assert best.name == "s-best"
+    import optuna
+
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    assert len(study.trials) == 4
+    assert (tmp_path / "sweeps" / "s" / "knn_top1_vs_optim.lr.png").exists()
+
+
+def test_failed_trials_are_reported_failed_never_with_a_value(tmp_path: Path) -> None:
+    sweep = load_sweep(_space(tmp_path))
+    good = SimpleNamespace(config={"loss.name": "simclr", "optim.lr": 0.1}, error=None,
+                           metrics={"trial_id": "a"}, path="x/a",
+                           metrics_dataframe=_df([0.5, 0.7]))
+    bad = SimpleNamespace(config={"loss.name": "xclr", "optim.lr": 0.3, "loss.tau_s": 0.1},
+                          error=RuntimeError("NonFiniteLossError: epoch 1 step 3: the loss is nan"),
+                          metrics={"trial_id": "b"}, path="x/b", metrics_dataframe=_df([0.9]))
+    rows = trial_rows([bad, good], sweep)
+    assert [r["trial"] for r in rows] == ["a", "b"]
+    assert rows[0]["best_knn_top1"] == 0.7 and rows[0]["status"] == "finished"
+    assert rows[1]["status"] == "failed" and rows[1]["best_knn_top1"] is None
+    assert rows[1]["knn_top1"] is None and "NonFiniteLossError" in rows[1]["error"]
+    table = markdown(rows, sweep)
+    assert "| b | failed (NonFiniteLossError" in table and "0.9" not in table
+
+
+def _df(values: list[float]) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame({"knn_top1": values, "epoch": list(range(1, len(values) + 1))})
+
+
+def test_every_shipped_search_space_validates() -> None:
+    for path in sorted((ROOT / "search_spaces").glob("*.yaml")):
+        sweep = load_sweep(path)
+        assert sweep.num_samples >= 1, path
