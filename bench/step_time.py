@@ -56,8 +56,11 @@ def main() -> None:
         sample_ids=torch.arange(args.batch, device=device), captions=None,
     )
     times: dict[str, list[float]] = {k: [] for k in setups}
+    names = list(setups)
     for step in range(args.steps + 3):
-        for name, (model, ema, opt, sched) in setups.items():
+        # alternate which loss goes first, so drift and cache effects hit both alike
+        for name in (names if step % 2 == 0 else names[::-1]):
+            model, ema, opt, sched = setups[name]
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t = time.perf_counter()

@@ -1,33 +1,54 @@
-"""Sweep definitions (``search_spaces/*.yaml``): load, validate against the config dataclasses,
-and turn into an Optuna define-by-run space.
+"""Sweep definitions (``search_spaces/*.yaml``): load, validate against the config dataclasses
+before any trial starts, and turn into an Optuna define-by-run space for Ray Tune.
 
-Format::
+Format (every key but ``name``, ``base`` and ``space`` is optional; defaults shown)::
 
-    name: xclr-temperature            # sweep dir = storage/name
-    storage: runs/sweeps
+    name: xclr-temperature        # sweep name; the sweep dir is storage/name
+    storage: runs/sweeps          # relative to the working directory, like pretrain's storage
     base: ../pipelines/configs/pretrain/demo.yaml   # a pretrain config, relative to this file
-    overrides: [loss.name=xclr]       # applied to base for every trial, before the parameters
-    metric: knn_top1                  # a metric pretraining reports every epoch
-    mode: max                         # max | min
-    num_samples: 16                   # trials
-    max_concurrent: 1                 # trials at a time
-    resources: {workers: 1, cpus_per_worker: 1.0, gpus_per_worker: 0.0}   # per trial
-    searcher: {name: tpe, seed: 0, startup_trials: 4}                       # tpe | random | cmaes
-    scheduler: {name: asha, grace_period: 1, reduction_factor: 2, max_epochs: null}  # or fifo
-    study_storage: null               # "sqlite:///study.db" or "journal:study.log" (optional)
-    space:                            # unconditional parameters, keyed by config path
-      loss.tau: {loguniform: [0.05, 0.5]}
+    overrides: [train.epochs=6]   # dotted overrides of base, for every trial, applied before
+                                  # the sampled parameters (default [])
+    metric: knn_top1              # reported per epoch by pretraining: knn_top1, loss, lr,
+                                  # samples_per_s, data_wait, anchors_without_positive, loss_*
+    mode: max                     # max | min
+    num_samples: 8                # trials
+    max_concurrent: 1             # trials at a time
+    resources: {workers: 1, cpus_per_worker: 1.0, gpus_per_worker: 0.0}
+                                  # each trial's Ray Train workers; fractions allowed; they set
+                                  # the trial's scaling.* (use_gpu = gpus_per_worker > 0)
+    searcher: {name: tpe, seed: 0, startup_trials: 4}     # tpe | random | cmaes (needs the
+                                                          # `cmaes` package)
+    scheduler: {name: asha, grace_period: 1, reduction_factor: 2, max_epochs: null}
+                                  # asha | fifo; ASHA's time unit is the reported epoch;
+                                  # max_epochs null = the trials' train.epochs
+    study_storage: null           # also write the study to "sqlite:///path.db" or
+                                  # "journal:path.log" (Optuna's API and dashboard read it)
+    space:                        # unconditional parameters, keyed by config path
       loss.name: {choice: [simclr, xclr]}
-    conditional:                      # parameters only for one value of a choice parameter
-      loss.name:
+      loss.tau: {loguniform: [0.05, 0.5]}
+    conditional:                  # per value of a choice parameter of space: parameters that
+      loss.name:                  # exist only in that branch
         xclr: {loss.tau_s: {loguniform: [0.01, 1.0]}}
 
-Distributions: ``{uniform: [lo, hi]}``, ``{loguniform: [lo, hi]}``, ``{int: [lo, hi]}`` (add
-``log: true`` for a log scale), ``{choice: [v, ...]}``. Grid entries are refused (Optuna does
-not grid-search; use ``choice``), as are empty or inverted ranges, log ranges touching 0 and
-temperatures ≤ 0. Every parameter path is checked, per conditional branch, by building real
-:class:`~components.config.PretrainConfig` objects at the range ends, so an unknown key or an
-out-of-range value fails before any trial starts, naming the path and the allowed keys.
+Distributions: ``{uniform: [low, high]}``, ``{loguniform: [low, high]}``, ``{int: [low, high]}``
+(``{int: [low, high], log: true}`` for a log scale), ``{choice: [v1, v2, ...]}`` (strings,
+numbers, booleans or null). A constant is an ``overrides`` entry (or a one-value ``choice``
+inside a branch). Refused, naming the parameter path: grid entries (Optuna does not do grid
+search; use ``choice``), unknown distribution names, empty or inverted ranges, log ranges
+touching 0, temperatures (``tau``, ``tau_s``, ``tau_sup``, ``tau_dc``, ``temperature``) that
+can be <= 0, conditional keys that are not a ``choice`` of ``space``, branch values that are
+not among its choices, and a path both in ``space`` and a branch, or in two branches with
+different distributions.
+
+Validation builds real :class:`~components.config.PretrainConfig` objects for every branch
+(each value of each conditional choice), with every parameter at the ends of its range (each
+value of a choice): a key the branch's loss does not have, an unknown section or an
+out-of-range value fails at load time, naming the sweep parameter and the allowed keys.
+
+How a trial's config is made (:func:`trial_config`): base, then ``overrides``, then
+``loss.name`` (which, when it switches the loss, starts that loss from its own defaults: the
+base's other loss keys are dropped, see :func:`components.config.apply_overrides`), then the
+other parameters sorted by path, then the trial's name and storage and ``resources``.
 """
 
 from __future__ import annotations
@@ -35,49 +56,218 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-from collections.abc import Callable, Mapping, Sequence
+import math
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
 from components.config import (
+    TAGGED_SECTIONS,
+    CoNeConfig,
     ConfigError,
     PretrainConfig,
     apply_overrides,
     check_at_least,
+    check_non_negative,
     check_positive,
+    from_dict,
     load_config,
     load_yaml,
 )
 
+if TYPE_CHECKING:
+    import optuna
+
 KINDS = ("uniform", "loguniform", "int", "choice")
-TEMPERATURES = ("tau", "tau_s", "tau_sup", "tau_dc", "temperature")
-METRICS = ("knn_top1", "loss", "lr", "samples_per_s", "data_wait", "anchors_without_positive")
-# Keys of the sweep file a command-line override may set.
-OVERRIDABLE = ("name", "storage", "metric", "mode", "num_samples", "max_concurrent",
-               "resources", "searcher", "scheduler", "study_storage", "overrides")
+# A parameter whose path ends in one of these is a temperature: its range must stay > 0.
+TEMPERATURE_KEYS = ("tau", "tau_s", "tau_sup", "tau_dc", "temperature")
+# What pipelines/pretrain.py reports every epoch (plus any ``loss_*`` component).
+REPORTED_METRICS = ("knn_top1", "loss", "lr", "samples_per_s", "data_wait",
+                    "anchors_without_positive")
+# Keys of a sweep file that load_sweep's overrides may set; the sections take sub-keys.
+OVERRIDABLE_KEYS = ("name", "storage", "metric", "mode", "num_samples", "max_concurrent",
+                    "study_storage", "overrides")
+OVERRIDABLE_SECTIONS = ("resources", "searcher", "scheduler")
+# Config keys every trial gets from the sweep itself: not searchable, not in ``overrides``.
+SET_BY_SWEEP = {
+    "name": "the trial's run name", "storage": "the sweep dir",
+    "scaling.num_workers": "resources.workers",
+    "scaling.cpus_per_worker": "resources.cpus_per_worker",
+    "scaling.gpus_per_worker": "resources.gpus_per_worker",
+    "scaling.use_gpu": "resources.gpus_per_worker > 0",
+}
+# Validation builds every corner of a branch's ranges up to this many configs; beyond it,
+# each parameter's ends one at a time (with the others at their low end), and all highs.
+MAX_CORNERS = 256
+
+
+# ---------------------------------------------------------------------------------------------
+# Distributions.
 
 
 @dataclasses.dataclass(frozen=True)
 class Distribution:
+    """One parameter's distribution. ``uniform``/``loguniform`` sample floats in [low, high],
+    ``int`` integers (log-scaled when ``log``), ``choice`` one of ``values``.
+
+    Constructing one checks it; :meth:`parse` reads the YAML form and names the path in errors.
+    """
+
     kind: Literal["uniform", "loguniform", "int", "choice"]
     low: float | None = None
     high: float | None = None
     values: tuple[Any, ...] | None = None
     log: bool = False
 
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"distribution {self.kind!r} is not allowed: choose one of "
+                              f"{', '.join(KINDS)} (Optuna does not do grid search; use choice)")
+        if self.kind == "choice":
+            self._check_choice()
+            return
+        if self.values is not None:
+            raise ConfigError(f"{self.kind} takes [low, high], not values={self.values!r}")
+        if self.kind == "loguniform":
+            object.__setattr__(self, "log", True)
+        elif self.kind == "uniform" and self.log:
+            raise ConfigError("uniform with log=true is not allowed: use loguniform")
+        for end, v in (("low", self.low), ("high", self.high)):
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise ConfigError(f"{self.kind} {end}={v!r} is not allowed: give a finite number")
+        low, high = float(self.low or 0), float(self.high or 0)
+        given = f"[{self.low}, {self.high}]"
+        if self.kind == "int" and not (low.is_integer() and high.is_integer()):
+            raise ConfigError(f"int range {given} is not allowed: give integer ends")
+        if not low < high:
+            raise ConfigError(f"{self.kind} range {given} is empty or inverted: low must be "
+                              "< high")
+        if self.log and low <= 0:
+            raise ConfigError(f"log range {given} touching 0 is not allowed: a log scale "
+                              "needs low > 0")
+
+    def _check_choice(self) -> None:
+        if self.low is not None or self.high is not None or self.log:
+            raise ConfigError("choice takes values only, not low/high/log")
+        if not isinstance(self.values, tuple) or len(self.values) < 1:
+            raise ConfigError(f"choice values={self.values!r} is not allowed: give at least "
+                              "one value")
+        seen: list[Any] = []
+        for v in self.values:
+            if v is not None and not isinstance(v, str | int | float | bool):
+                raise ConfigError(f"choice value {v!r} is not allowed: Optuna chooses among "
+                                  "strings, numbers, booleans and null")
+            if any(v == s and type(v) is type(s) for s in seen):
+                raise ConfigError(f"choice value {v!r} is listed twice")
+            seen.append(v)
+
+    @classmethod
+    def parse(cls, path: str, spec: Any) -> Distribution:
+        """Read ``{uniform: [lo, hi]}`` etc.; errors start ``search space parameter <path>:``."""
+        where = f"search space parameter {path}"
+        if not isinstance(spec, Mapping):
+            raise ConfigError(f"{where}={spec!r} is not allowed: give a distribution such as "
+                              "{loguniform: [0.05, 0.5]} or {choice: [a, b]}; a constant goes "
+                              "in overrides")
+        if "grid" in spec or "grid_search" in spec:
+            raise ConfigError(f"{where}: {dict(spec)!r}: Optuna does not do grid search; use "
+                              "{choice: [...]}")
+        kinds = [k for k in spec if k in KINDS]
+        unknown = [k for k in spec if k not in KINDS and k != "log"]
+        if unknown or len(kinds) != 1:
+            bad = unknown[0] if unknown else ", ".join(map(str, kinds)) or "nothing"
+            raise ConfigError(f"{where}: distribution {bad!r} is not allowed: give exactly one "
+                              f"of {', '.join(KINDS)} (int also takes log: true)")
+        kind = kinds[0]
+        arg = spec[kind]
+        log = spec.get("log", False)
+        if not isinstance(log, bool):
+            raise ConfigError(f"{where}: log={log!r} is not allowed: true or false")
+        if log and kind not in ("int", "loguniform"):
+            raise ConfigError(f"{where}: log: true is not allowed with {kind}; use loguniform "
+                              "for floats, {int: [lo, hi], log: true} for integers")
+        try:
+            if kind == "choice":
+                if not isinstance(arg, list):
+                    raise ConfigError(f"choice={arg!r} is not allowed: give a list of values")
+                dist = cls("choice", values=tuple(arg))
+            else:
+                if not isinstance(arg, list) or len(arg) != 2:
+                    raise ConfigError(f"{kind}={arg!r} is not allowed: give [low, high]")
+                low, high = (_number(v, integer=kind == "int") for v in arg)
+                dist = cls(kind, low=low, high=high, log=log)  # type: ignore[arg-type]
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        leaf = path.rsplit(".", 1)[-1]
+        if leaf in TEMPERATURE_KEYS:
+            lowest = dist.low if dist.kind != "choice" else min(
+                (v for v in dist.ends() if isinstance(v, int | float)), default=None)
+            if lowest is not None and lowest <= 0:
+                raise ConfigError(f"{where}: a temperature must be > 0, the range reaches "
+                                  f"{lowest}")
+        return dist
+
     def ends(self) -> list[Any]:
-        """The values validation tries: both range ends, or every choice."""
+        """What validation tries: both ends of a range, or every value of a choice."""
         if self.kind == "choice":
             return list(self.values or ())
         if self.kind == "int":
             return [int(self.low or 0), int(self.high or 0)]
         return [self.low, self.high]
 
+    def contains(self, value: Any) -> bool:
+        """Whether ``value`` is one this distribution can produce."""
+        if self.kind == "choice":
+            return any(value == v and type(value) is type(v) for v in self.values or ())
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        if self.kind == "int" and not float(value).is_integer():
+            return False
+        return float(self.low or 0) <= value <= float(self.high or 0)
+
+    def suggest(self, trial: optuna.trial.BaseTrial, path: str) -> Any:
+        """Sample this distribution as Optuna parameter ``path``."""
+        if self.kind == "choice":
+            return trial.suggest_categorical(path, list(self.values or ()))
+        if self.kind == "int":
+            return trial.suggest_int(path, int(self.low or 0), int(self.high or 0), log=self.log)
+        return trial.suggest_float(path, float(self.low or 0), float(self.high or 0),
+                                   log=self.log)
+
+    def to_optuna(self) -> optuna.distributions.BaseDistribution:
+        """The equivalent Optuna distribution object."""
+        import optuna
+
+        if self.kind == "choice":
+            return optuna.distributions.CategoricalDistribution(list(self.values or ()))
+        if self.kind == "int":
+            return optuna.distributions.IntDistribution(int(self.low or 0), int(self.high or 0),
+                                                        log=self.log)
+        return optuna.distributions.FloatDistribution(float(self.low or 0),
+                                                      float(self.high or 0), log=self.log)
+
+
+def _number(value: Any, integer: bool) -> Any:
+    """A range end as float (uniform, loguniform) or int (int, when integral); anything else
+    is returned as is for :class:`Distribution` to refuse."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return value
+    if integer:
+        return int(value) if float(value).is_integer() else value
+    return float(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# The sweep's own settings.
+
 
 @dataclasses.dataclass(frozen=True)
 class Resources:
+    """Each trial's Ray Train workers (fractions of a CPU/GPU allowed)."""
+
     workers: int = 1
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
@@ -85,42 +275,82 @@ class Resources:
     def __post_init__(self) -> None:
         check_at_least("resources.workers", self.workers, 1)
         check_positive("resources.cpus_per_worker", self.cpus_per_worker)
-        if self.gpus_per_worker < 0:
-            raise ConfigError(f"resources.gpus_per_worker={self.gpus_per_worker} must be >= 0")
+        check_non_negative("resources.gpus_per_worker", self.gpus_per_worker)
 
 
 @dataclasses.dataclass(frozen=True)
 class Searcher:
+    """Optuna sampler: TPE, random, or CMA-ES (``cmaes`` package); ``startup_trials`` random
+    trials before TPE / CMA-ES start modelling."""
+
     name: Literal["tpe", "random", "cmaes"] = "tpe"
     seed: int = 0
     startup_trials: int = 4
 
     def __post_init__(self) -> None:
         if self.name not in ("tpe", "random", "cmaes"):
-            raise ConfigError(f"searcher.name={self.name!r}: choose tpe, random or cmaes")
+            raise ConfigError(f"searcher.name={self.name!r} is not allowed: choose one of "
+                              "tpe, random, cmaes")
         check_at_least("searcher.startup_trials", self.startup_trials, 0)
 
 
 @dataclasses.dataclass(frozen=True)
 class Scheduler:
+    """Trial scheduler: ASHA (early stopping on the reported ``epoch``) or FIFO (none).
+    ``max_epochs`` is ASHA's max_t; ``None`` = the trials' ``train.epochs``."""
+
     name: Literal["asha", "fifo"] = "asha"
     grace_period: int = 1
     reduction_factor: int = 2
-    max_epochs: int | None = None  # None = the base config's train.epochs
+    max_epochs: int | None = None
 
     def __post_init__(self) -> None:
         if self.name not in ("asha", "fifo"):
-            raise ConfigError(f"scheduler.name={self.name!r}: choose asha or fifo")
+            raise ConfigError(f"scheduler.name={self.name!r} is not allowed: choose one of "
+                              "asha, fifo")
         check_at_least("scheduler.grace_period", self.grace_period, 1)
         check_at_least("scheduler.reduction_factor", self.reduction_factor, 2)
+        if self.max_epochs is not None:
+            check_at_least("scheduler.max_epochs", self.max_epochs, 1)
+            if self.grace_period > self.max_epochs:
+                raise ConfigError(f"scheduler.grace_period={self.grace_period} is not allowed: "
+                                  f"it must be <= scheduler.max_epochs={self.max_epochs}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _SweepFile:
+    """The sweep YAML as written: :func:`components.config.from_dict` checks its keys and
+    types (naming dotted keys such as ``searcher.seed``)."""
+
+    name: str
+    base: str
+    space: dict[str, Any]
+    storage: str = "runs/sweeps"
+    overrides: list[str] = dataclasses.field(default_factory=list)
+    metric: str = "knn_top1"
+    mode: Literal["max", "min"] = "max"
+    num_samples: int = 8
+    max_concurrent: int = 1
+    resources: Resources = dataclasses.field(default_factory=Resources)
+    searcher: Searcher = dataclasses.field(default_factory=Searcher)
+    scheduler: Scheduler = dataclasses.field(default_factory=Scheduler)
+    study_storage: str | None = None
+    conditional: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+FILE_KEYS = tuple(f.name for f in dataclasses.fields(_SweepFile))
 
 
 @dataclasses.dataclass(frozen=True)
 class SweepConfig:
+    """A loaded sweep (see the module docstring). Construction checks the structure;
+    :meth:`validate` checks every parameter path against the base config, per branch."""
+
     name: str
     base_path: Path
     space: dict[str, Distribution]
-    conditional: dict[str, dict[Any, dict[str, Distribution]]]
+    conditional: dict[str, dict[Any, dict[str, Distribution]]] = dataclasses.field(
+        default_factory=dict)
     storage: str = "runs/sweeps"
     overrides: tuple[str, ...] = ()
     metric: str = "knn_top1"
@@ -132,270 +362,398 @@ class SweepConfig:
     scheduler: Scheduler = dataclasses.field(default_factory=Scheduler)
     study_storage: str | None = None
 
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name or self.name.startswith("."):
+            raise ConfigError(f"name={self.name!r} is not allowed: give a sweep name without "
+                              "'/' (the sweep dir is storage/name)")
+        if not self.storage:
+            raise ConfigError("storage='' is not allowed: give the folder of sweep dirs")
+        if self.mode not in ("max", "min"):
+            raise ConfigError(f"mode={self.mode!r} is not allowed: choose one of max, min")
+        if self.metric not in REPORTED_METRICS and not self.metric.startswith("loss_"):
+            raise ConfigError(f"metric={self.metric!r} is not reported by pretraining: choose "
+                              f"one of {', '.join(REPORTED_METRICS)} or a loss_* component")
+        wrong = {"knn_top1": "min", "loss": "max"}
+        if wrong.get("loss" if self.metric.startswith("loss_") else self.metric) == self.mode:
+            raise ConfigError(f"mode={self.mode!r} is not allowed with metric={self.metric!r}: "
+                              f"it would pick the worst trial; use "
+                              f"mode={'max' if self.mode == 'min' else 'min'}")
+        check_at_least("num_samples", self.num_samples, 1)
+        check_at_least("max_concurrent", self.max_concurrent, 1)
+        s = self.study_storage
+        if s is not None and not (s.startswith("sqlite:///") and len(s) > len("sqlite:///")
+                                  or s.startswith("journal:") and len(s) > len("journal:")):
+            raise ConfigError(f"study_storage={s!r} is not allowed: give sqlite:///<file.db>, "
+                              "journal:<file.log> or null")
+        self._check_overrides()
+        self._check_parameters()
+
+    def _check_overrides(self) -> None:
+        params = self.parameters()
+        for o in self.overrides:
+            if not isinstance(o, str) or "=" not in o:
+                raise ConfigError(f"overrides entry {o!r} is not allowed: give key.path=value")
+            key = o.split("=", 1)[0].strip()
+            if key in SET_BY_SWEEP:
+                raise ConfigError(f"overrides entry {o!r} is not allowed: {key} is set by the "
+                                  f"sweep ({SET_BY_SWEEP[key]})")
+            if key in params:
+                raise ConfigError(f"overrides entry {o!r} is not allowed: {key} is also a "
+                                  "search space parameter; fix it or search it, not both")
+
+    def _check_parameters(self) -> None:
+        if not self.space:
+            raise ConfigError("space is empty: give at least one parameter to search")
+        choices = [p for p, d in self.space.items() if d.kind == "choice"]
+        seen: dict[str, tuple[str, Distribution]] = {}
+        for c, branches in self.conditional.items():
+            parent = self.space.get(c)
+            if parent is None or parent.kind != "choice":
+                raise ConfigError(
+                    f"conditional key {c} is not allowed: branches hang off a choice parameter "
+                    f"of space (its choice parameters: {', '.join(choices) or 'none'})")
+            for value, params in branches.items():
+                if not parent.contains(value):
+                    raise ConfigError(
+                        f"conditional.{c}: branch {value!r} is not allowed: it is not one of "
+                        f"{c}'s choices {list(parent.values or ())}")
+                for p, d in params.items():
+                    where = f"conditional.{c}.{value}"
+                    if p in self.space:
+                        raise ConfigError(f"search space parameter {p} is not allowed both in "
+                                          f"space and in {where}: keep one")
+                    if p in seen and seen[p][1] != d:
+                        raise ConfigError(f"search space parameter {p} has different "
+                                          f"distributions in {seen[p][0]} and {where}: give "
+                                          "both branches the same one")
+                    seen.setdefault(p, (where, d))
+        for p in self.parameters():
+            parts = p.split(".")
+            if not all(parts) or any(not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", x)
+                                     for x in parts):
+                raise ConfigError(f"search space parameter {p!r} is not allowed: give a dotted "
+                                  "config path such as loss.tau")
+            if p in SET_BY_SWEEP:
+                raise ConfigError(f"search space parameter {p} is not allowed: it is set by "
+                                  f"the sweep ({SET_BY_SWEEP[p]})")
+
     def parameters(self) -> dict[str, Distribution]:
-        """Every parameter (unconditional and per branch) by path."""
+        """Every parameter (unconditional and of every branch) by path."""
         out = dict(self.space)
         for branches in self.conditional.values():
             for params in branches.values():
                 out.update(params)
         return out
 
+    def branches(self) -> list[tuple[dict[str, Any], dict[str, Distribution]]]:
+        """The parameter sets one trial can have: for every combination of values of the
+        conditional choices, ``(those values, the other parameters)``. Without conditional
+        parameters: one branch, ``({}, space)``."""
+        out: list[tuple[dict[str, Any], dict[str, Distribution]]] = [({}, {})]
+        for c, branches in self.conditional.items():
+            out = [({**fixed, c: v}, {**params, **branches.get(v, {})})
+                   for fixed, params in out for v in self.space[c].ends()]
+        return [(fixed, {**{p: d for p, d in self.space.items() if p not in fixed}, **params})
+                for fixed, params in out]
 
-def _distribution(path: str, spec: Any) -> Distribution:
-    if not isinstance(spec, Mapping):
-        raise ConfigError(f"search space parameter {path}: give a mapping like "
-                          f"{{loguniform: [0.01, 1.0]}}, got {spec!r}")
-    if "grid" in spec or "grid_search" in spec:
-        raise ConfigError(f"search space parameter {path}: Optuna does not do grid search; "
-                          "use {choice: [...]} instead")
-    kinds = [k for k in spec if k in KINDS]
-    extra = [k for k in spec if k not in KINDS and k != "log"]
-    if len(kinds) != 1 or extra:
-        raise ConfigError(f"search space parameter {path}: {dict(spec)!r} must have exactly one "
-                          f"of {', '.join(KINDS)} (and optionally log: true for int)")
-    kind, arg = kinds[0], spec[kinds[0]]
-    if kind == "choice":
-        if not isinstance(arg, list) or not arg:
-            raise ConfigError(f"search space parameter {path}: choice needs a non-empty list")
-        return Distribution("choice", values=tuple(arg))
-    if (not isinstance(arg, list) or len(arg) != 2
-            or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in arg)):
-        raise ConfigError(f"search space parameter {path}: {kind} needs [low, high], got {arg!r}")
-    low, high = arg
-    if not low < high:
-        raise ConfigError(f"search space parameter {path}: empty range [{low}, {high}] "
-                          "(low must be < high)")
-    log = kind == "loguniform" or bool(spec.get("log", False))
-    if log and low <= 0:
-        raise ConfigError(f"search space parameter {path}: log range [{low}, {high}] touches 0; "
-                          "a log scale needs low > 0")
-    if path.rsplit(".", 1)[-1] in TEMPERATURES and low <= 0:
-        raise ConfigError(f"search space parameter {path}: temperatures must be > 0, the range "
-                          f"starts at {low}")
-    if kind == "int" and not (float(low).is_integer() and float(high).is_integer()):
-        raise ConfigError(f"search space parameter {path}: int range needs integers")
-    return Distribution(kind, low=low, high=high, log=log)  # type: ignore[arg-type]
+    def validate(self) -> None:
+        """Check every parameter path and range end against the base config, per branch, and
+        the scheduler against the trials' epochs. Raises :class:`ConfigError`."""
+        if not self.base_path.is_file():
+            raise ConfigError(f"base={str(self.base_path)!r} is not allowed: no such file")
+        if self.searcher.name == "cmaes":
+            _require_cmaes()
+        raw = load_yaml(self.base_path)
+        epochs: list[int] = []
+        for fixed, params in self.branches():
+            for combo in _corners(params):
+                values = {**fixed, **combo}
+                cfg = self._build(raw, values, fixed)
+                self._check_built(cfg, values, fixed)
+                epochs.append(cfg.train.epochs)
+        s = self.scheduler
+        if s.name == "asha":
+            if s.max_epochs is not None and s.max_epochs > min(epochs):
+                raise ConfigError(f"scheduler.max_epochs={s.max_epochs} is not allowed: it "
+                                  f"must be <= the trials' train.epochs={min(epochs)}")
+            if s.grace_period > (s.max_epochs or min(epochs)):
+                raise ConfigError(f"scheduler.grace_period={s.grace_period} is not allowed: it "
+                                  f"must be <= max_epochs={s.max_epochs or min(epochs)}")
+
+    def _build(self, raw: Mapping[str, Any], values: Mapping[str, Any],
+               fixed: Mapping[str, Any]) -> PretrainConfig:
+        """One trial's config at ``values``; a ConfigError names the sweep parameter(s)."""
+        overrides = _all_overrides(self, values, name="trial", storage="validate")
+        try:
+            return from_dict(PretrainConfig, apply_overrides(raw, overrides))
+        except ConfigError as e:
+            error = e
+        branch = _describe_branch(fixed)
+        try:  # is it the base config with the sweep's own overrides?
+            from_dict(PretrainConfig, apply_overrides(
+                raw, _all_overrides(self, {}, name="trial", storage="validate")))
+        except ConfigError as e:
+            raise ConfigError(f"base {self.base_path} with the sweep's overrides "
+                              f"{list(self.overrides)}: {e}") from None
+        named = _named_in(str(error), values) or list(values)
+        # Context: the culprits' values, then the choices this corner made.
+        dists = self.parameters()
+        shown = [*named, *(p for p in values if p not in named and p not in fixed
+                           and dists[p].kind == "choice")]
+        what = "parameter" if len(named) == 1 else "parameters"
+        raise ConfigError(f"search space {what} {', '.join(named)}: {error} (with "
+                          f"{_settings(values, shown)}{branch}; base {self.base_path})") from None
+
+    def _check_built(self, cfg: PretrainConfig, values: Mapping[str, Any],
+                     fixed: Mapping[str, Any]) -> None:
+        """Cross-field checks the config dataclasses leave to the sweep."""
+        loss = cfg.loss
+        if isinstance(loss, CoNeConfig) and loss.top_n > loss.bank_size:
+            keys = [p for p in ("loss.top_n", "loss.bank_size") if p in values]
+            what = (f"search space parameter {' / '.join(keys)}" if keys
+                    else f"base {self.base_path} with the sweep's overrides")
+            settings = f"with {_settings(values, keys)}" if keys else "as given"
+            raise ConfigError(f"{what}: loss.top_n={loss.top_n} is not allowed above "
+                              f"loss.bank_size={loss.bank_size}: the top-N neighbours come from "
+                              f"the bank ({settings}{_describe_branch(fixed)})")
+        if self.metric == "knn_top1" and cfg.knn.every_epochs == 0:
+            raise ConfigError("metric='knn_top1' needs knn.every_epochs >= 1 in the base config "
+                              f"or the sweep's overrides, got 0 (base {self.base_path})")
 
 
-def _params(where: str, data: Any) -> dict[str, Distribution]:
+def _describe_branch(fixed: Mapping[str, Any]) -> str:
+    return "".join(f", in the branch {c}={v!r}" for c, v in fixed.items())
+
+
+def _settings(values: Mapping[str, Any], keys: Sequence[str]) -> str:
+    return ", ".join(f"{k}={values[k]!r}" for k in keys)
+
+
+def _named_in(message: str, values: Mapping[str, Any]) -> list[str]:
+    """The parameters whose path (or a leading part of it, for an unknown section) the
+    config error names as a whole dotted key."""
+    out = []
+    for p in values:
+        parts = p.split(".")
+        for i in range(len(parts), 0, -1):
+            key = re.escape(".".join(parts[:i]))
+            if re.search(rf"(?<![\w.]){key}(?![\w.])", message):
+                out.append(p)
+                break
+    return out
+
+
+def _corners(params: Mapping[str, Distribution]) -> Iterator[dict[str, Any]]:
+    """Every combination of range ends (choices: values), or, past MAX_CORNERS, each
+    parameter's ends one at a time with the others at their first end, then all last ends."""
+    ends = {p: d.ends() for p, d in params.items()}
+    if math.prod(len(v) for v in ends.values()) <= MAX_CORNERS:
+        for combo in itertools.product(*ends.values()):
+            yield dict(zip(ends, combo, strict=True))
+        return
+    first = {p: v[0] for p, v in ends.items()}
+    for p, vs in ends.items():
+        for v in vs:
+            yield {**first, p: v}
+    yield {p: v[-1] for p, v in ends.items()}
+
+
+def _require_cmaes() -> None:
+    try:
+        import cmaes  # noqa: F401
+    except ImportError:
+        raise ConfigError("searcher.name='cmaes' needs the Python package `cmaes`, which is "
+                          "not installed: pip install cmaes, or choose searcher.name tpe or "
+                          "random") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading.
+
+
+def _check_sweep_override(item: str) -> None:
+    key = item.split("=", 1)[0].strip()
+    top, _, rest = key.partition(".")
+    if top in OVERRIDABLE_SECTIONS or (top in OVERRIDABLE_KEYS and not rest):
+        return
+    allowed = ", ".join([*OVERRIDABLE_KEYS, *(f"{s}.*" for s in OVERRIDABLE_SECTIONS)])
+    raise ConfigError(f"override {item!r} is not allowed: a sweep's command line may set "
+                      f"{allowed} (edit the file for base, space and conditional)")
+
+
+def _parse_params(where: str, data: Any) -> dict[str, Distribution]:
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{where} must map config paths to distributions, got {data!r}")
-    return {str(p): _distribution(str(p), spec) for p, spec in data.items()}
+        raise ConfigError(f"{where}={data!r} is not allowed: map config paths to "
+                          "distributions, e.g. {loss.tau: {loguniform: [0.05, 0.5]}}")
+    out = {}
+    for p, spec in data.items():
+        if not isinstance(p, str):
+            raise ConfigError(f"{where}: parameter {p!r} is not allowed: give a dotted config "
+                              "path such as loss.tau")
+        out[p] = Distribution.parse(p, spec)
+    return out
+
+
+def _parse_conditional(data: Mapping[str, Any]) -> dict[str, dict[Any, dict[str, Distribution]]]:
+    out: dict[str, dict[Any, dict[str, Distribution]]] = {}
+    for c, branches in data.items():
+        if not isinstance(branches, Mapping):
+            raise ConfigError(f"conditional.{c}={branches!r} is not allowed: map each value of "
+                              f"the choice {c} to its parameters")
+        out[str(c)] = {v: _parse_params(f"conditional.{c}.{v}", params or {})
+                       for v, params in branches.items()}
+    return out
 
 
 def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> SweepConfig:
-    """Load and fully validate a sweep file (see the module docstring).
+    """Load a sweep file, apply ``overrides`` of its own keys (``num_samples=4``,
+    ``searcher.seed=1``, ``overrides=[train.epochs=2]``; see ``OVERRIDABLE_KEYS``) and validate
+    everything, including each parameter path against the base config, per branch.
 
     Raises:
-        ConfigError: naming the key or parameter path and what is allowed.
+        ConfigError: prefixed with ``path``, naming the key or parameter and what is allowed.
     """
     path = Path(path)
-    raw = load_yaml(path)
-    for o in overrides:
-        key = o.split("=", 1)[0].strip().split(".", 1)[0]
-        if key not in OVERRIDABLE:
-            raise ConfigError(f"{path}: override {o!r}: only {', '.join(OVERRIDABLE)} may be "
-                              "overridden on the command line")
-    raw = apply_overrides(raw, overrides)
-    allowed = {"name", "storage", "base", "overrides", "metric", "mode", "num_samples",
-               "max_concurrent", "resources", "searcher", "scheduler", "study_storage",
-               "space", "conditional"}
-    unknown = sorted(set(raw) - allowed)
-    if unknown:
-        raise ConfigError(f"{path}: unknown key {unknown[0]}; allowed keys: "
-                          f"{', '.join(sorted(allowed))}")
-    for key in ("name", "base", "space"):
-        if key not in raw:
-            raise ConfigError(f"{path}: the sweep needs {key!r}")
     try:
-        space = _params("space", raw["space"])
-        conditional: dict[str, dict[Any, dict[str, Distribution]]] = {}
-        for choice_path, branches in (raw.get("conditional") or {}).items():
-            parent = space.get(choice_path)
-            if parent is None or parent.kind != "choice":
-                raise ConfigError(f"conditional key {choice_path} must be a choice parameter "
-                                  "of space")
-            if not isinstance(branches, Mapping):
-                raise ConfigError(f"conditional.{choice_path} must map choice values to "
-                                  "parameters")
-            conditional[choice_path] = {}
-            for value, params in branches.items():
-                if value not in (parent.values or ()):
-                    raise ConfigError(f"conditional.{choice_path}: {value!r} is not one of its "
-                                      f"choices {list(parent.values or ())}")
-                conditional[choice_path][value] = _params(
-                    f"conditional.{choice_path}.{value}", params)
-        seen: dict[str, Distribution] = {}
-        for branches in conditional.values():
-            for params in branches.values():
-                for p, d in params.items():
-                    if p in space:
-                        raise ConfigError(f"search space parameter {p} is both unconditional "
-                                          "and in a conditional branch")
-                    if p in seen and seen[p] != d:
-                        raise ConfigError(f"search space parameter {p} has different "
-                                          "distributions in two branches")
-                    seen[p] = d
+        for item in overrides:
+            _check_sweep_override(item)
+        raw = apply_overrides(load_yaml(path), overrides)
+        unknown = [k for k in raw if k not in FILE_KEYS]
+        if unknown:
+            raise ConfigError(f"unknown key {unknown[0]}; allowed keys: {', '.join(FILE_KEYS)}")
+        for key in ("name", "base", "space"):
+            if key not in raw:
+                raise ConfigError(f"the sweep needs {key!r}")
+        for key in ("overrides", "conditional", "resources", "searcher", "scheduler"):
+            if raw.get(key) is None:
+                raw.pop(key, None)
+        if raw.get("study_storage") == "":
+            raw["study_storage"] = None
+        spec = from_dict(_SweepFile, raw)
         cfg = SweepConfig(
-            name=str(raw["name"]), base_path=(path.parent / str(raw["base"])).resolve(),
-            space=space, conditional=conditional,
-            storage=str(raw.get("storage", "runs/sweeps")),
-            overrides=tuple(str(o) for o in raw.get("overrides") or ()),
-            metric=str(raw.get("metric", "knn_top1")), mode=raw.get("mode", "max"),
-            num_samples=int(raw.get("num_samples", 8)),
-            max_concurrent=int(raw.get("max_concurrent", 1)),
-            resources=Resources(**(raw.get("resources") or {})),
-            searcher=Searcher(**(raw.get("searcher") or {})),
-            scheduler=Scheduler(**(raw.get("scheduler") or {})),
-            study_storage=raw.get("study_storage"),
+            name=spec.name, base_path=(path.parent / spec.base).resolve(),
+            space=_parse_params("space", spec.space),
+            conditional=_parse_conditional(spec.conditional),
+            storage=spec.storage, overrides=tuple(spec.overrides), metric=spec.metric,
+            mode=spec.mode, num_samples=spec.num_samples, max_concurrent=spec.max_concurrent,
+            resources=spec.resources, searcher=spec.searcher, scheduler=spec.scheduler,
+            study_storage=spec.study_storage,
         )
-    except TypeError as e:  # an unknown key in resources / searcher / scheduler
-        raise ConfigError(f"{path}: {e}") from None
+        cfg.validate()
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
-    _validate(cfg, path)
     return cfg
 
 
-def _validate(cfg: SweepConfig, path: Path) -> None:
-    if not cfg.name or "/" in cfg.name:
-        raise ConfigError(f"{path}: name={cfg.name!r} must be a non-empty name without '/'")
-    if cfg.mode not in ("max", "min"):
-        raise ConfigError(f"{path}: mode={cfg.mode!r}: choose max or min")
-    if cfg.metric not in METRICS and not cfg.metric.startswith("loss_"):
-        raise ConfigError(f"{path}: metric={cfg.metric!r} is not reported by pretraining; "
-                          f"choose one of {', '.join(METRICS)}")
-    if cfg.num_samples < 1 or cfg.max_concurrent < 1:
-        raise ConfigError(f"{path}: num_samples and max_concurrent must be >= 1")
-    if cfg.study_storage and not cfg.study_storage.startswith(("sqlite:///", "journal:")):
-        raise ConfigError(f"{path}: study_storage={cfg.study_storage!r}: give "
-                          "sqlite:///<file> or journal:<file>")
-    if not cfg.base_path.exists():
-        raise ConfigError(f"{path}: base {cfg.base_path} does not exist")
-    epochs = None
-    for params in _branches(cfg):
-        for combo in itertools.product(*[[(p, v) for v in d.ends()] for p, d in params.items()]):
-            try:
-                pc = trial_config(cfg, dict(combo), name="validate", storage="/tmp")
-            except ConfigError as e:
-                names = ", ".join(p for p, _ in combo) or "base"
-                raise ConfigError(f"{path}: search space parameter(s) {names}: {e}") from None
-            epochs = pc.train.epochs
-            if cfg.metric == "knn_top1" and pc.knn.every_epochs == 0:
-                raise ConfigError(f"{path}: metric knn_top1 needs knn.every_epochs >= 1 in the "
-                                  "base config or overrides")
-    s = cfg.scheduler
-    if epochs is not None and s.max_epochs is not None and s.max_epochs > epochs:
-        raise ConfigError(f"{path}: scheduler.max_epochs={s.max_epochs} exceeds the trials' "
-                          f"train.epochs={epochs}")
-    if epochs is not None and s.grace_period > (s.max_epochs or epochs):
-        raise ConfigError(f"{path}: scheduler.grace_period={s.grace_period} exceeds "
-                          f"max_epochs={s.max_epochs or epochs}")
-
-
-def _branches(cfg: SweepConfig) -> list[dict[str, Distribution]]:
-    """The parameter sets one trial can have: the unconditional space, with each choice that
-    has branches fixed to each of its values plus that value's parameters."""
-    combos: list[dict[str, Distribution]] = [dict(cfg.space)]
-    for choice_path, branches in cfg.conditional.items():
-        parent = cfg.space[choice_path]
-        new = []
-        for base in combos:
-            for value in parent.values or ():
-                d = dict(base)
-                d[choice_path] = Distribution("choice", values=(value,))
-                d.update(branches.get(value, {}))
-                new.append(d)
-        combos = new
-    return combos
-
-
-def _suggest(trial: Any, path: str, d: Distribution) -> Any:
-    if d.kind == "choice":
-        return trial.suggest_categorical(path, list(d.values or ()))
-    if d.kind == "int":
-        return trial.suggest_int(path, int(d.low or 0), int(d.high or 0), log=d.log)
-    return trial.suggest_float(path, float(d.low or 0), float(d.high or 0), log=d.log)
+# ---------------------------------------------------------------------------------------------
+# Optuna and trials.
 
 
 class DefineByRun:
-    """Optuna define-by-run space: the unconditional parameters (named by config path), then
-    for each conditional choice the chosen value's parameters. A class, not a closure: Tune
-    pickles the searcher (and with it this space) into the sweep's state for ``--resume``."""
+    """Optuna define-by-run space: the parameters of ``space`` (named by config path), then,
+    for each conditional choice, the parameters of the chosen value's branch. Returns None
+    (Ray's OptunaSearch contract: constants or None). A class, not a closure, so that Tune can
+    pickle the searcher into the sweep's state for resuming."""
 
     def __init__(self, cfg: SweepConfig) -> None:
         self.cfg = cfg
 
-    def __call__(self, trial: Any) -> dict[str, Any] | None:
-        chosen = {p: _suggest(trial, p, d) for p, d in self.cfg.space.items()}
-        for choice_path, branches in self.cfg.conditional.items():
-            for p, d in branches.get(chosen[choice_path], {}).items():
-                _suggest(trial, p, d)
+    def __call__(self, trial: optuna.trial.BaseTrial) -> dict[str, Any] | None:
+        chosen = {p: d.suggest(trial, p) for p, d in self.cfg.space.items()}
+        for c, branches in self.cfg.conditional.items():
+            for p, d in branches.get(chosen[c], {}).items():
+                d.suggest(trial, p)
         return None
 
 
-def define_by_run(cfg: SweepConfig) -> Callable[[Any], dict[str, Any] | None]:
+def define_by_run(cfg: SweepConfig) -> Callable[[optuna.trial.BaseTrial], dict[str, Any] | None]:
+    """The sweep's space as an Optuna define-by-run function (for ``OptunaSearch(space=...)``)."""
     return DefineByRun(cfg)
 
 
-def optuna_distributions(cfg: SweepConfig) -> dict[str, Any]:
-    """Optuna distribution objects by parameter path (for exporting a study)."""
-    import optuna
-
-    out: dict[str, Any] = {}
-    for p, d in cfg.parameters().items():
-        if d.kind == "choice":
-            out[p] = optuna.distributions.CategoricalDistribution(list(d.values or ()))
-        elif d.kind == "int":
-            out[p] = optuna.distributions.IntDistribution(int(d.low or 0), int(d.high or 0),
-                                                          log=d.log)
-        else:
-            out[p] = optuna.distributions.FloatDistribution(float(d.low or 0),
-                                                            float(d.high or 0), log=d.log)
-    return out
+def optuna_distributions(cfg: SweepConfig) -> dict[str, optuna.distributions.BaseDistribution]:
+    """Optuna distribution objects of every parameter, by path (to rebuild a study)."""
+    return {p: d.to_optuna() for p, d in cfg.parameters().items()}
 
 
-def _yaml_value(v: Any) -> str:
-    if isinstance(v, float):
-        return repr(v)
-    return yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("...").strip()
+def _plain_string(text: str) -> bool:
+    try:
+        return bool(text) and text == text.strip() and yaml.safe_load(text) == text
+    except yaml.YAMLError:
+        return False
+
+
+def format_value(value: Any) -> str:
+    """``value`` as override text that ``yaml.safe_load`` reads back as the same value and type
+    (floats via repr, always with a '.' so YAML 1.1 does not read ``1e-05`` as a string)."""
+    if hasattr(value, "item") and not isinstance(value, str):  # numpy scalars
+        value = value.item()
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif value is None:
+        text = "null"
+    elif isinstance(value, int):
+        text = str(value)
+    elif isinstance(value, float):
+        if math.isnan(value):
+            return ".nan"
+        if math.isinf(value):
+            return ".inf" if value > 0 else "-.inf"
+        text = repr(value)
+        mantissa, e, exponent = text.partition("e")
+        if e and "." not in mantissa:
+            text = f"{mantissa}.0e{exponent}"
+    elif isinstance(value, str):
+        text = value if _plain_string(value) else json.dumps(value)
+    else:
+        raise ConfigError(f"value {value!r} is not allowed in an override: give a string, "
+                          "number, boolean or null")
+    back = yaml.safe_load(text)
+    if back != value or type(back) is not type(value):
+        raise ConfigError(f"value {value!r} does not survive YAML as {text!r}")
+    return text
 
 
 def trial_overrides(cfg: SweepConfig, params: Mapping[str, Any]) -> list[str]:
-    """Dotted overrides for one trial: the sweep's, then ``loss.name`` (it resets the loss
-    section), then the other parameters sorted by path."""
-    out = list(cfg.overrides)
-    if "loss.name" in params:
-        out.append(f"loss.name={_yaml_value(params['loss.name'])}")
-    out += [f"{p}={_yaml_value(v)}" for p, v in sorted(params.items()) if p != "loss.name"]
-    return out
+    """The dotted overrides of one trial: the sweep's ``overrides``, then ``loss.name`` (it
+    resets the loss section when it switches the loss), then the other parameters by path."""
+    first = sorted(p for p in params if p in {f"{s}.name" for s in TAGGED_SECTIONS})
+    rest = sorted(p for p in params if p not in first)
+    return [*cfg.overrides, *(f"{p}={format_value(params[p])}" for p in [*first, *rest])]
+
+
+def _all_overrides(cfg: SweepConfig, params: Mapping[str, Any], name: str,
+                   storage: str) -> list[str]:
+    r = cfg.resources
+    scaling = [f"scaling.num_workers={r.workers}",
+               f"scaling.cpus_per_worker={format_value(float(r.cpus_per_worker))}",
+               f"scaling.use_gpu={format_value(r.gpus_per_worker > 0)}"]
+    if r.gpus_per_worker > 0:  # scaling.gpus_per_worker must be > 0; unused without GPUs
+        scaling.append(f"scaling.gpus_per_worker={format_value(float(r.gpus_per_worker))}")
+    return [*trial_overrides(cfg, params), f"name={format_value(name)}",
+            f"storage={format_value(storage)}", *scaling]
 
 
 def trial_config(cfg: SweepConfig, params: Mapping[str, Any], name: str,
                  storage: str) -> PretrainConfig:
-    """The pretrain config of one trial (base + overrides + parameters + resources)."""
-    r = cfg.resources
-    scaling = [f"scaling.num_workers={r.workers}", f"scaling.cpus_per_worker={r.cpus_per_worker}",
-               f"scaling.use_gpu={'true' if r.gpus_per_worker > 0 else 'false'}"]
-    if r.gpus_per_worker > 0:
-        scaling.append(f"scaling.gpus_per_worker={r.gpus_per_worker}")
+    """The pretrain config of one trial: base + :func:`trial_overrides` + ``name`` +
+    ``storage`` + the sweep's ``resources`` as ``scaling.*``."""
     return load_config(cfg.base_path, PretrainConfig,
-                       # quoted: a trial id such as 79005078 must stay a string
-                       [*trial_overrides(cfg, params), *scaling, f"name={json.dumps(name)}",
-                        f"storage={json.dumps(storage)}"])
+                       _all_overrides(cfg, params, name=name, storage=storage))
 
 
-def make_sampler(cfg: SweepConfig) -> Any:
+def make_sampler(cfg: SweepConfig) -> optuna.samplers.BaseSampler:
+    """The Optuna sampler the sweep's ``searcher`` names, seeded.
+
+    Raises:
+        ConfigError: CMA-ES without the ``cmaes`` package installed.
+    """
     import optuna
 
     s = cfg.searcher
     if s.name == "random":
         return optuna.samplers.RandomSampler(seed=s.seed)
     if s.name == "cmaes":
-        try:
-            import cmaes  # noqa: F401
-        except ImportError:
-            raise ConfigError("searcher.name=cmaes needs the `cmaes` package (pip install "
-                              "cmaes); or use tpe / random") from None
+        _require_cmaes()
         return optuna.samplers.CmaEsSampler(seed=s.seed, n_startup_trials=s.startup_trials)
     return optuna.samplers.TPESampler(seed=s.seed, n_startup_trials=s.startup_trials)

@@ -128,11 +128,14 @@ def check_dataset(cfg: PretrainConfig) -> dict[str, Any]:
             "needs_captions": "captions" in needs}
 
 
-def absolute_paths(cfg: PretrainConfig) -> PretrainConfig:
-    """Local dataset and storage paths made absolute: Ray Train workers run in another
-    working directory. URIs (``s3://`` …) are left as they are."""
+def absolute_paths(cfg: PretrainConfig, base: str | Path | None = None) -> PretrainConfig:
+    """Local dataset and storage paths made absolute, relative ones against ``base`` (default:
+    the working directory): Ray Train workers and Tune trials run in other working
+    directories. URIs (``s3://`` …) are left as they are."""
+    root = Path(base) if base is not None else Path.cwd()
+
     def fix(p: str) -> str:
-        return p if "://" in p else str(Path(p).expanduser().resolve())
+        return p if "://" in p else str((root / Path(p).expanduser()).resolve())
 
     return dataclasses.replace(
         cfg, storage=fix(cfg.storage),

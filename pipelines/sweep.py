@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,15 +38,18 @@ class SweepError(RuntimeError):
     """The sweep cannot start or its results cannot be read."""
 
 
-def sweep_dir(sweep: Any) -> Path:
-    return Path(sweep.storage).expanduser().resolve() / sweep.name
+def sweep_dir(sweep: Any, base: str | Path | None = None) -> Path:
+    """``storage/name``, a relative storage taken against ``base`` (default: the working dir)."""
+    root = Path(base) if base is not None else Path.cwd()
+    return (root / Path(sweep.storage).expanduser()).resolve() / sweep.name
 
 
 # ---------------------------------------------------------------------------------------------
 # One trial (runs in a Tune trial actor).
 
 
-def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]) -> None:
+def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str],
+             cwd: str) -> None:
     """Tune function trainable: pretrain one configuration; Train resumes it if it ran before."""
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -62,8 +66,10 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
 
     sweep = load_sweep(sweep_path, sweep_overrides)
     trial_id = tune.get_context().get_trial_id()
+    # Relative paths mean what they meant where `simgraph sweep` was started: Tune runs each
+    # trial in its own working directory.
     cfg = absolute_paths(trial_config(sweep, params, name=trial_id,
-                                      storage=str(sweep_dir(sweep) / "trials")))
+                                      storage=str(sweep_dir(sweep, cwd) / "trials")), base=cwd)
     facts = check_dataset(cfg)
     run_dir = prepare_run_dir(cfg)
     done = latest_complete(run_dir)
@@ -92,7 +98,7 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
     # The trial function only drives its TorchTrainer; the Train workers reserve their own CPUs.
     trainable = ray.tune.with_resources(
         ray.tune.with_parameters(trial_fn, sweep_path=str(Path(sweep_path).resolve()),
-                                 sweep_overrides=list(sweep_overrides)),
+                                 sweep_overrides=list(sweep_overrides), cwd=os.getcwd()),
         {"CPU": 0.25},
     )
     path = sweep_dir(sweep)

@@ -1,8 +1,13 @@
-"""Search spaces: validation against the config dataclasses, conditional define-by-run,
-trial configs that round-trip the sampled values."""
+"""Search spaces (components/search_space.py): refusals name the parameter, every path is checked
+per conditional branch against the config dataclasses, the define-by-run space samples each
+branch's parameters only in that branch, and trial overrides round-trip the sampled values."""
 
 from __future__ import annotations
 
+import math
+import pickle
+import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,86 +15,441 @@ import optuna
 import pytest
 import yaml
 
-from components.config import ConfigError
-from components.search_space import define_by_run, load_sweep, trial_config
+from components.config import ConfigError, PretrainConfig, load_config
+from components.search_space import (
+    Distribution,
+    SweepConfig,
+    define_by_run,
+    format_value,
+    load_sweep,
+    make_sampler,
+    optuna_distributions,
+    trial_config,
+    trial_overrides,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = str(ROOT / "pipelines/configs/pretrain/demo.yaml")
+BASE = ROOT / "pipelines/configs/pretrain/demo.yaml"
+SHIPPED = sorted((ROOT / "search_spaces").glob("*.yaml"))
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _spec(**over: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": "t", "base": str(BASE), "storage": "runs/sweeps", "metric": "knn_top1",
+        "mode": "max", "num_samples": 8, "overrides": ["train.epochs=4"],
+        "searcher": {"name": "random", "seed": 0},
+        "space": {"loss.name": {"choice": ["simclr", "xclr", "eps_supinfonce", "cone"]},
+                  "optim.lr": {"loguniform": [0.01, 1.0]}},
+        "conditional": {"loss.name": {
+            "simclr": {"loss.tau": {"loguniform": [0.05, 0.5]}},
+            "xclr": {"loss.tau": {"loguniform": [0.05, 0.5]},
+                     "loss.tau_s": {"loguniform": [0.01, 1.0]}},
+            "eps_supinfonce": {"loss.tau": {"loguniform": [0.05, 0.5]},
+                               "loss.epsilon": {"uniform": [0.0, 0.5]}},
+            "cone": {"loss.bank_size": {"int": [1024, 65536], "log": True},
+                     "loss.top_n": {"int": [8, 512]}},
+        }},
+    }
+    spec.update(over)
+    return spec
 
 
 def _write(tmp: Path, **over: Any) -> Path:
-    spec: dict[str, Any] = {
-        "name": "t", "base": BASE, "metric": "knn_top1", "mode": "max", "num_samples": 4,
-        "searcher": {"name": "random", "seed": 0},
-        "space": {"loss.name": {"choice": ["simclr", "xclr", "eps_supinfonce"]},
-                  "loss.tau": {"loguniform": [0.05, 0.5]}},
-        "conditional": {"loss.name": {"xclr": {"loss.tau_s": {"loguniform": [0.01, 1.0]}},
-                                      "eps_supinfonce": {"loss.epsilon": {"uniform": [0, 0.5]}}}},
-    }
-    if "space" in over and "conditional" not in over:
-        spec["conditional"] = {}
-    spec.update(over)
-    path = tmp / "s.yaml"
-    path.write_text(yaml.safe_dump(spec))
+    path = tmp / "sweep.yaml"
+    path.write_text(yaml.safe_dump(_spec(**over), sort_keys=False))
     return path
 
 
-def test_conditional_parameters_only_in_their_branch(tmp_path: Path) -> None:
-    sweep = load_sweep(_write(tmp_path))
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0), direction="maximize")
+def _sample(sweep: SweepConfig, n: int, seed: int = 0) -> list[dict[str, Any]]:
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed),
+                                direction="maximize")
     space = define_by_run(sweep)
-    seen = set()
-    for _ in range(30):
+    out = []
+    for i in range(n):
         trial = study.ask()
-        space(trial)
-        p = trial.params
-        seen.add(p["loss.name"])
-        assert ("loss.tau_s" in p) == (p["loss.name"] == "xclr")
-        assert ("loss.epsilon" in p) == (p["loss.name"] == "eps_supinfonce")
-        assert 0.05 <= p["loss.tau"] <= 0.5
-        cfg = trial_config(sweep, p, name="0123", storage="/tmp")  # round trip
-        assert cfg.name == "0123"
-        assert cfg.loss.name == p["loss.name"] and cfg.loss.tau == p["loss.tau"]
-        if "loss.tau_s" in p:
-            assert cfg.loss.tau_s == p["loss.tau_s"]
-        study.tell(trial, 0.0)
-    assert seen == {"simclr", "xclr", "eps_supinfonce"}
+        assert space(trial) is None  # Ray's OptunaSearch contract: constants or None
+        out.append(dict(trial.params))
+        study.tell(trial, float(i))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Shipped search spaces.
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_shipped_space_loads_validates_and_builds_trials(path: Path) -> None:
+    sweep = load_sweep(path)
+    assert sweep.base_path == BASE.resolve()
+    assert sweep.parameters() and sweep.num_samples >= 1
+    make_sampler(sweep)
+    for params in _sample(sweep, 6):  # every sampled trial is a valid pretrain config
+        cfg = trial_config(sweep, params, name="trial", storage="/tmp/sweep")
+        assert cfg.scaling.num_workers == sweep.resources.workers
+        for p, v in params.items():
+            section, key = p.split(".")
+            assert getattr(getattr(cfg, section), key) == v, p
+
+
+def test_shipped_spaces_are_what_they_say() -> None:
+    spaces = {p.stem: load_sweep(p) for p in SHIPPED}
+    assert set(spaces) == {"xclr_temperature", "eps_margin", "cone_weights", "across_losses",
+                           "demo"}
+    x = spaces["xclr_temperature"]
+    assert "loss.name=xclr" in x.overrides and x.scheduler.name == "asha"
+    assert x.space["loss.tau_s"] == Distribution("loguniform", 0.01, 1.0, log=True)
+    assert x.space["loss.tau"] == Distribution("loguniform", 0.05, 0.5, log=True)
+    e = spaces["eps_margin"]
+    assert "loss.name=eps_supinfonce" in e.overrides
+    assert e.space["loss.epsilon"] == Distribution("uniform", 0.0, 0.5)  # 0 = SINCERE
+    c = spaces["cone_weights"].space
+    assert c["loss.bank_size"] == Distribution("int", 1024, 65536, log=True)
+    assert c["loss.top_n"] == Distribution("int", 8, 512, log=True)
+    a = spaces["across_losses"]
+    assert "loss.tau" not in a.space and "loss.tau" not in a.conditional["loss.name"]["cone"]
+    assert set(a.space["loss.name"].values or ()) == {"simclr", "supcon", "xclr", "sincere",
+                                                      "eps_supinfonce", "cone"}
+    d = spaces["demo"]
+    assert (d.num_samples, d.max_concurrent, d.resources.workers) == (4, 1, 1)
+    assert (d.scheduler.grace_period, d.scheduler.reduction_factor) == (1, 2)
+    assert trial_config(d, {"loss.name": "simclr", "loss.tau": 0.1}, "x", "/tmp").train.epochs == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Define-by-run sampling.
+
+
+def test_conditional_parameters_appear_only_in_their_branch(tmp_path: Path) -> None:
+    sweep = load_sweep(_write(tmp_path))
+    branch_keys = {
+        "simclr": {"loss.tau"}, "xclr": {"loss.tau", "loss.tau_s"},
+        "eps_supinfonce": {"loss.tau", "loss.epsilon"}, "cone": {"loss.bank_size", "loss.top_n"},
+    }
+    seen = set()
+    for p in _sample(sweep, 30):
+        loss = p["loss.name"]
+        seen.add(loss)
+        assert set(p) == {"loss.name", "optim.lr"} | branch_keys[loss]
+        for path, value in p.items():
+            assert sweep.parameters()[path].contains(value), (path, value)
+        if loss == "cone":
+            assert type(p["loss.bank_size"]) is int and type(p["loss.top_n"]) is int
+    assert seen == set(branch_keys)
+
+
+def test_log_and_int_scales_reach_optuna(tmp_path: Path) -> None:
+    sweep = load_sweep(_write(tmp_path))
+    dists = optuna_distributions(sweep)
+    assert dists["optim.lr"] == optuna.distributions.FloatDistribution(0.01, 1.0, log=True)
+    assert dists["loss.epsilon"] == optuna.distributions.FloatDistribution(0.0, 0.5)
+    assert dists["loss.bank_size"] == optuna.distributions.IntDistribution(1024, 65536, log=True)
+    assert dists["loss.top_n"] == optuna.distributions.IntDistribution(8, 512)
+    # Log-uniform on [0.01, 1]: median 0.1 (uniform would give ~0.5).
+    lrs = [p["optim.lr"] for p in _sample(sweep, 200, seed=1)]
+    assert 0.05 < statistics.median(lrs) < 0.2 and min(lrs) >= 0.01 and max(lrs) <= 1.0
+
+
+def test_same_seed_same_parameters(tmp_path: Path) -> None:
+    sweep = load_sweep(_write(tmp_path))
+    assert _sample(sweep, 10, seed=3) == _sample(sweep, 10, seed=3)
+    assert _sample(sweep, 10, seed=3) != _sample(sweep, 10, seed=4)
+    runs = []
+    for _ in range(2):  # the sweep's own sampler (TPE past its startup trials) too
+        tpe = load_sweep(_write(tmp_path, searcher={"name": "tpe", "seed": 5,
+                                                    "startup_trials": 3}))
+        study = optuna.create_study(sampler=make_sampler(tpe), direction="maximize")
+        space = define_by_run(tpe)
+        params = []
+        for i in range(8):
+            trial = study.ask()
+            space(trial)
+            params.append(trial.params)
+            study.tell(trial, float(i % 3))
+        runs.append(params)
+    assert runs[0] == runs[1]
+
+
+def test_define_by_run_pickles(tmp_path: Path) -> None:
+    """Tune pickles the searcher, with its space, into the sweep state for --resume."""
+    sweep = load_sweep(_write(tmp_path))
+    space = pickle.loads(pickle.dumps(define_by_run(sweep)))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    trial = study.ask()
+    space(trial)
+    assert "loss.name" in trial.params
+
+
+# ---------------------------------------------------------------------------------------------
+# Trial overrides and configs.
+
+
+def test_trial_overrides_order_and_round_trip(tmp_path: Path) -> None:
+    sweep = load_sweep(_write(tmp_path))
+    params = {"optim.lr": 1e-05 * 3, "loss.tau_s": 0.123456789012345, "loss.tau": 0.05,
+              "loss.name": "xclr"}
+    overrides = trial_overrides(sweep, params)
+    assert overrides[0] == "train.epochs=4"  # the sweep's overrides first
+    assert overrides[1] == "loss.name=xclr"  # then the loss (it resets the loss section)
+    assert [o.split("=")[0] for o in overrides[2:]] == ["loss.tau", "loss.tau_s", "optim.lr"]
+    for o in overrides[1:]:
+        key, text = o.split("=", 1)
+        back = yaml.safe_load(text)
+        assert back == params[key] and type(back) is type(params[key]), o
+    cfg = load_config(BASE, PretrainConfig, overrides)
+    assert cfg.loss.name == "xclr" and cfg.train.epochs == 4
+    assert cfg.loss.tau == 0.05 and cfg.loss.tau_s == params["loss.tau_s"]  # type: ignore[union-attr]
+    assert cfg.optim.lr == params["optim.lr"]
+
+
+@pytest.mark.parametrize("value", [1e-05, 3e-7, 1e20, 0.1, 2.0, -0.5, 7, 0, True, False, None,
+                                   "simclr", "123", "true", "null", "a: b", "x #y", ""])
+def test_format_value_round_trips(value: Any) -> None:
+    back = yaml.safe_load(format_value(value))
+    assert back == value and type(back) is type(value)
+
+
+def test_format_value_handles_numpy_and_infinities() -> None:
+    np = pytest.importorskip("numpy")
+    assert yaml.safe_load(format_value(np.float64(1e-6))) == 1e-6
+    assert yaml.safe_load(format_value(np.int64(4))) == 4
+    assert yaml.safe_load(format_value(math.inf)) == math.inf
+    with pytest.raises(ConfigError, match="not allowed in an override"):
+        format_value([1, 2])
+
+
+def test_sampled_trials_round_trip_through_the_config(tmp_path: Path) -> None:
+    sweep = load_sweep(_write(tmp_path))
+    for p in _sample(sweep, 20, seed=2):
+        cfg = trial_config(sweep, p, name="0123", storage="/tmp/s")
+        assert cfg.name == "0123" and cfg.storage == "/tmp/s"  # a numeric id stays a string
+        for path, value in p.items():
+            section, key = path.split(".")
+            got = getattr(getattr(cfg, section), key)
+            assert got == value and type(got) is type(value), path
+
+
+def test_trial_config_takes_the_sweeps_resources(tmp_path: Path) -> None:
+    params = {"loss.name": "simclr", "loss.tau": 0.1, "optim.lr": 0.1}
+    cpu = load_sweep(_write(tmp_path, resources={"workers": 3, "cpus_per_worker": 0.5}))
+    s = trial_config(cpu, params, "a", "/tmp").scaling
+    assert (s.num_workers, s.cpus_per_worker, s.use_gpu) == (3, 0.5, False)
+    gpu = load_sweep(_write(tmp_path, resources={"workers": 2, "cpus_per_worker": 2,
+                                                 "gpus_per_worker": 0.5}))
+    s = trial_config(gpu, params, "a", "/tmp").scaling
+    assert (s.num_workers, s.cpus_per_worker, s.use_gpu, s.gpus_per_worker) == (2, 2.0, True, 0.5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals: each names the parameter path (or key) and what is allowed.
 
 
 @pytest.mark.parametrize(
     ("over", "error"),
     [
-        ({"space": {"loss.tau": {"grid": [0.1, 0.2]}}}, "Optuna does not do grid search"),
-        ({"space": {"loss.tau": {"uniform": [0.5, 0.1]}}}, "empty range"),
-        ({"space": {"optim.lr": {"loguniform": [0.0, 1.0]}}}, "touches 0"),
-        ({"space": {"loss.tau": {"uniform": [0.0, 0.5]}}}, "temperatures must be > 0"),
-        ({"space": {"optim.lrr": {"uniform": [0.1, 0.5]}}}, r"optim\.lrr.*allowed keys"),
-        ({"space": {"loss.name": {"choice": ["sincere"]}},
-          "conditional": {"loss.name": {"sincere": {"loss.tau_s": {"uniform": [0.1, 1]}}}}},
-         r"loss\.tau_s for 'sincere'; allowed keys"),
-        ({"conditional": {"loss.tau": {"a": {}}}}, "must be a choice parameter"),
-        ({"conditional": {"loss.name": {"ce": {}}}}, "is not one of its choices"),
-        ({"metric": "accuracy"}, "not reported by pretraining"),
-        ({"searcher": {"name": "grid"}}, "choose tpe, random or cmaes"),
-        ({"study_storage": "postgres://x"}, "sqlite:///"),
-        ({"space": {"loss.epsilon": {"uniform": [-0.2, 0.5]}},
-          "overrides": ["loss.name=eps_supinfonce"]}, r"loss\.epsilon"),
+        ({"space": {"loss.tau": {"grid": [0.1, 0.2]}}, "conditional": {}},
+         r"parameter loss\.tau: .*Optuna does not do grid search; use \{choice"),
+        ({"space": {"loss.tau": {"grid_search": [0.1, 0.2]}}, "conditional": {}},
+         r"parameter loss\.tau: .*Optuna does not do grid search"),
+        ({"space": {"optim.lr": {"normal": [0.1, 0.2]}}, "conditional": {}},
+         r"parameter optim\.lr: distribution 'normal' is not allowed: .*uniform, loguniform"),
+        ({"space": {"optim.lr": {"uniform": [0.5, 0.1]}}, "conditional": {}},
+         r"parameter optim\.lr: .*empty or inverted: low must be < high"),
+        ({"space": {"optim.lr": {"uniform": [0.5, 0.5]}}, "conditional": {}},
+         r"parameter optim\.lr: .*empty or inverted"),
+        ({"space": {"loss.top_n": {"int": [8, 8]}}, "conditional": {}},
+         r"parameter loss\.top_n: .*empty or inverted"),
+        ({"space": {"loss.name": {"choice": []}}, "conditional": {}},
+         r"parameter loss\.name: .*at least one value"),
+        ({"space": {"loss.top_n": {"int": [1.5, 8]}}, "conditional": {}},
+         r"parameter loss\.top_n: .*integer ends"),
+        ({"space": {"optim.lr": {"loguniform": [0.0, 1.0]}}, "conditional": {}},
+         r"parameter optim\.lr: log range \[0\.0, 1\.0\] touching 0"),
+        ({"space": {"loss.bank_size": {"int": [0, 64], "log": True}}, "conditional": {}},
+         r"parameter loss\.bank_size: log range \[0, 64\] touching 0"),
+        ({"space": {"optim.lr": {"uniform": [0.1, 1.0], "log": True}}, "conditional": {}},
+         r"parameter optim\.lr: log: true is not allowed with uniform; use loguniform"),
+        ({"space": {"loss.tau": {"uniform": [0.0, 0.5]}}, "conditional": {}},
+         r"parameter loss\.tau: a temperature must be > 0"),
+        ({"space": {"knn.temperature": {"uniform": [-0.1, 0.5]}}, "conditional": {}},
+         r"parameter knn\.temperature: a temperature must be > 0"),
+        ({"space": {"loss.tau": {"choice": [0.1, 0.0]}}, "conditional": {}},
+         r"parameter loss\.tau: a temperature must be > 0"),
+        ({"space": {"loss.tau": 0.1}, "conditional": {}},
+         r"parameter loss\.tau=0\.1 is not allowed: give a distribution"),
+        ({"conditional": {"optim.lr": {"0.1": {}}}},
+         r"conditional key optim\.lr is not allowed: .*choice parameters: loss\.name"),
+        ({"conditional": {"loss.tau": {"a": {}}}}, r"conditional key loss\.tau is not allowed"),
+        ({"conditional": {"loss.name": {"sincere": {}}}},
+         r"conditional\.loss\.name: branch 'sincere' is not allowed: it is not one of"),
+        ({"conditional": {"loss.name": {"xclr": {"optim.lr": {"uniform": [0.1, 0.2]}}}}},
+         r"parameter optim\.lr is not allowed both in space and in conditional\.loss\.name\.xclr"),
+        ({"conditional": {"loss.name": {
+            "simclr": {"loss.tau": {"loguniform": [0.05, 0.5]}},
+            "xclr": {"loss.tau": {"loguniform": [0.05, 0.9]}}}}},
+         r"parameter loss\.tau has different distributions in conditional\.loss\.name\.simclr "
+         r"and conditional\.loss\.name\.xclr"),
+        ({"space": {"scaling.num_workers": {"int": [1, 2]}}, "conditional": {}},
+         r"parameter scaling\.num_workers is not allowed: .*resources\.workers"),
+        ({"overrides": ["optim.lr=0.1"]},
+         r"overrides entry 'optim\.lr=0\.1' is not allowed: .*also a search space parameter"),
+        ({"overrides": ["scaling.num_workers=2"]}, r"scaling\.num_workers is set by the sweep"),
+        ({"space": {}, "conditional": {}}, "space is empty"),
     ],
 )
-def test_refusals_name_the_parameter(tmp_path: Path, over: dict, error: str) -> None:
+def test_refused_spaces_name_the_parameter(tmp_path: Path, over: dict, error: str) -> None:
     with pytest.raises(ConfigError, match=error):
         load_sweep(_write(tmp_path, **over))
 
 
-def test_command_line_overrides(tmp_path: Path) -> None:
+def test_unknown_paths_name_the_path_and_the_allowed_keys(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"search space parameter loss\.tau_s: unknown key "
+                       r"loss\.tau_s for 'sincere'; allowed keys: tau, bank_size, ema_momentum"
+                       r", name .*branch loss\.name='sincere'"):
+        load_sweep(_write(tmp_path, space={"loss.name": {"choice": ["xclr", "sincere"]}},
+                          conditional={"loss.name": {
+                              "xclr": {"loss.tau_s": {"loguniform": [0.01, 1.0]}},
+                              "sincere": {"loss.tau_s": {"loguniform": [0.01, 1.0]}}}}))
+    with pytest.raises(ConfigError, match=r"search space parameter optim\.lrr: unknown key "
+                       r"optim\.lrr for 'sgd'; allowed keys: name, lr, "):
+        load_sweep(_write(tmp_path, space={"optim.lrr": {"uniform": [0.1, 0.5]}},
+                          conditional={}))
+    with pytest.raises(ConfigError, match=r"search space parameter optimm\.lr: unknown key "
+                       r"optimm .*allowed keys: name, data, storage, model, loss, optim"):
+        load_sweep(_write(tmp_path, space={"optimm.lr": {"uniform": [0.1, 0.5]}},
+                          conditional={}))
+    # An unconditional parameter checked against every value of an unconditional choice.
+    with pytest.raises(ConfigError, match=r"search space parameter loss\.tau: unknown key "
+                       r"loss\.tau for 'cone'; allowed keys: name, lambda_sup"):
+        load_sweep(_write(tmp_path, space={"loss.name": {"choice": ["simclr", "cone"]},
+                                           "loss.tau": {"loguniform": [0.05, 0.5]}},
+                          conditional={}))
+    # The base loss when loss.name is not searched: demo.yaml's is simclr.
+    with pytest.raises(ConfigError, match=r"parameter loss\.epsilon: unknown key loss\.epsilon "
+                       r"for 'simclr'"):
+        load_sweep(_write(tmp_path, space={"loss.epsilon": {"uniform": [0.0, 0.5]}},
+                          conditional={}))
+
+
+def test_range_ends_are_checked_by_the_config(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"parameter loss\.epsilon: loss\.epsilon=-0\.2 is not "
+                       r"allowed: it must be a finite number >= 0"):
+        load_sweep(_write(tmp_path, overrides=["loss.name=eps_supinfonce"], conditional={},
+                          space={"loss.epsilon": {"uniform": [-0.2, 0.5]}}))
+    with pytest.raises(ConfigError, match=r"parameter optim\.momentum: optim\.momentum=1\.5"):
+        load_sweep(_write(tmp_path, space={"optim.momentum": {"uniform": [0.5, 1.5]}},
+                          conditional={}))
+    with pytest.raises(ConfigError, match=r"loss\.top_n / loss\.bank_size: loss\.top_n=512 is "
+                       r"not allowed above loss\.bank_size=256"):
+        load_sweep(_write(tmp_path, overrides=["loss.name=cone"], conditional={},
+                          space={"loss.bank_size": {"int": [256, 4096]},
+                                 "loss.top_n": {"int": [8, 512]}}))
+    with pytest.raises(ConfigError, match=r"base .* with the sweep's overrides .*unknown key "
+                       r"optim\.lrr"):
+        load_sweep(_write(tmp_path, overrides=["optim.lrr=0.1"]))
+
+
+@pytest.mark.parametrize(
+    ("over", "error"),
+    [
+        ({"metric": "accuracy"}, r"metric='accuracy' is not reported by pretraining: choose "
+                                 r"one of knn_top1, loss"),
+        ({"metric": "loss", "mode": "max"}, r"mode='max' is not allowed with metric='loss'"),
+        ({"mode": "maximize"}, r"mode='maximize' is not allowed: choose one of 'max', 'min'"),
+        ({"num_samples": 0}, r"num_samples=0 is not allowed"),
+        ({"searcher": {"name": "grid"}}, r"searcher\.name='grid' is not allowed: choose one of"),
+        ({"searcher": {"name": "tpe", "n": 1}},
+         r"unknown key searcher\.n .*allowed keys: name, seed, startup_trials"),
+        ({"scheduler": {"name": "hyperband"}}, r"scheduler\.name='hyperband' is not allowed"),
+        ({"scheduler": {"name": "asha", "max_epochs": 10}},
+         r"scheduler\.max_epochs=10 is not allowed: it must be <= the trials' train\.epochs=4"),
+        ({"scheduler": {"name": "asha", "grace_period": 5}},
+         r"scheduler\.grace_period=5 is not allowed: it must be <= max_epochs=4"),
+        ({"scheduler": {"name": "asha", "grace_period": 3, "max_epochs": 2}},
+         r"scheduler\.grace_period=3 is not allowed: it must be <= scheduler\.max_epochs=2"),
+        ({"resources": {"workers": 0}}, r"resources\.workers=0 is not allowed"),
+        ({"resources": {"gpus_per_worker": -1}}, r"resources\.gpus_per_worker=-1\.0"),
+        ({"study_storage": "postgres://db"}, r"study_storage='postgres://db' is not allowed: "
+                                             r"give sqlite:///"),
+        ({"overrides": ["train.epochs=4", "knn.every_epochs=0"]},
+         r"metric='knn_top1' needs knn\.every_epochs >= 1"),
+        ({"base": "missing.yaml"}, r"base='.*missing\.yaml' is not allowed: no such file"),
+        ({"spaces": {}}, r"unknown key spaces; allowed keys: name, base, space"),
+        ({"name": "a/b"}, r"name='a/b' is not allowed"),
+    ],
+)
+def test_refused_sweep_settings(tmp_path: Path, over: dict, error: str) -> None:
+    with pytest.raises(ConfigError, match=error):
+        load_sweep(_write(tmp_path, **over))
+
+
+def test_loss_component_metrics_and_study_storage_are_accepted(tmp_path: Path) -> None:
+    sweep = load_sweep(_write(tmp_path, metric="loss_ce", mode="min",
+                              study_storage="journal:study.log"))
+    assert sweep.metric == "loss_ce" and sweep.study_storage == "journal:study.log"
+
+
+def test_distribution_checks_itself() -> None:
+    assert Distribution("loguniform", 0.1, 1.0).log  # loguniform is always log
+    with pytest.raises(ConfigError, match="'grid' is not allowed"):
+        Distribution("grid", values=(1, 2))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"choice value \[1, 2\] is not allowed"):
+        Distribution("choice", values=([1, 2],))
+    with pytest.raises(ConfigError, match="listed twice"):
+        Distribution("choice", values=("a", "a"))
+    with pytest.raises(ConfigError, match=r"uniform high=nan is not allowed"):
+        Distribution("uniform", 0.0, math.nan)
+
+
+# ---------------------------------------------------------------------------------------------
+# Overrides of the sweep file itself; samplers.
+
+
+def test_sweep_file_overrides(tmp_path: Path) -> None:
     path = _write(tmp_path)
-    assert load_sweep(path, ["num_samples=2", "searcher.seed=3"]).num_samples == 2
-    with pytest.raises(ConfigError, match="may be overridden"):
-        load_sweep(path, ["space.x=1"])
+    sweep = load_sweep(path, ["num_samples=4", "searcher.seed=3", "resources.workers=2",
+                              "scheduler.name=fifo", "overrides=[train.epochs=2]",
+                              "study_storage=sqlite:///s.db", "name=other"])
+    assert (sweep.num_samples, sweep.searcher.seed, sweep.resources.workers) == (4, 3, 2)
+    assert sweep.scheduler.name == "fifo" and sweep.overrides == ("train.epochs=2",)
+    assert sweep.study_storage == "sqlite:///s.db" and sweep.name == "other"
+    assert load_sweep(path, ["study_storage="]).study_storage is None
+    for bad in ("space.loss.tau={uniform: [0.1, 0.2]}", "base=other.yaml", "conditional={}",
+                "foo=1", "name.x=1"):
+        with pytest.raises(ConfigError, match=r"is not allowed: a sweep's command line may set "
+                           r"name, storage, metric"):
+            load_sweep(path, [bad])
+    with pytest.raises(ConfigError, match=r"num_samples='many' must be an integer"):
+        load_sweep(path, ["num_samples=many"])
+    with pytest.raises(ConfigError, match=r"unknown key resources\.gpu "):
+        load_sweep(path, ["resources.gpu=1"])
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "search_spaces").glob("*.yaml")),
-                         ids=lambda p: p.stem)
-def test_shipped_spaces_validate(path: Path) -> None:
-    sweep = load_sweep(path)
-    assert sweep.base_path.exists() and sweep.parameters()
+def test_make_sampler(tmp_path: Path) -> None:
+    def sampler(**searcher: Any) -> optuna.samplers.BaseSampler:
+        return make_sampler(load_sweep(_write(tmp_path, searcher=searcher)))
+
+    assert isinstance(sampler(name="random", seed=1), optuna.samplers.RandomSampler)
+    tpe = sampler(name="tpe", seed=1, startup_trials=7)
+    assert isinstance(tpe, optuna.samplers.TPESampler)
+    assert tpe._n_startup_trials == 7  # no public accessor
+
+
+def test_cmaes_without_the_package_names_it(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _write(tmp_path, searcher={"name": "cmaes", "seed": 0})
+    monkeypatch.setitem(sys.modules, "cmaes", None)  # makes `import cmaes` fail
+    with pytest.raises(ConfigError, match=r"searcher\.name='cmaes' needs the Python package "
+                       r"`cmaes`.*pip install cmaes"):
+        load_sweep(path)
+    sweep = load_sweep(_write(tmp_path, searcher={"name": "tpe"}))
+    cmaes_sweep = SweepConfig(**{**sweep.__dict__, "searcher": type(sweep.searcher)("cmaes")})
+    with pytest.raises(ConfigError, match="`cmaes`"):
+        make_sampler(cmaes_sweep)
+
+
+def test_cmaes_when_installed(tmp_path: Path) -> None:
+    pytest.importorskip("cmaes")
+    sweep = load_sweep(_write(tmp_path, searcher={"name": "cmaes", "seed": 0}))
+    assert isinstance(make_sampler(sweep), optuna.samplers.CmaEsSampler)

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 import yaml
-from components.search_space import load_sweep
 
 from components.config import PretrainConfig, load_config
+from components.search_space import load_sweep
 from pipelines.sweep import markdown, trial_rows
 from tests.datasets import synthetic_dataset, tiny_run_config
 from tests.procs import kill_session, session_pids
@@ -24,13 +24,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _space(tmp: Path) -> Path:
-    ds = synthetic_dataset(tmp / "ds")
-    base = tiny_run_config(ds, tmp / "unused", name="base", train__epochs=2,
+    synthetic_dataset(tmp / "ds")
+    # relative dataset and storage paths: they must mean the driver's working directory (tmp),
+    # not the directory Tune runs each trial in
+    base = tiny_run_config(Path("ds"), Path("unused"), name="base", train__epochs=2,
                            scaling={"num_workers": 1, "cpus_per_worker": 1.0},
                            loss={"name": "simclr", "tau": 0.2})
     (tmp / "base.yaml").write_text(yaml.safe_dump(base))
     space = {
-        "name": "s", "storage": str(tmp / "sweeps"), "base": str(tmp / "base.yaml"),
+        "name": "s", "storage": "sweeps", "base": str(tmp / "base.yaml"),
         "metric": "knn_top1", "mode": "max", "num_samples": 4, "max_concurrent": 1,
         "resources": {"workers": 1, "cpus_per_worker": 1.0, "gpus_per_worker": 0.0},
         "searcher": {"name": "random", "seed": 0},
@@ -54,7 +56,8 @@ def test_sweep_killed_after_two_trials_resumes_the_rest(tmp_path: Path) -> None:
     space = _space(tmp_path)
     log = open(tmp_path / "sweep.log", "a")  # noqa: SIM115
     proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "sweep", str(space)],
-                            cwd=ROOT, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+                            cwd=tmp_path, start_new_session=True, stdout=log,
+                            stderr=subprocess.STDOUT)
     trials = tmp_path / "sweeps" / "s" / "trials"
     deadline = time.time() + 400
     try:
@@ -69,7 +72,7 @@ def test_sweep_killed_after_two_trials_resumes_the_rest(tmp_path: Path) -> None:
     assert len(first) in (2, 3)
 
     out = subprocess.run([sys.executable, "-m", "pipelines.cli", "sweep", str(space), "--resume"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     with open(tmp_path / "sweeps" / "s" / "trials.csv") as f:
         rows = list(csv.DictReader(f))

@@ -125,8 +125,7 @@ def check_same_device(name: str, x: Tensor, ref_name: str, ref: Tensor) -> None:
     """
     if x.device != ref.device:
         raise ValueError(
-            f"{name} is on {x.device} but {ref_name} on {ref.device}; "
-            "put both on the same device"
+            f"{name} is on {x.device} but {ref_name} on {ref.device}; put both on the same device"
         )
 
 

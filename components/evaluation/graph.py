@@ -39,13 +39,14 @@ several exactly equal similarities at the k-th place is kept is decided by :func
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from components.evaluation import checks
 
 __all__ = [
     "SeparationResult",
@@ -62,56 +63,19 @@ __all__ = [
 # --------------------------------------------------------------------------- validation
 
 
-def _as_int(name: str, value: object) -> int:
-    """``value`` as a Python int; bools and non-integers are refused."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} must be an integer, not a bool")
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise ValueError(f"{name}={value!r} must be an integer") from None
-
-
-def _check_features(name: str, x: object) -> Tensor:
-    if not isinstance(x, Tensor) or x.dim() != 2:
-        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"{name} has shape {shape}; expected a 2-D [rows, D] tensor")
-    if not x.is_floating_point():
-        raise ValueError(f"{name} has dtype {x.dtype}; expected a floating-point tensor")
-    if not bool(torch.isfinite(x).all()):
-        bad = int((~torch.isfinite(x)).sum())
-        raise ValueError(f"{name} has {bad} non-finite value(s) (NaN or inf); all must be finite")
-    return x
+_UNLABELLED_HINT = (
+    "labels must be class ids ≥ 0. -1 marks unlabelled samples, and this metric needs "
+    "a label for every sample: drop the unlabelled rows first"
+)
 
 
 def _check_labels(name: str, labels: object, rows: int, device: torch.device) -> Tensor:
     """[rows] int64 labels ≥ 0 on ``device``."""
-    if not isinstance(labels, Tensor) or labels.dim() != 1 or labels.shape[0] != rows:
-        shape = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
-        raise ValueError(f"{name} has shape {shape}; expected [{rows}] (one label per row)")
-    if labels.dtype == torch.bool or labels.is_floating_point() or labels.is_complex():
-        raise ValueError(f"{name} has dtype {labels.dtype}; expected an integer (int64) tensor")
-    labels = labels.to(device=device, dtype=torch.int64)
-    negative = labels < 0
-    n_neg = int(negative.sum())
-    if n_neg:
-        raise ValueError(
-            f"{name} has {n_neg} negative label(s) (e.g. {int(labels[negative][0])}); "
-            "labels must be class ids ≥ 0. -1 marks unlabelled samples, and this metric needs "
-            "a label for every sample: drop the unlabelled rows first"
-        )
-    return labels
-
-
-def _check_chunk(chunk_size: object) -> int:
-    chunk = _as_int("chunk_size", chunk_size)
-    if chunk < 1:
-        raise ValueError(f"chunk_size={chunk} is not allowed; it must be ≥ 1")
-    return chunk
+    return checks.check_labels(name, labels, rows, None, hint=_UNLABELLED_HINT, device=device)
 
 
 def _check_k(k: object, n: int) -> int:
-    k = _as_int("k", k)
+    k = checks.as_int("k", k)
     if not 1 <= k <= n - 1:
         raise ValueError(
             f"k={k} is not allowed for N={n} samples: each sample has N - 1 = {n - 1} other "
@@ -198,21 +162,13 @@ def target_noise_separation(
             labels, M == 0, fewer than two classes in train (no noise neighbour exists), a test
             class absent from train (named; no target neighbour exists), chunk_size < 1.
     """
-    _check_features("train_features", train_features)
-    _check_features("test_features", test_features)
-    n, d = train_features.shape
-    m, d_test = test_features.shape
-    if d_test != d:
-        raise ValueError(
-            f"test_features has D={d_test} but train_features has D={d}; they must match"
-        )
+    checks.check_features("train_features", train_features)
+    checks.check_features("test_features", test_features)
+    n, m = train_features.shape[0], test_features.shape[0]
+    checks.check_same_width("test_features", test_features, "train_features", train_features)
+    checks.check_same_device("test_features", test_features, "train_features", train_features)
     device = train_features.device
-    if test_features.device != device:
-        raise ValueError(
-            f"test_features is on {test_features.device} but train_features on {device}; "
-            "put both on the same device"
-        )
-    chunk = _check_chunk(chunk_size)
+    chunk = checks.at_least_one("chunk_size", chunk_size)
     y_train = _check_labels("train_labels", train_labels, n, device)  # [N]
     y_test = _check_labels("test_labels", test_labels, m, device)  # [M]
     if m == 0:
@@ -291,12 +247,10 @@ def class_similarity_matrix(features: Tensor, labels: Tensor, num_classes: int) 
         ValueError: wrong shapes/dtypes, non-finite features, negative labels or labels
             ≥ num_classes, num_classes < 1.
     """
-    _check_features("features", features)
+    checks.check_features("features", features)
     n, d = features.shape
     device = features.device
-    num_classes = _as_int("num_classes", num_classes)
-    if num_classes < 1:
-        raise ValueError(f"num_classes={num_classes} is not allowed; it must be ≥ 1")
+    num_classes = checks.at_least_one("num_classes", num_classes)
     y = _check_labels("labels", labels, n, device)  # [N]
     too_big = y >= num_classes
     if bool(too_big.any()):
@@ -343,10 +297,10 @@ def knn_graph(features: Tensor, k: int, chunk_size: int = 1024) -> Tensor:
         ValueError: wrong shape/dtype, non-finite features, k outside [1, N − 1],
             chunk_size < 1.
     """
-    _check_features("features", features)
+    checks.check_features("features", features)
     n = features.shape[0]
     k = _check_k(k, n)
-    chunk = _check_chunk(chunk_size)
+    chunk = checks.at_least_one("chunk_size", chunk_size)
     device = features.device
     out = torch.empty(n, k, dtype=torch.int64, device=device)  # [N, k]
     with torch.autocast(device_type=device.type, enabled=False):
@@ -419,7 +373,7 @@ def _class_connectivity(lo: np.ndarray, hi: np.ndarray, y: np.ndarray) -> dict[i
 def _graph_inputs(
     features: Tensor, labels: Tensor, k: int, chunk_size: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    _check_features("features", features)
+    checks.check_features("features", features)
     n = features.shape[0]
     y = _check_labels("labels", labels, n, features.device).cpu().numpy()  # [N]
     k = _check_k(k, n)

@@ -43,14 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from components.evaluation.checks import (
-    as_int,
-    at_least_one,
-    check_features,
-    check_labels,
-    check_same_device,
-    check_same_width,
-)
+from components.evaluation import checks
 
 __all__ = ["knn_accuracy", "knn_correct", "knn_top1", "weighted_knn_predict"]
 
@@ -62,7 +55,7 @@ def _ks(k: int | Sequence[int]) -> list[int]:
     values = [k] if not isinstance(k, Sequence) else list(k)
     if not values:
         raise ValueError("k=[] is empty; pass an integer ≥ 1 or a non-empty sequence of them")
-    ks = sorted({as_int("k", v) for v in values})
+    ks = sorted({checks.as_int("k", v) for v in values})
     if ks[0] < 1:
         raise ValueError(f"k={ks[0]} is not allowed; every k must be ≥ 1")
     return ks
@@ -73,7 +66,7 @@ _UNLABELLED_HINT = "-1 marks unlabelled samples: drop those rows before kNN"
 
 def _check_labels(name: str, labels: Tensor, rows: int, num_classes: int) -> None:
     """``labels`` is [rows] integer class ids in ``[0, num_classes)`` (no unlabelled -1)."""
-    check_labels(name, labels, rows, num_classes, hint=_UNLABELLED_HINT)
+    checks.check_labels(name, labels, rows, num_classes, hint=_UNLABELLED_HINT)
 
 
 def _check_temperature(temperature: float, k_max: int) -> None:
@@ -129,14 +122,14 @@ def weighted_knn_predict(
             exclude_self), ``exclude_self`` with Q != N, num_classes < 1, chunk_size < 1,
             temperature ≤ 0 or too small for float32.
     """
-    check_features("train_features", train_features)
-    check_features("query_features", query_features)
+    checks.check_features("train_features", train_features)
+    checks.check_features("query_features", query_features)
     n = train_features.shape[0]
     q = query_features.shape[0]
-    check_same_width("query_features", query_features, "train_features", train_features)
-    check_same_device("query_features", query_features, "train_features", train_features)
-    num_classes = at_least_one("num_classes", num_classes)
-    chunk_size = at_least_one("chunk_size", chunk_size)
+    checks.check_same_width("query_features", query_features, "train_features", train_features)
+    checks.check_same_device("query_features", query_features, "train_features", train_features)
+    num_classes = checks.at_least_one("num_classes", num_classes)
+    chunk_size = checks.at_least_one("chunk_size", chunk_size)
     ks = _ks(k)
     k_max = ks[-1]
     if exclude_self and q != n:
@@ -213,7 +206,7 @@ def knn_accuracy(scores: Tensor, labels: Tensor, topk: Sequence[int] = (1, 5)) -
     _check_scores(scores, labels)
     if scores.shape[0] == 0:
         raise ValueError("scores has Q=0 rows; accuracy needs at least one query")
-    ts = [as_int("topk", t) for t in topk]
+    ts = [checks.as_int("topk", t) for t in topk]
     if not ts:
         raise ValueError("topk=() is empty; pass at least one t ≥ 1")
     if min(ts) < 1:
@@ -249,13 +242,13 @@ def knn_correct(
         ValueError: as :func:`weighted_knn_predict` (k < 1, N == 0, bad labels, …), and for
             query labels that are not [Q] or lie outside ``[0, num_classes)``.
     """
-    check_features("train_features", train_features)
-    check_features("query_features", query_features)
+    checks.check_features("train_features", train_features)
+    checks.check_features("query_features", query_features)
     n, q = train_features.shape[0], query_features.shape[0]
-    k = at_least_one("k", k)
+    k = checks.at_least_one("k", k)
     if n == 0:
         raise ValueError("train_features has N=0 rows; kNN needs at least one train sample")
-    num_classes = at_least_one("num_classes", num_classes)
+    num_classes = checks.at_least_one("num_classes", num_classes)
     _check_labels("query_labels", query_labels, q, num_classes)
     k_used = min(k, n)
     scores = weighted_knn_predict(

@@ -59,15 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from components.evaluation.checks import (
-    as_float,
-    as_int,
-    at_least_one,
-    check_features,
-    check_label_tensor,
-    check_labels,
-    check_same_width,
-)
+from components.evaluation import checks
 
 __all__ = [
     "ProbeResult",
@@ -98,17 +90,17 @@ class ProbeResult:
 def _check_features(name: str, x: Tensor, *, allow_empty: bool = False) -> None:
     """Finite float [rows, D] with D ≥ 1, and rows ≥ 1 unless ``allow_empty``."""
     empty_reason = None if allow_empty else "the linear probe needs at least one sample"
-    check_features(name, x, require_columns=True, empty_reason=empty_reason)
+    checks.check_features(name, x, require_columns=True, empty_reason=empty_reason)
 
 
 def _check_labels(name: str, labels: Tensor, rows: int, num_classes: int) -> None:
     """[rows] integer class ids in ``[0, num_classes)`` (no unlabelled -1)."""
     hint = "the linear probe needs labels: drop unlabelled (-1) rows first"
-    check_labels(name, labels, rows, num_classes, hint=hint)
+    checks.check_labels(name, labels, rows, num_classes, hint=hint)
 
 
 def _check_val_fraction(val_fraction: object) -> float:
-    f = as_float("val_fraction", val_fraction)
+    f = checks.as_float("val_fraction", val_fraction)
     if not 0.0 <= f < 1.0:
         raise ValueError(f"val_fraction={f} is not allowed; it must lie in [0, 1)")
     return f
@@ -124,7 +116,7 @@ def _check_weight_decays(weight_decays: object) -> list[float]:
         raise ValueError("weight_decays is empty; pass at least one weight decay ≥ 0")
     out: list[float] = []
     for value in weight_decays:
-        wd = as_float("weight_decay", value)
+        wd = checks.as_float("weight_decay", value)
         if wd < 0:
             raise ValueError(f"weight_decay={wd} is not allowed; every weight decay must be ≥ 0")
         if wd not in out:
@@ -133,11 +125,11 @@ def _check_weight_decays(weight_decays: object) -> list[float]:
 
 
 def _check_training(epochs: object, lr: object, batch_size: object, optimizer: object) -> int:
-    n_epochs = at_least_one("epochs", epochs)
-    rate = as_float("lr", lr)
+    n_epochs = checks.at_least_one("epochs", epochs)
+    rate = checks.as_float("lr", lr)
     if rate <= 0:
         raise ValueError(f"lr={rate} is not allowed; it must be > 0")
-    at_least_one("batch_size", batch_size)
+    checks.at_least_one("batch_size", batch_size)
     if optimizer not in _OPTIMIZERS:
         raise ValueError(f"optimizer={optimizer!r} is not allowed; choose one of {_OPTIMIZERS}")
     return n_epochs
@@ -167,7 +159,7 @@ def standardize(train: Tensor, *others: Tensor) -> tuple[Tensor, ...]:
     _check_features("train", train)
     for i, other in enumerate(others):
         _check_features(f"others[{i}]", other, allow_empty=True)
-        check_same_width(f"others[{i}]", other, "train", train)
+        checks.check_same_width(f"others[{i}]", other, "train", train)
     dtype = torch.float64 if train.dtype == torch.float64 else torch.float32
     x = train.to(dtype)  # [N, D]
     mean = x.mean(dim=0)  # [D]
@@ -198,8 +190,9 @@ def stratified_split(labels: Tensor, val_fraction: float, seed: int = 0) -> tupl
         ValueError: labels not a 1-D integer tensor, negative labels, val_fraction ∉ [0, 1).
     """
     f = _check_val_fraction(val_fraction)
-    seed = as_int("seed", seed)
-    y = check_label_tensor("labels", labels).detach().to(device="cpu", dtype=torch.int64)  # [N]
+    seed = checks.as_int("seed", seed)
+    labels = checks.check_label_tensor("labels", labels)
+    y = labels.detach().to(device="cpu", dtype=torch.int64)  # [N]
     if y.numel() and int(y.min()) < 0:
         raise ValueError(
             f"labels has a negative label ({int(y.min())}); the split needs labels ≥ 0 "
@@ -322,11 +315,11 @@ def fit_linear_classifier(
         FloatingPointError: SGD diverged to non-finite weights (lr too large).
     """
     _check_features("features", features)
-    num_classes = at_least_one("num_classes", num_classes)
+    num_classes = checks.at_least_one("num_classes", num_classes)
     _check_labels("labels", labels, features.shape[0], num_classes)
     decay = _check_weight_decays([weight_decay])[0]
     epochs = _check_training(epochs, lr, batch_size, optimizer)
-    seed = as_int("seed", seed)
+    seed = checks.as_int("seed", seed)
     device = features.device
     with (
         torch.inference_mode(False),
@@ -412,14 +405,14 @@ def linear_probe(
     _check_features("train_features", train_features)
     _check_features("test_features", test_features)
     n, m = train_features.shape[0], test_features.shape[0]
-    check_same_width("test_features", test_features, "train_features", train_features)
-    num_classes = at_least_one("num_classes", num_classes)
+    checks.check_same_width("test_features", test_features, "train_features", train_features)
+    num_classes = checks.at_least_one("num_classes", num_classes)
     _check_labels("train_labels", train_labels, n, num_classes)
     _check_labels("test_labels", test_labels, m, num_classes)
     decays = _check_weight_decays(weight_decays)
     f = _check_val_fraction(val_fraction)
     epochs = _check_training(epochs, lr, batch_size, optimizer)
-    seed = as_int("seed", seed)
+    seed = checks.as_int("seed", seed)
     dev = train_features.device if device is None else torch.device(device)
 
     fit_idx, val_idx = stratified_split(train_labels, f, seed)  # CPU int64
