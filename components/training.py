@@ -226,7 +226,7 @@ def sync_buffers(module: nn.Module) -> None:
         return
     world = distributed.world_size()
     for name, buf in module.named_buffers():
-        if buf.is_floating_point() and ".bank." not in f".{name}" and "objective." not in name:
+        if buf.is_floating_point() and not name.startswith("objective."):
             buf.copy_(distributed.all_reduce_sum(buf) / world)
 
 

@@ -81,7 +81,7 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None
             config.
     """
     from components.checkpoint import CheckpointError, load_state
-    from pipelines.pretrain import RESUMABLE_CHANGES, RUN_CONFIG, _flatten, latest_complete
+    from pipelines.pretrain import RUN_CONFIG, config_diff, latest_complete
 
     run_dir = Path(run_dir)
     if not (run_dir / RUN_CONFIG).exists():
@@ -98,9 +98,7 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None
         state = load_state(checkpoint)
     except CheckpointError as e:
         raise EvaluateError(str(e)) from None
-    theirs, ours = _flatten(state.get("config", {})), _flatten(dataclasses.asdict(cfg))
-    diff = sorted(k for k in set(theirs) | set(ours)
-                  if theirs.get(k) != ours.get(k) and not k.startswith(RESUMABLE_CHANGES))
+    diff = config_diff(state.get("config", {}), dataclasses.asdict(cfg))
     if diff:
         raise EvaluateError(
             f"checkpoint {checkpoint} was written by another config than {run_dir} "

@@ -164,6 +164,14 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Dotted keys whose values differ between two config dicts (either side may lack a key),
+    ignoring :data:`RESUMABLE_CHANGES`: what makes two configs different runs."""
+    a, b = _flatten(old), _flatten(new)
+    return sorted(k for k in set(a) | set(b)
+                  if a.get(k) != b.get(k) and not k.startswith(RESUMABLE_CHANGES))
+
+
 def prepare_run_dir(cfg: PretrainConfig) -> Path:
     """Create ``storage/name`` with ``config.yaml``, or check a re-run against it.
 
@@ -175,10 +183,7 @@ def prepare_run_dir(cfg: PretrainConfig) -> Path:
     path = run_dir / RUN_CONFIG
     new = to_dict(cfg)
     if path.exists():
-        old = _flatten(yaml.safe_load(path.read_text()) or {})
-        diff = sorted(k for k, v in _flatten(new).items()
-                      if old.get(k) != v and not k.startswith(RESUMABLE_CHANGES))
-        diff += sorted(k for k in old if k not in _flatten(new))
+        diff = config_diff(yaml.safe_load(path.read_text()) or {}, new)
         if diff:
             raise PretrainError(
                 f"run {cfg.name!r} in {run_dir.parent} was started with a different config "
