@@ -678,13 +678,18 @@ class CheckpointSection:
 class ScalingSection:
     """Ray Train workers. ``cpus_per_worker`` may be fractional: on a 2-CPU machine, 2 workers
     × 1 CPU leave nothing for Ray's own tasks and can hang (RAY-NOTES.md), use 0.5.
-    ``max_failures``: restarts of the worker group from the latest checkpoint."""
+    ``max_failures``: restarts of the worker group from the latest checkpoint (after a node is
+    lost the restart waits until the cluster has room again). ``placement_strategy``: Ray's
+    placement-group strategy for the workers — ``PACK`` fills nodes first (fewest nodes,
+    NCCL over NVLink), ``SPREAD`` / ``STRICT_SPREAD`` put them on different nodes (one per node
+    when strict)."""
 
     num_workers: int = 1
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 1.0
     max_failures: int = 0
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
 
     def __post_init__(self) -> None:
         check_at_least("scaling.num_workers", self.num_workers, 1)

@@ -18,6 +18,9 @@ Without an initialised process group every function is the single-process identi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -128,3 +131,28 @@ def mean_over_ranks(values: Tensor) -> float:
         torch.stack([v.sum(), torch.tensor(v.numel(), dtype=v.dtype, device=v.device)])
     )
     return float(stats[0] / stats[1]) if float(stats[1]) else 0.0
+
+
+def node_layout(node_ids: Sequence[str], rank: int) -> dict[str, int]:
+    """``rank``'s place among nodes, from every rank's Ray node id (in rank order): nodes are
+    numbered in order of their lowest rank. Ray Train numbers nodes by IP address, so two
+    nodes that share one (containers, a test cluster on one host) both get ``node_rank`` 0
+    there; node ids are unique per raylet.
+
+    Returns: ``node_rank``, ``local_rank`` (among this node's ranks, in rank order),
+    ``local_world_size`` and ``num_nodes``.
+    """
+    order = list(dict.fromkeys(node_ids))
+    mine = node_ids[rank]
+    peers = [r for r, n in enumerate(node_ids) if n == mine]
+    return {"node_rank": order.index(mine), "local_rank": peers.index(rank),
+            "local_world_size": len(peers), "num_nodes": len(order)}
+
+
+def all_node_ids(node_id: str) -> list[str]:
+    """Every rank's node id, in rank order (``[node_id]`` when not distributed)."""
+    if not is_distributed():
+        return [node_id]
+    out: list[Any] = [None] * world_size()
+    dist.all_gather_object(out, node_id)
+    return [str(n) for n in out]

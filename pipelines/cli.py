@@ -18,6 +18,13 @@ Available now:
 
 * ``simgraph sweep SPACE.yaml [--resume] [key=value ...]`` — Ray Tune + Optuna over
   pretraining, conditional per-loss spaces from ``search_spaces/*.yaml``, ASHA, resume.
+
+* ``simgraph submit [--address URL] [--base-dir DIR] [--pip none|project] -- COMMAND ...`` —
+  send any of the commands above to a Ray cluster through the Ray Jobs API, shipping this
+  project as the job's ``working_dir``; streams the job's logs (docs/cluster.md).
+
+Every command honours ``RAY_ADDRESS`` (use that cluster instead of starting a local Ray) and
+``SIMGRAPH_BASE_DIR`` (what relative data and storage paths mean).
 """
 
 from __future__ import annotations
@@ -59,7 +66,9 @@ def validate(config: str, overrides: Sequence[str]) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every ``simgraph`` subcommand and its arguments (``simgraph submit`` checks the command
+    it sends with this same parser)."""
     parser = argparse.ArgumentParser(prog="simgraph", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("validate", help="check a config file and print it resolved")
@@ -84,6 +93,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("space", help="search space YAML (see search_spaces/)")
     p.add_argument("overrides", nargs="*", help="overrides of the sweep file, e.g. num_samples=8")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
+    p = commands.add_parser(
+        "submit", help="send a simgraph command to a Ray cluster (Ray Jobs API)",
+        description="Send `simgraph COMMAND ...` to a Ray cluster as a Ray job, shipping this "
+                    "project as the job's working_dir, and stream its logs. Example: simgraph "
+                    "submit --address http://HEAD:8265 --base-dir /shared/simgraph -- sweep "
+                    "search_spaces/xclr_temperature.yaml")
+    p.add_argument("--address", help="the cluster's dashboard URL (default: $RAY_ADDRESS, "
+                                     "else http://127.0.0.1:8265)")
+    p.add_argument("--base-dir", help="a directory every node shares: relative data / storage "
+                                      "paths of the command mean this directory on the cluster")
+    p.add_argument("--pip", choices=["none", "project"], default="none",
+                   help="pip packages for the job: none (the cluster has the project installed, "
+                        "as examples/cluster/ sets it up) or project (its Python dependencies)")
+    p.add_argument("--runtime-env", help="YAML file merged into the job's runtime_env")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment variable for the job (repeatable)")
+    p.add_argument("--job-id", help="submission id (default: simgraph-<command>-<time>)")
+    p.add_argument("--no-wait", action="store_true", help="return after submitting")
+    p.add_argument("--skip-check", action="store_true",
+                   help="do not load the command's configs here before sending it")
+    p.add_argument("job", nargs=argparse.REMAINDER,
+                   help="-- then the simgraph command, e.g. -- pretrain CONFIG key=value")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "validate":
         return validate(args.config, args.overrides)
@@ -107,6 +143,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pipelines import run
 
         return run.main(args.config, args.overrides)
+    if args.command == "submit":
+        from pipelines import submit
+
+        return submit.main(args)
     parser.error(f"unknown command {args.command!r}")
     return 2
 

@@ -356,6 +356,10 @@ def main(run_dirs: Sequence[str], checkpoint: str | None = None, projector: bool
     if checkpoint is not None and len(run_dirs) != 1:
         print("simgraph evaluate: --checkpoint needs exactly one RUN_DIR", file=sys.stderr)
         return 2
+    from components.paths import resolve_path
+
+    run_dirs = [resolve_path(d) for d in run_dirs]  # relative: against $SIMGRAPH_BASE_DIR
+    out = resolve_path(out) if out else None
     evals = []
     try:
         for d in run_dirs:

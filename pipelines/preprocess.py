@@ -121,10 +121,11 @@ def _caption_texts(
 
 def plan(cfg: PreprocessConfig) -> tuple[list[Planned], list[str], list[str], list[Skip]]:
     """Everything decided before any image is read: (rows, classes, caption table, skips)."""
+    from components.paths import resolve_path
+
+    source = resolve_path(cfg.source.path) if cfg.source.path else None
     try:
-        listing = list_source(
-            cfg.source.kind, cfg.source.path, cfg.source.classes, cfg.bad_input
-        )
+        listing = list_source(cfg.source.kind, source, cfg.source.classes, cfg.bad_input)
     except SourceError as e:
         raise PreprocessError(str(e)) from None
     skipped = list(listing.skipped)
@@ -384,7 +385,9 @@ def _verified_manifest(out: Path, params_digest: str) -> dict[str, Any] | None:
 
 def run(cfg: PreprocessConfig, overwrite: bool = False, echo: bool = True) -> dict[str, Any]:
     """Build (or finish building) the dataset dir ``cfg.output``; return the manifest."""
-    out = Path(cfg.output)
+    from components.paths import resolve_path
+
+    out = Path(resolve_path(cfg.output))
     params = _params(cfg)
     params_digest = _digest(params)
     if overwrite and out.exists():

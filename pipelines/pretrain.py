@@ -130,12 +130,12 @@ def check_dataset(cfg: PretrainConfig) -> dict[str, Any]:
 
 def absolute_paths(cfg: PretrainConfig, base: str | Path | None = None) -> PretrainConfig:
     """Local dataset and storage paths made absolute, relative ones against ``base`` (default:
-    the working directory): Ray Train workers and Tune trials run in other working
+    :func:`components.paths.base_dir`): Ray Train workers and Tune trials run in other working
     directories. URIs (``s3://`` …) are left as they are."""
-    root = Path(base) if base is not None else Path.cwd()
+    from components.paths import resolve_path
 
     def fix(p: str) -> str:
-        return p if "://" in p else str((root / Path(p).expanduser()).resolve())
+        return resolve_path(p, base)
 
     return dataclasses.replace(
         cfg, storage=fix(cfg.storage),
@@ -213,6 +213,7 @@ def make_trainer(cfg: PretrainConfig, run_dir: Path, facts: dict[str, Any],
                            "pause_at_step": int(os.environ.get(PAUSE_ENV, "0"))},
         scaling_config=ray.train.ScalingConfig(
             num_workers=s.num_workers, use_gpu=s.use_gpu, resources_per_worker=resources,
+            placement_strategy=s.placement_strategy,
         ),
         run_config=ray.train.RunConfig(
             name=cfg.name,
@@ -344,6 +345,8 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before the first collective on NCCL
     set_jit(cfg.data.jit)  # imports ffcv, which sets torch threads to 1
     torch.set_num_threads(max(1, math.floor(cfg.scaling.cpus_per_worker)))
     _worker_info(run_dir, rank, world, device)
@@ -530,21 +533,51 @@ def _pause_once(run_dir: Path, rank: int, step: int, seconds: float = 300.0) -> 
         time.sleep(seconds)
 
 
-def _worker_info(run_dir: Path, rank: int, world: int, device: Any) -> None:
+def _worker_info(run_dir: Path, rank: int, world: int, device: Any) -> dict[str, Any]:
     """``workers/rank<r>.json``: where each rank runs (pid, node, device) — for operators and
-    for tests that kill a worker or check placement."""
-    import ray
+    for tests that kill a worker or check placement.
 
+    The node / local ranks are computed from Ray node ids (:func:`~components.distributed.
+    node_layout`), not taken from Ray Train, which ranks nodes by IP: nodes sharing an IP
+    would all be node 0. The device is Ray's (``ray.train.torch.get_device``: this worker's
+    GPU ids within ``CUDA_VISIBLE_DEVICES``, by node id), checked against what this node has.
+
+    Raises:
+        PretrainError: the device index Ray gave does not exist on this node.
+    """
+    import ray
+    import ray.train
+    import torch
+
+    from components import distributed
+
+    node_id = ray.get_runtime_context().get_node_id()
+    layout = distributed.node_layout(distributed.all_node_ids(node_id), rank)
+    ctx = ray.train.get_context()
     info = {
         "rank": rank, "world_size": world, "pid": os.getpid(), "host": socket.gethostname(),
-        "node_id": ray.get_runtime_context().get_node_id(), "device": str(device),
+        "node_id": node_id, **layout,
+        "ray_node_rank": ctx.get_node_rank(), "ray_local_rank": ctx.get_local_rank(),
+        "device": str(device), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "started": time.time(),
     }
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise PretrainError(
+            f"rank {rank} on node {node_id} was given {device} but sees "
+            f"{torch.cuda.device_count()} GPUs (CUDA_VISIBLE_DEVICES="
+            f"{info['cuda_visible_devices']!r}); do not set CUDA_VISIBLE_DEVICES yourself")
+    if (info["ray_node_rank"], info["ray_local_rank"]) != (layout["node_rank"],
+                                                           layout["local_rank"]):
+        print(f"[simgraph] rank {rank}: Ray Train says node_rank {info['ray_node_rank']} / "
+              f"local_rank {info['ray_local_rank']} (it ranks nodes by IP), node ids say "
+              f"{layout['node_rank']} / {layout['local_rank']}")
     d = run_dir / "workers"
     d.mkdir(exist_ok=True)
     tmp = d / f".rank{rank}.json.tmp"
     tmp.write_text(json.dumps(info))
     os.replace(tmp, d / f"rank{rank}.json")
+    return info
 
 
 __all__ = ["PretrainError", "check_dataset", "main", "make_trainer", "prepare_run_dir", "run",

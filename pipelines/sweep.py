@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any, Literal
 import yaml
 
 from components.config import ConfigError, to_dict
+from components.paths import base_dir, portable
 
 
 class SweepError(RuntimeError):
@@ -39,9 +39,11 @@ class SweepError(RuntimeError):
 
 
 def sweep_dir(sweep: Any, base: str | Path | None = None) -> Path:
-    """``storage/name``, a relative storage taken against ``base`` (default: the working dir)."""
-    root = Path(base) if base is not None else Path.cwd()
-    return (root / Path(sweep.storage).expanduser()).resolve() / sweep.name
+    """``storage/name``, a relative storage taken against ``base`` (default:
+    :func:`components.paths.base_dir`)."""
+    from components.paths import resolve_path
+
+    return Path(resolve_path(sweep.storage, base)) / sweep.name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -55,6 +57,7 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from components.checkpoint import load_state
+    from components.paths import localize
     from components.search_space import load_sweep, trial_config
     from pipelines.pretrain import (
         absolute_paths,
@@ -64,10 +67,10 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
         prepare_run_dir,
     )
 
-    sweep = load_sweep(sweep_path, sweep_overrides)
+    sweep = load_sweep(localize(sweep_path), sweep_overrides)
     trial_id = tune.get_context().get_trial_id()
-    # Relative paths mean what they meant where `simgraph sweep` was started: Tune runs each
-    # trial in its own working directory.
+    # Relative paths mean what they meant where `simgraph sweep` was started (or
+    # $SIMGRAPH_BASE_DIR): Tune runs each trial in its own working directory.
     cfg = absolute_paths(trial_config(sweep, params, name=trial_id,
                                       storage=str(sweep_dir(sweep, cwd) / "trials")), base=cwd)
     facts = check_dataset(cfg)
@@ -97,8 +100,8 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
 
     # The trial function only drives its TorchTrainer; the Train workers reserve their own CPUs.
     trainable = ray.tune.with_resources(
-        ray.tune.with_parameters(trial_fn, sweep_path=str(Path(sweep_path).resolve()),
-                                 sweep_overrides=list(sweep_overrides), cwd=os.getcwd()),
+        ray.tune.with_parameters(trial_fn, sweep_path=portable(sweep_path),
+                                 sweep_overrides=list(sweep_overrides), cwd=str(base_dir())),
         {"CPU": 0.25},
     )
     path = sweep_dir(sweep)

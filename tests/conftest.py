@@ -7,6 +7,8 @@ import os
 import pytest
 import torch
 
+from tests.s3 import s3_endpoint, s3_uri  # noqa: F401
+
 # The suite runs offline (make test uses a loopback-only namespace); make libraries agree.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -1,0 +1,386 @@
+"""Run, sweep and dataset dirs on local/shared disk or in object stores, one API for both.
+
+A *path* here is either
+
+* a local or shared-filesystem path (``/shared/runs``, ``runs/a``, ``~/data``): made absolute
+  against the working directory and used through ``pyarrow.fs.LocalFileSystem``; or
+* a URI ``s3://bucket/prefix``, ``gs://bucket/prefix`` (``gcs://`` is the same),
+  ``file:///abs/path``: resolved with ``pyarrow.fs.FileSystem.from_uri``, exactly as Ray Train's
+  ``StorageContext`` resolves ``RunConfig(storage_path=...)``, so one string means the same
+  place to simgraph and to Ray.
+
+Any other scheme (``hdfs://``, ``http://``, ...) raises :class:`StorageError`.
+
+Filesystem options ride in the URI's query string, as in Ray
+(``ray.air._internal.uri_utils.URI``), and :func:`join` keeps them at the end::
+
+    s3://bucket/runs?endpoint_override=127.0.0.1:9000&scheme=http     (MinIO, moto, Ceph ...)
+    s3://bucket/runs?region=eu-west-1
+
+pyarrow accepts for S3 ``region``, ``scheme``, ``endpoint_override``, ``allow_bucket_creation``,
+``allow_bucket_deletion``, ``allow_delayed_open`` (and a few TLS options); an unknown key is an
+error. Credentials come from the usual places (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``,
+``~/.aws``, instance metadata; ``GOOGLE_APPLICATION_CREDENTIALS`` for GCS). Without a query
+string the endpoint may also come from ``AWS_ENDPOINT_URL`` (``AWS_ENDPOINT_URL_S3``), which the
+AWS SDK inside pyarrow reads.
+
+S3 URIs are opened with ``allow_delayed_open=true`` unless the URI sets it, so a small file is
+written with one ``PutObject`` instead of a three-request multipart upload. Either way an object
+appears whole or not at all. Local writes (:func:`write_text`, :func:`write_bytes`,
+:func:`download_file`) go to a temporary name in the same directory and are renamed into place.
+
+Errors from pyarrow (no such bucket, no credentials, a directory where a file was expected) are
+raised as :class:`StorageError` naming the path (with any ``user:secret@`` removed).
+
+:class:`LocalMirror` is for files written by libraries that only write local files (metrics CSV,
+TensorBoard events, reports): write under ``mirror.local`` and call ``mirror.sync()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+import pyarrow
+import pyarrow.fs as pafs
+
+from components.paths import is_uri
+
+SCHEMES = ("s3", "gs", "gcs", "file")
+"""URI schemes :func:`resolve` accepts; local paths need none."""
+
+_CHUNK = 8 << 20  # streaming block for reads, writes and hashing
+_COPY_CHUNK = 64 << 20  # pyarrow.fs.copy_files block (Ray Train uses the same)
+
+
+class StorageError(ValueError):
+    """A path or URI that cannot be used, or an operation on it that failed."""
+
+
+def display(path: str) -> str:
+    """``path`` for messages: a URI without ``user:password@``."""
+    if not is_uri(path):
+        return path
+    parts = urlsplit(path)
+    if "@" not in parts.netloc:
+        return path
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
+def _scheme(path: str) -> str:
+    return urlsplit(path).scheme.lower()
+
+
+def resolve(path: str | Path) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem and the path on it for a local path or a supported URI.
+
+    Raises:
+        StorageError: an unsupported scheme, a malformed URI or an option pyarrow rejects.
+    """
+    path = str(path)
+    if not path:
+        raise StorageError("empty path: give a local path or an s3:// / gs:// / file:// URI")
+    if not is_uri(path):
+        return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(path))
+    scheme = _scheme(path)
+    if scheme not in SCHEMES:
+        raise StorageError(
+            f"{display(path)}: unsupported URI scheme {scheme + '://'!r}; use a local or shared "
+            f"path, or one of {', '.join(s + '://' for s in SCHEMES)}"
+        )
+    uri = path
+    if scheme == "s3":
+        parts = urlsplit(path)
+        if "allow_delayed_open" not in dict(parse_qsl(parts.query)):
+            query = "&".join(q for q in (parts.query, "allow_delayed_open=true") if q)
+            uri = urlunsplit(parts._replace(query=query))
+    try:
+        fs, fs_path = pafs.FileSystem.from_uri(uri)
+    except (OSError, ValueError, pyarrow.ArrowException) as e:
+        raise StorageError(f"cannot open {display(path)}: {e}") from None
+    return fs, fs_path
+
+
+def _is_local(fs: pafs.FileSystem) -> bool:
+    return isinstance(fs, pafs.LocalFileSystem)
+
+
+@contextlib.contextmanager
+def _errors(path: str, action: str) -> Iterator[None]:
+    """pyarrow / OS errors → :class:`StorageError` naming ``path``."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except FileNotFoundError:
+        raise StorageError(f"{display(path)} not found (while trying to {action} it)") from None
+    except (OSError, pyarrow.ArrowException) as e:
+        raise StorageError(f"cannot {action} {display(path)}: {e}") from None
+
+
+def join(base: str | Path, *parts: str) -> str:
+    """``base/part/...`` for a local path or a URI; a URI keeps its query string at the end.
+
+    ``join("s3://b/x?endpoint_override=h:1&scheme=http", "run", "a.txt")`` is
+    ``"s3://b/x/run/a.txt?endpoint_override=h:1&scheme=http"``. Parts are relative: leading and
+    trailing ``/`` are dropped, empty parts skipped.
+    """
+    base = str(base)
+    names = [p.strip("/") for p in parts if p.strip("/")]
+    if not is_uri(base):
+        return os.path.join(base, *names)
+    u = urlsplit(base)
+    path = "/".join([u.path.rstrip("/"), *names]) if names else u.path
+    return urlunsplit(u._replace(path=path))
+
+
+def basename(path: str | Path) -> str:
+    """The last component of a path or URI (the bucket for ``s3://bucket``), without the query."""
+    path = str(path)
+    if not is_uri(path):
+        return os.path.basename(os.path.abspath(os.path.expanduser(path)))
+    u = urlsplit(path)
+    return u.path.rstrip("/").rsplit("/", 1)[-1] or u.netloc.rsplit("@", 1)[-1]
+
+
+def exists(path: str | Path) -> bool:
+    """A file or directory (for object stores: any object under the prefix) is there."""
+    fs, p = resolve(path)
+    with _errors(str(path), "look up"):
+        return bool(fs.get_file_info(p).type != pafs.FileType.NotFound)
+
+
+def is_dir(path: str | Path) -> bool:
+    fs, p = resolve(path)
+    with _errors(str(path), "look up"):
+        return bool(fs.get_file_info(p).type == pafs.FileType.Directory)
+
+
+def read_bytes(path: str | Path) -> bytes:
+    """The whole file.
+
+    Raises:
+        StorageError: not found (message ends in "not found ..."), a directory, or unreadable.
+    """
+    fs, p = resolve(path)
+    with _errors(str(path), "read"):
+        if fs.get_file_info(p).type == pafs.FileType.Directory:
+            raise StorageError(f"cannot read {display(str(path))}: it is a directory")
+        with fs.open_input_stream(p) as f:
+            return bytes(f.read())
+
+
+def read_text(path: str | Path, encoding: str = "utf-8") -> str:
+    """:func:`read_bytes` decoded."""
+    return read_bytes(path).decode(encoding)
+
+
+def _tmp_name(target: str) -> str:
+    """A unique sibling name for ``target`` (same directory, so ``os.replace`` is atomic)."""
+    d, name = os.path.split(target)
+    return os.path.join(d, f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` whole: local via a temporary file + ``os.replace``, object stores as one
+    object (a single PUT for small data). Parent directories are created."""
+    fs, p = resolve(path)
+    with _errors(str(path), "write"):
+        if _is_local(fs):
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            tmp = _tmp_name(p)
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, p)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+            return
+        with fs.open_output_stream(p) as out:
+            out.write(data)
+
+
+def write_text(path: str | Path, text: str, encoding: str = "utf-8") -> None:
+    """:func:`write_bytes` of ``text`` encoded."""
+    write_bytes(path, text.encode(encoding))
+
+
+def makedirs(path: str | Path) -> None:
+    """Create the directory and its parents (no error if it exists)."""
+    fs, p = resolve(path)
+    with _errors(str(path), "create directory"):
+        fs.create_dir(p, recursive=True)
+
+
+def list_dir(path: str | Path) -> list[str]:
+    """Sorted base names of the directory's children; ``[]`` if it does not exist."""
+    fs, p = resolve(path)
+    with _errors(str(path), "list"):
+        if fs.get_file_info(p).type == pafs.FileType.File:
+            raise StorageError(f"cannot list {display(str(path))}: it is a file")
+        infos = fs.get_file_info(pafs.FileSelector(p, allow_not_found=True, recursive=False))
+    return sorted(info.base_name for info in infos)
+
+
+def delete_dir(path: str | Path) -> None:
+    """Delete the directory and everything under it; nothing happens if it does not exist."""
+    fs, p = resolve(path)
+    with _errors(str(path), "delete"):
+        kind = fs.get_file_info(p).type
+        if kind == pafs.FileType.NotFound:
+            return
+        if kind != pafs.FileType.Directory:
+            raise StorageError(f"cannot delete {display(str(path))} as a directory: it is a file")
+        fs.delete_dir(p)
+
+
+def _copy_files(
+    src: str, dst: str, src_fs: pafs.FileSystem, dst_fs: pafs.FileSystem
+) -> None:
+    # Ray Train's _pyarrow_fs_copy_files: no threads for uploads to S3
+    # (https://github.com/apache/arrow/issues/32372), large chunks.
+    use_threads = not isinstance(dst_fs, pafs.S3FileSystem)
+    pafs.copy_files(src, dst, source_filesystem=src_fs, destination_filesystem=dst_fs,
+                    chunk_size=_COPY_CHUNK, use_threads=use_threads)
+
+
+def upload_dir(local_dir: str | Path, dest: str | Path) -> None:
+    """Copy the tree under ``local_dir`` into ``dest`` (created; existing files overwritten).
+
+    Object stores have no empty directories: empty subdirectories are not recreated there.
+    """
+    local = os.path.abspath(os.path.expanduser(str(local_dir)))
+    if not os.path.isdir(local):
+        raise StorageError(f"cannot upload {local}: not a local directory")
+    fs, p = resolve(dest)
+    with _errors(str(dest), "upload to"):
+        fs.create_dir(p, recursive=True)
+        _copy_files(local, p, pafs.LocalFileSystem(), fs)
+
+
+def download_dir(src: str | Path, local_dir: str | Path) -> None:
+    """Copy the tree under ``src`` into ``local_dir`` (created; existing files overwritten)."""
+    fs, p = resolve(src)
+    local = os.path.abspath(os.path.expanduser(str(local_dir)))
+    with _errors(str(src), "download"):
+        kind = fs.get_file_info(p).type
+        if kind == pafs.FileType.NotFound:
+            raise FileNotFoundError(p)
+        if kind != pafs.FileType.Directory:
+            raise StorageError(f"cannot download {display(str(src))} as a directory: "
+                               "it is a file (use download_file)")
+        os.makedirs(local, exist_ok=True)
+        _copy_files(p, local, fs, pafs.LocalFileSystem())
+
+
+def download_file(src: str | Path, local_path: str | Path) -> str:
+    """Copy one file to ``local_path`` (temporary name, fsync, then ``os.replace``: a killed
+    copy never leaves a partial file under the final name).
+
+    Returns:
+        The sha256 (hex) of the bytes written, computed while streaming.
+    """
+    fs, p = resolve(src)
+    target = os.path.abspath(os.path.expanduser(str(local_path)))
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    h = hashlib.sha256()
+    tmp = _tmp_name(target)
+    try:
+        with _errors(str(src), "download"), fs.open_input_stream(p) as f, open(tmp, "wb") as out:
+            while block := f.read(_CHUNK):
+                h.update(block)
+                out.write(block)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return h.hexdigest()
+
+
+def _upload_file(local_path: str, fs: pafs.FileSystem, fs_path: str) -> None:
+    with open(local_path, "rb") as f, fs.open_output_stream(fs_path) as out:
+        while block := f.read(_CHUNK):
+            out.write(block)
+
+
+class LocalMirror:
+    """Write files locally, publish them to ``dest``.
+
+    ``dest`` a local/shared path: :attr:`local` *is* that directory and :meth:`sync` does
+    nothing. ``dest`` a URI: :attr:`local` is a fresh temporary directory (under ``cache_dir``
+    if given) and :meth:`sync` uploads every file that is new or whose size or mtime changed
+    since the last sync (deletions are not propagated). ``pull=True`` first downloads what
+    ``dest`` already holds (e.g. a resumed run appending to ``metrics.csv``).
+
+    Use as a context manager: leaving it syncs once more and removes the temporary directory.
+    """
+
+    def __init__(self, dest: str | Path, *, cache_dir: str | Path | None = None,
+                 pull: bool = False) -> None:
+        self.dest = str(dest)
+        self.remote = is_uri(self.dest) and not _is_local(resolve(self.dest)[0])
+        self._sent: dict[str, tuple[int, int]] = {}
+        if not self.remote:
+            self.local = Path(resolve(self.dest)[1])
+            self.local.mkdir(parents=True, exist_ok=True)
+            return
+        if cache_dir is not None:
+            Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        self.local = Path(tempfile.mkdtemp(prefix="simgraph-mirror-",
+                                           dir=None if cache_dir is None else str(cache_dir)))
+        if pull and is_dir(self.dest):
+            download_dir(self.dest, self.local)
+            self._sent = {rel: stamp for rel, stamp in self._scan().items()}
+
+    def _scan(self) -> dict[str, tuple[int, int]]:
+        out = {}
+        for root, _, files in os.walk(self.local):
+            for name in files:
+                full = os.path.join(root, name)
+                st = os.stat(full)
+                out[os.path.relpath(full, self.local).replace(os.sep, "/")] = (
+                    st.st_size, st.st_mtime_ns)
+        return out
+
+    def sync(self) -> list[str]:
+        """Upload what changed; returns the relative paths uploaded (``[]`` for a local dest)."""
+        if not self.remote:
+            return []
+        fs, base = resolve(self.dest)
+        sent = []
+        for rel, stamp in sorted(self._scan().items()):
+            if self._sent.get(rel) == stamp:
+                continue
+            with _errors(join(self.dest, rel), "upload"):
+                _upload_file(str(self.local / rel), fs, f"{base.rstrip('/')}/{rel}")
+            self._sent[rel] = stamp
+            sent.append(rel)
+        return sent
+
+    def close(self) -> None:
+        """Final :meth:`sync`, then remove the temporary directory (remote dest only)."""
+        if self.remote:
+            try:
+                self.sync()
+            finally:
+                shutil.rmtree(self.local, ignore_errors=True)
+
+    def __enter__(self) -> LocalMirror:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

@@ -1,0 +1,305 @@
+"""``simgraph submit [options] -- COMMAND ...``: run a simgraph command on a Ray cluster.
+
+The command is sent through the Ray Jobs API (``JobSubmissionClient``) as the entrypoint
+``python -m pipelines.cli COMMAND ...``, with a runtime environment that ships this project as
+the job's ``working_dir`` (``.git``, ``.venv``, ``runs/``, ``data/`` and caches excluded), so
+every node runs the code of this checkout; the job's logs are streamed back until it ends
+(Ctrl-C detaches; the job keeps running).
+
+Before anything is sent, the command is checked here with the same parser and config loaders
+the job will use:
+
+* config files must lie inside the project (only the project is shipped); their paths are
+  rewritten relative to it, because the job starts in its unpacked copy;
+* a relative data / storage / output path would land in that temporary copy and vanish with
+  the job: it is refused unless ``--base-dir`` names a directory every node shares (the job
+  then gets ``SIMGRAPH_BASE_DIR``; see :mod:`components.paths`). Absolute shared paths and
+  ``s3://`` / ``gs://`` URIs need nothing.
+
+Address: ``--address``, else ``RAY_ADDRESS``, else ``http://127.0.0.1:8265``. Ray 2.60 token
+authentication: the token comes from ``RAY_AUTH_TOKEN``, else the file ``RAY_AUTH_TOKEN_PATH``,
+else ``~/.ray/auth_token``. Ray's client sends it only when ``RAY_AUTH_MODE=token``; when that
+variable is unset and a token exists, it is set here (docs/cluster.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shlex
+import sys
+import time
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from components.config import ConfigError
+from components.paths import BASE_ENV, is_relative, is_uri, project_root
+
+DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+# Never shipped: the venv, git history, outputs and datasets (Ray also honours .gitignore).
+EXCLUDES = [".git", ".venv", "runs/", "data/", "*.beton", "__pycache__/", ".mypy_cache/",
+            ".ruff_cache/", ".pytest_cache/", "*.egg-info/"]
+# Installed by the cluster itself, not per job: Ray must match the cluster's version, and
+# ffcv builds against apt packages (examples/cluster/ installs both).
+CLUSTER_PROVIDED = ("ray", "ffcv")
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+SUBMITTABLE = ("validate", "preprocess", "pretrain", "run", "evaluate", "sweep")
+
+
+class SubmitError(RuntimeError):
+    """The command cannot be sent as it is; the message says what to change."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking the command.
+
+
+def parse_job(job: Sequence[str]) -> tuple[list[str], argparse.Namespace]:
+    """The simgraph command after ``--``, parsed with the CLI's own parser.
+
+    Raises:
+        SubmitError: empty, ``submit`` itself, or arguments the command does not accept.
+    """
+    from pipelines.cli import build_parser
+
+    argv = list(job[1:] if job and job[0] == "--" else job)
+    if not argv:
+        raise SubmitError("no command to submit: add `-- COMMAND ...`, e.g. -- pretrain "
+                          "pipelines/configs/pretrain/demo.yaml")
+    if argv[0] not in SUBMITTABLE:
+        raise SubmitError(f"cannot submit {argv[0]!r}: the command must be one of "
+                          f"{', '.join(SUBMITTABLE)}")
+    parser = build_parser()
+    parser.exit_on_error = False
+    try:
+        ns = parser.parse_args(argv)
+    except (argparse.ArgumentError, SystemExit) as e:
+        raise SubmitError(f"`simgraph {shlex.join(argv)}` is not a valid command ({e}); see "
+                          f"`simgraph {argv[0]} --help`") from None
+    return argv, ns
+
+
+def ship_path(path: str, root: Path) -> str:
+    """A config file argument as the job will see it: relative to the shipped project.
+
+    Raises:
+        SubmitError: the file does not exist or lies outside ``root``.
+    """
+    p = Path(path).expanduser().resolve()
+    if not p.is_file():
+        raise SubmitError(f"{path} does not exist (or is not a file)")
+    try:
+        return str(p.relative_to(root))
+    except ValueError:
+        raise SubmitError(
+            f"{path} is outside the project dir {root}, the only directory the job ships; "
+            "copy it under the project (e.g. pipelines/configs/)") from None
+
+
+def data_paths(ns: argparse.Namespace) -> list[tuple[str, str]]:
+    """(key, value) of every data / storage / output path the command will use, read from its
+    configs — which are loaded and validated on the way.
+
+    Raises:
+        SubmitError: a config does not load (the message names the file and key).
+    """
+    from components.config import PreprocessConfig, PretrainConfig, load_config
+
+    out: list[tuple[str, str]] = []
+    try:
+        if ns.command == "preprocess":
+            pre = load_config(ns.config, PreprocessConfig, ns.overrides)
+            out += [("output", pre.output), ("source.path", pre.source.path or "")]
+        elif ns.command == "pretrain":
+            cfg = load_config(ns.config, PretrainConfig, ns.overrides)
+            out += [("storage", cfg.storage), ("data.dataset", cfg.data.dataset)]
+        elif ns.command == "run":
+            from pipelines.run import plan
+
+            pre, runs = plan(ns.config, ns.overrides)
+            out += [("output", pre.output), ("source.path", pre.source.path or "")]
+            out += [(f"{name}: storage", cfg.storage) for name, cfg in runs.items()]
+        elif ns.command == "sweep":
+            from components.search_space import load_sweep, trial_config
+
+            sweep = load_sweep(ns.space, ns.overrides)
+            base = trial_config(sweep, {}, name="probe", storage=sweep.storage)
+            out += [("storage", sweep.storage), ("data.dataset", base.data.dataset)]
+        elif ns.command == "evaluate":
+            out += [("RUN_DIR", d) for d in ns.run_dirs]
+            out += [(k, v) for k, v in (("--out", ns.out), ("--checkpoint", ns.checkpoint)) if v]
+    except (ConfigError, OSError) as e:
+        raise SubmitError(f"invalid config: {e}") from None
+    return [(k, v) for k, v in out if v]
+
+
+def prepare_command(job: Sequence[str], base_dir: str | None,
+                    root: Path | None = None) -> list[str]:
+    """The command line the job runs, checked (see the module docstring).
+
+    Raises:
+        SubmitError: bad command or config, a config outside the project, or relative data
+            paths without ``base_dir``.
+    """
+    root = root or project_root()
+    argv, ns = parse_job(job)
+    if base_dir is not None and (is_uri(base_dir) or not Path(base_dir).is_absolute()):
+        raise SubmitError(f"--base-dir {base_dir!r} must be an absolute path that every node "
+                          "of the cluster shares (e.g. an NFS / EFS / Filestore mount)")
+    # Config files become project-relative: the job starts in its unpacked working_dir.
+    file_arg = {"validate": "config", "preprocess": "config", "pretrain": "config",
+                "run": "config", "sweep": "space"}.get(ns.command)
+    if file_arg is not None:
+        given = getattr(ns, file_arg)
+        argv[argv.index(given)] = ship_path(given, root)
+    relative = [(k, v) for k, v in data_paths(ns) if is_relative(v)]
+    if relative and base_dir is None:
+        listed = ", ".join(f"{k}={v}" for k, v in relative)
+        raise SubmitError(
+            f"relative paths ({listed}) would be written inside the job's temporary copy of "
+            "the project and lost when it ends: pass --base-dir /a/shared/dir (they then mean "
+            "that directory), or set them to absolute shared paths or s3:// / gs:// URIs")
+    return argv
+
+
+# ---------------------------------------------------------------------------------------------
+# The runtime environment.
+
+
+def project_requirements(root: Path) -> list[str]:
+    """The project's Python dependencies from ``pyproject.toml``, minus what the cluster must
+    provide itself (:data:`CLUSTER_PROVIDED`)."""
+    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    name = re.compile(r"^[A-Za-z0-9_.-]+")
+    return [d for d in deps if (m := name.match(d)) and m.group(0).lower() not in CLUSTER_PROVIDED]
+
+
+def runtime_env(root: Path, *, pip: str = "none", base_dir: str | None = None,
+                env: Sequence[str] = (), extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The job's ``runtime_env``: the project as ``working_dir``, environment variables, and
+    (``pip="project"``) the project's pip requirements; ``extra`` (a user YAML) is merged on
+    top, its ``env_vars`` and ``excludes`` added to ours.
+
+    Raises:
+        SubmitError: a malformed ``--env`` item or ``extra`` that is not a mapping.
+    """
+    env_vars = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}  # nothing downloads weights
+    if base_dir is not None:
+        env_vars[BASE_ENV] = base_dir
+    for item in env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SubmitError(f"--env {item!r} must be KEY=VALUE")
+        env_vars[key] = value
+    out: dict[str, Any] = {"working_dir": str(root), "excludes": list(EXCLUDES),
+                           "env_vars": env_vars}
+    if pip == "project":
+        out["pip"] = project_requirements(root)
+    elif pip != "none":
+        raise SubmitError(f"--pip {pip!r} is not allowed: none or project")
+    if extra:
+        if not isinstance(extra, dict):
+            raise SubmitError("--runtime-env must hold a mapping (runtime_env keys)")
+        for key, value in extra.items():
+            if key == "env_vars":
+                out["env_vars"].update({str(k): str(v) for k, v in value.items()})
+            elif key == "excludes":
+                out["excludes"] += list(value)
+            else:
+                out[key] = value
+    return out
+
+
+def entrypoint(argv: Sequence[str]) -> str:
+    """``python -m pipelines.cli ...``: the shipped copy, not an installed ``simgraph``."""
+    return "python -m pipelines.cli " + shlex.join(argv)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sending and following the job.
+
+
+def resolve_address(address: str | None) -> str:
+    return address or os.environ.get("RAY_ADDRESS") or DEFAULT_ADDRESS
+
+
+async def _stream(client: Any, job_id: str) -> None:
+    async for lines in client.tail_job_logs(job_id):
+        print(lines, end="", flush=True)
+
+
+def follow(client: Any, job_id: str, poll_s: float = 1.0) -> str:
+    """Stream the job's logs to stdout until it ends; its final status."""
+    asyncio.run(_stream(client, job_id))
+    while (status := str(client.get_job_status(job_id).value)) not in TERMINAL:
+        time.sleep(poll_s)  # the log stream can close just before the status is final
+    return status
+
+
+def use_token_if_present() -> bool:
+    """Turn on Ray's token mode for this client when ``RAY_AUTH_MODE`` is unset and a token is
+    available (Ray's client otherwise sends none and a token-auth cluster refuses it)."""
+    if os.environ.get("RAY_AUTH_MODE"):
+        return os.environ["RAY_AUTH_MODE"].lower() == "token"
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or str(Path.home() / ".ray" / "auth_token")
+    if not os.environ.get("RAY_AUTH_TOKEN") and not Path(path).is_file():
+        return False
+    os.environ["RAY_AUTH_MODE"] = "token"  # read when Ray's config is first loaded (import)
+    return True
+
+
+def submit(argv: Sequence[str], env: dict[str, Any], address: str, job_id: str | None = None,
+           wait: bool = True) -> int:
+    use_token_if_present()
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        client = JobSubmissionClient(address)
+    except Exception as e:  # noqa: BLE001 - connection / auth errors of several kinds
+        raise SubmitError(f"cannot reach the Ray cluster at {address}: {e}") from None
+    job_id = job_id or f"simgraph-{argv[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        job_id = client.submit_job(entrypoint=entrypoint(argv), runtime_env=env,
+                                   submission_id=job_id, metadata={"simgraph": shlex.join(argv)})
+    except Exception as e:  # noqa: BLE001 - HTTP / packaging errors of several kinds
+        raise SubmitError(f"the cluster at {address} refused job {job_id}: {e}") from None
+    print(f"simgraph submit: job {job_id} sent to {address}", flush=True)
+    if not wait:
+        print(f"follow it: ray job logs --address {address} -f {job_id}")
+        return 0
+    try:
+        status = follow(client, job_id)
+    except KeyboardInterrupt:
+        print(f"\nsimgraph submit: detached; job {job_id} keeps running (ray job logs "
+              f"--address {address} -f {job_id}; ray job stop --address {address} {job_id})",
+              file=sys.stderr)
+        return 130
+    print(f"simgraph submit: job {job_id} {status}", flush=True)
+    return 0 if status == "SUCCEEDED" else 1
+
+
+def main(args: argparse.Namespace) -> int:
+    root = project_root()
+    try:
+        argv = (prepare_command(args.job, args.base_dir, root) if not args.skip_check
+                else parse_job(args.job)[0])
+        extra = None
+        if args.runtime_env:
+            extra = yaml.safe_load(Path(args.runtime_env).read_text())
+        env = runtime_env(root, pip=args.pip, base_dir=args.base_dir, env=args.env,
+                          extra=extra)
+        return submit(argv, env, resolve_address(args.address), args.job_id,
+                      wait=not args.no_wait)
+    except (SubmitError, OSError, yaml.YAMLError) as e:
+        print(f"simgraph submit: {e}", file=sys.stderr)
+        return 2
+
+
+__all__ = ["SubmitError", "entrypoint", "main", "parse_job", "prepare_command",
+           "project_requirements", "runtime_env", "submit"]
