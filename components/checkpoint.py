@@ -15,9 +15,12 @@ objective incl. memory bank), ``ema``, ``optimizer``, ``scheduler``, ``scaler``,
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +120,33 @@ def load_state(directory: str | Path, map_location: str | torch.device = "cpu") 
     if not isinstance(state, dict):
         raise CheckpointError(f"{f} holds a {type(state).__name__}, not a state dict")
     return state
+
+
+def is_complete_at(path: str | Path) -> bool:
+    """:func:`is_complete` for a local dir or a URI (``s3://…``). For a URI the check is
+    ``meta.json`` readable and ``state.pt`` of the recorded size; the sha256 is verified when
+    :func:`local_copy` + :func:`load_state` read it."""
+    from components import storage
+
+    if not storage.is_uri(str(path)):
+        return is_complete(path)
+    try:
+        meta = json.loads(storage.read_text(storage.join(str(path), META)))
+        fs, fs_path = storage.resolve(storage.join(str(path), STATE))
+        return bool(meta.get("format") == FORMAT and fs.get_file_info(fs_path).size
+                    == meta["bytes"])
+    except (storage.StorageError, ValueError, KeyError, OSError):
+        return False
+
+
+@contextlib.contextmanager
+def local_copy(path: str | Path) -> Iterator[Path]:
+    """The checkpoint dir ``path`` on local disk: itself, or a temporary download of a URI."""
+    from components import storage
+
+    if not storage.is_uri(str(path)):
+        yield Path(path)
+        return
+    with tempfile.TemporaryDirectory(prefix="simgraph-ckpt-") as tmp:
+        storage.download_dir(str(path), tmp)
+        yield Path(tmp)

@@ -561,9 +561,13 @@ class AugmentConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Which dataset dir to read and how. ``batch_size`` is per worker (the global batch is
-    ``batch_size × workers``); ``num_workers`` are FFCV's decoding threads per worker;
-    ``jit: false`` skips FFCV's numba compile (tests, debugging)."""
+    """Which dataset dir to read and how. ``dataset``: a path or an ``s3://`` / ``gs://`` URI.
+    ``batch_size`` is per worker (the global batch is ``batch_size × workers``);
+    ``num_workers`` are FFCV's decoding threads per worker; ``jit: false`` skips FFCV's numba
+    compile (tests, debugging). ``stage: true`` copies the dataset to node-local disk first,
+    once per node, verified against the manifest's sha256 (always done for URIs: FFCV reads
+    local files); ``stage_dir``: where (default ``$SIMGRAPH_STAGE_DIR``, else
+    ``<tmp>/simgraph-stage``)."""
 
     dataset: str
     batch_size: int = 256
@@ -571,6 +575,8 @@ class DataConfig:
     num_workers: int = 2
     os_cache: bool = True
     jit: bool = True
+    stage: bool = False
+    stage_dir: str | None = None
     augment: AugmentConfig = dataclasses.field(default_factory=AugmentConfig)
 
     def __post_init__(self) -> None:

@@ -142,6 +142,15 @@ def join(base: str | Path, *parts: str) -> str:
     return urlunsplit(u._replace(path=path))
 
 
+def parent(path: str | Path) -> str:
+    """The directory holding ``path`` (a URI keeps its query string)."""
+    path = str(path)
+    if not is_uri(path):
+        return os.path.dirname(os.path.abspath(os.path.expanduser(path)))
+    u = urlsplit(path)
+    return urlunsplit(u._replace(path=u.path.rstrip("/").rsplit("/", 1)[0]))
+
+
 def basename(path: str | Path) -> str:
     """The last component of a path or URI (the bucket for ``s3://bucket``), without the query."""
     path = str(path)
@@ -314,6 +323,25 @@ def _upload_file(local_path: str, fs: pafs.FileSystem, fs_path: str) -> None:
     with open(local_path, "rb") as f, fs.open_output_stream(fs_path) as out:
         while block := f.read(_CHUNK):
             out.write(block)
+
+
+def upload_file(local_path: str | Path, dest: str | Path) -> None:
+    """Copy one local file to ``dest`` (a path or URI), streamed in blocks; a local ``dest``
+    is written under a temporary name and renamed into place."""
+    if not is_uri(str(dest)):
+        dest_path = Path(resolve(dest)[1])
+        dest_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _tmp_name(str(dest_path))
+        try:
+            shutil.copyfile(local_path, tmp)
+            os.replace(tmp, dest_path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        return
+    fs, p = resolve(dest)
+    with _errors(str(dest), "upload"):
+        _upload_file(str(local_path), fs, p)
 
 
 class LocalMirror:

@@ -45,7 +45,7 @@ class EvaluateError(RuntimeError):
 @dataclasses.dataclass
 class RunEval:
     name: str
-    run_dir: Path
+    run_dir: str  # a path or URI
     loss: str
     params: dict[str, Any]
     epoch: int
@@ -73,47 +73,55 @@ class RunEval:
 
 
 def load_run(run_dir: str | Path, checkpoint: str | Path | None = None
-             ) -> tuple[PretrainConfig, dict[str, Any], Path]:
+             ) -> tuple[PretrainConfig, dict[str, Any], str]:
     """The run's config, a verified checkpoint state and its path.
 
     Raises:
         EvaluateError: not a run dir, no complete checkpoint, or a checkpoint from another
             config.
     """
-    from components.checkpoint import CheckpointError, load_state
+    from components import storage
+    from components.checkpoint import CheckpointError, load_state, local_copy
     from pipelines.pretrain import RUN_CONFIG, config_diff, latest_complete
 
-    run_dir = Path(run_dir)
-    if not (run_dir / RUN_CONFIG).exists():
-        raise EvaluateError(f"{run_dir} is not a run dir (no {RUN_CONFIG}); give the "
-                            "storage/name dir that `simgraph pretrain` wrote")
-    cfg = from_dict(PretrainConfig, yaml.safe_load((run_dir / RUN_CONFIG).read_text()))
+    run_dir = str(run_dir)
+    shown = storage.display(run_dir)
+    try:
+        raw = storage.read_text(storage.join(run_dir, RUN_CONFIG))
+    except storage.StorageError:
+        raise EvaluateError(f"{shown} is not a run dir (no {RUN_CONFIG}); give the "
+                            "storage/name dir that `simgraph pretrain` wrote") from None
+    cfg = from_dict(PretrainConfig, yaml.safe_load(raw))
     if checkpoint is None:
         found = latest_complete(run_dir)
         if found is None:
-            raise EvaluateError(f"{run_dir} has no complete checkpoint: pretrain it first "
+            raise EvaluateError(f"{shown} has no complete checkpoint: pretrain it first "
                                 "(or let the interrupted run resume)")
         checkpoint = found[1]
     try:
-        state = load_state(checkpoint)
-    except CheckpointError as e:
+        with local_copy(checkpoint) as d:
+            state = load_state(d)
+    except (CheckpointError, storage.StorageError) as e:
         raise EvaluateError(str(e)) from None
     diff = config_diff(state.get("config", {}), dataclasses.asdict(cfg))
     if diff:
         raise EvaluateError(
-            f"checkpoint {checkpoint} was written by another config than {run_dir} "
+            f"checkpoint {checkpoint} was written by another config than {shown} "
             f"({', '.join(diff[:5])} differ); evaluate it with its own run dir"
         )
-    return cfg, state, Path(checkpoint)
+    return cfg, state, str(checkpoint)
 
 
 def _dataset(cfg: PretrainConfig, state: dict[str, Any]) -> Any:
     from components.data.reader import DatasetError, DatasetInfo
+    from components.data.staging import local_dataset
+    from components.storage import StorageError
     from pipelines.pretrain import dataset_identity
 
-    try:
-        info = DatasetInfo.load(cfg.data.dataset)
-    except DatasetError as e:
+    try:  # a URI (or data.stage): a verified node-local copy
+        info = DatasetInfo.load(local_dataset(cfg.data.dataset, cfg.data.stage,
+                                              cfg.data.stage_dir))
+    except (DatasetError, StorageError) as e:
         raise EvaluateError(str(e)) from None
     if not info.classes:
         raise EvaluateError(f"{info.root} has no labels: kNN, the probe and the graph metrics "
@@ -145,9 +153,11 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
     )
     from components.evaluation.knn import knn_accuracy, weighted_knn_predict
     from components.evaluation.probe import linear_probe
+    from components.storage import basename
     from components.training import build_model, extract_features
 
     cfg, state, _ = load_run(run_dir, checkpoint)
+    name = basename(str(run_dir))
     info = _dataset(cfg, state)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     set_jit(cfg.data.jit if jit is None else jit)
@@ -163,7 +173,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
         loader = ViewLoader(info.split_file(split), batch_size=cfg.data.batch_size, views=1,
                             augment=cfg.data.augment, train=False, device=dev,
                             num_workers=cfg.data.num_workers, with_captions=False)
-        return extract_features(encoder, _progress(loader, f"{Path(run_dir).name}: {split}"),
+        return extract_features(encoder, _progress(loader, f"{name}: {split}"),
                                 dev, projector=projector)
 
     bank_f, bank_y = features("train")
@@ -181,7 +191,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
     learned = class_similarity_matrix(query_f, query_y, c).numpy()
     params = {k: getattr(cfg.loss, k) for k in KEY_PARAMS if hasattr(cfg.loss, k)}
     return RunEval(
-        name=Path(run_dir).name, run_dir=Path(run_dir), loss=cfg.loss.name, params=params,
+        name=name, run_dir=str(run_dir), loss=cfg.loss.name, params=params,
         epoch=int(state["epoch"]), knn=knn,
         probe={"top1": pr.top1, "top5": pr.top5, "weight_decay": pr.weight_decay},
         separation={"margin": sep.margin, "overlap": sep.overlap,
@@ -284,10 +294,18 @@ def comparison_table(evals: Sequence[RunEval]) -> str:
     return "\n".join(lines)
 
 
-def write_report(e: RunEval) -> Path:
-    """``<run>/eval/report.md`` with metrics.json and the plots; returns the report path."""
-    out = e.run_dir / "eval"
-    out.mkdir(exist_ok=True)
+def write_report(e: RunEval) -> str:
+    """``<run>/eval/report.md`` with metrics.json and the plots; returns the report path
+    (a URI run dir gets them uploaded)."""
+    from components import storage
+
+    dest = storage.join(e.run_dir, "eval")
+    with storage.LocalMirror(dest) as mirror:
+        _write_report(e, mirror.local)
+    return storage.join(dest, "report.md")
+
+
+def _write_report(e: RunEval, out: Path) -> None:
     plot_knn([e], out / "knn_vs_k.png")
     plot_separation([e], out / "separation.png")
     plot_similarity(e, out / "class_similarity.png")
@@ -334,11 +352,18 @@ class in its largest connected component; not on the scale of X-CLR's Table 9).
 ![class similarity](class_similarity.png)
 """
     (out / "report.md").write_text(text)
-    return out / "report.md"
 
 
-def write_comparison(evals: Sequence[RunEval], out: Path) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
+def write_comparison(evals: Sequence[RunEval], dest: str) -> str:
+    """``comparison.md`` / ``.json`` and overlaid plots in ``dest`` (a path or URI)."""
+    from components import storage
+
+    with storage.LocalMirror(dest) as mirror:
+        _write_comparison(evals, mirror.local)
+    return storage.join(dest, "comparison.md")
+
+
+def _write_comparison(evals: Sequence[RunEval], out: Path) -> None:
     plot_knn(evals, out / "knn_vs_k.png")
     plot_separation(evals, out / "separation.png")
     text = (f"# Comparison of {len(evals)} runs\n\n{comparison_table(evals)}\n\n"
@@ -348,7 +373,6 @@ def write_comparison(evals: Sequence[RunEval], out: Path) -> Path:
             "![kNN vs k](knn_vs_k.png)\n\n![separation](separation.png)\n")
     (out / "comparison.md").write_text(text)
     (out / "comparison.json").write_text(json.dumps([e.summary() for e in evals], indent=1))
-    return out / "comparison.md"
 
 
 def main(run_dirs: Sequence[str], checkpoint: str | None = None, projector: bool = False,
@@ -371,6 +395,8 @@ def main(run_dirs: Sequence[str], checkpoint: str | None = None, projector: bool
         return 1
     print(comparison_table(evals))
     if len(evals) > 1:
-        where = Path(out) if out else Path(run_dirs[0]).resolve().parent / "comparison"
+        from components.storage import join, parent
+
+        where = out or join(parent(run_dirs[0]), "comparison")
         print(write_comparison(evals, where))
     return 0

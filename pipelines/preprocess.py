@@ -384,9 +384,35 @@ def _verified_manifest(out: Path, params_digest: str) -> dict[str, Any] | None:
 
 
 def run(cfg: PreprocessConfig, overwrite: bool = False, echo: bool = True) -> dict[str, Any]:
-    """Build (or finish building) the dataset dir ``cfg.output``; return the manifest."""
+    """Build (or finish building) the dataset dir ``cfg.output``; return the manifest.
+
+    A URI output (``s3://…``, ``gs://…``) is built in a local dir under the staging cache
+    (resumable like any other) and then uploaded: the split files and class files first,
+    ``manifest.json`` last, so readers never see a manifest whose files are missing.
+    """
+    from components import storage
     from components.paths import resolve_path
 
+    if storage.is_uri(cfg.output):
+        from components.data.staging import default_cache_dir
+
+        local = default_cache_dir() / "build" / hashlib.sha256(cfg.output.encode()).hexdigest()[:16]
+        manifest = run(dataclasses.replace(cfg, output=str(local)), overwrite, echo)
+        try:
+            for name in sorted(os.listdir(local)):
+                if name in (MANIFEST, "shards") or name.startswith("."):
+                    continue
+                src = local / name
+                if src.is_file():
+                    storage.upload_file(src, storage.join(cfg.output, name))
+            if cfg.keep_shards:
+                storage.upload_dir(local / "shards", storage.join(cfg.output, "shards"))
+            storage.upload_file(local / MANIFEST, storage.join(cfg.output, MANIFEST))
+        except storage.StorageError as e:
+            raise PreprocessError(f"built {local} but cannot upload it: {e}") from None
+        if echo:
+            print(f"uploaded to {storage.display(cfg.output)}")
+        return manifest
     out = Path(resolve_path(cfg.output))
     params = _params(cfg)
     params_digest = _digest(params)

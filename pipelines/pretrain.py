@@ -51,7 +51,8 @@ METRICS_CSV = "metrics.csv"
 # Keys that may differ when a run is resumed (longer training, other hardware, logging).
 RESUMABLE_CHANGES = (
     "train.epochs", "train.log_every_steps", "scaling.", "checkpoint.keep",
-    "knn.every_epochs", "data.num_workers", "data.os_cache", "data.jit", "storage",
+    "knn.every_epochs", "data.num_workers", "data.os_cache", "data.jit", "data.stage",
+    "storage",
 )
 
 
@@ -70,15 +71,18 @@ def check_dataset(cfg: PretrainConfig) -> dict[str, Any]:
         PretrainError: missing dataset, no labels for a supervised loss, no class graph or
             captions for X-CLR / CLIP, fewer training samples than one global batch.
     """
-    from components.data.reader import DatasetError, DatasetInfo
+    from components.data.reader import DatasetError
+    from components.data.staging import dataset_info
+    from components.storage import StorageError
     from components.training import build_model
 
     try:
-        info = DatasetInfo.load(cfg.data.dataset)
+        info = dataset_info(cfg.data.dataset)  # a URI: only the manifest and class files
         train_n = info.splits.get("train", 0)
         info.split_file("train")
-    except DatasetError as e:
+    except (DatasetError, StorageError) as e:
         raise PretrainError(str(e)) from None
+    where = cfg.data.dataset
     sim = info.class_similarity()
     import torch
 
@@ -89,28 +93,28 @@ def check_dataset(cfg: PretrainConfig) -> dict[str, Any]:
             info.caption_dim,
         )
     except ValueError as e:
-        raise PretrainError(f"loss {cfg.loss.name!r} cannot train on {info.root}: {e}") from None
+        raise PretrainError(f"loss {cfg.loss.name!r} cannot train on {where}: {e}") from None
     needs = model.objective.requires
     if "labels" in needs and not info.classes:
         raise PretrainError(
-            f"loss {cfg.loss.name!r} needs labels but {info.root} has none (no classes in its "
+            f"loss {cfg.loss.name!r} needs labels but {where} has none (no classes in its "
             "manifest); use simclr or xclr with graph=caption"
         )
     if "captions" in needs and info.caption_dim == 0:
         raise PretrainError(
-            f"loss {cfg.loss.name!r} needs caption embeddings but {info.root} has no caption "
+            f"loss {cfg.loss.name!r} needs caption embeddings but {where} has no caption "
             "field; preprocess with captions.enabled=true"
         )
     want = getattr(cfg.loss, "caption_dim", None)
     if want is not None and info.caption_dim and want != info.caption_dim:
         raise PretrainError(
-            f"loss.caption_dim={want} but {info.root} stores {info.caption_dim}-d caption "
+            f"loss.caption_dim={want} but {where} stores {info.caption_dim}-d caption "
             f"embeddings; set loss.caption_dim={info.caption_dim}"
         )
     global_batch = cfg.data.batch_size * cfg.scaling.num_workers
     if train_n < global_batch:
         raise PretrainError(
-            f"{info.root} has {train_n} training samples, fewer than one global batch "
+            f"{where} has {train_n} training samples, fewer than one global batch "
             f"({cfg.scaling.num_workers} workers × data.batch_size={cfg.data.batch_size}); "
             "lower data.batch_size"
         )
@@ -172,31 +176,36 @@ def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
                   if a.get(k) != b.get(k) and not k.startswith(RESUMABLE_CHANGES))
 
 
-def prepare_run_dir(cfg: PretrainConfig) -> Path:
-    """Create ``storage/name`` with ``config.yaml``, or check a re-run against it.
+def prepare_run_dir(cfg: PretrainConfig) -> str:
+    """Create ``storage/name`` (a path or URI) with ``config.yaml``, or check a re-run
+    against it; returns the run dir.
 
     Raises:
-        PretrainError: the run dir holds another run's config (names the differing keys).
+        PretrainError: the run dir holds another run's config (names the differing keys), or
+            the storage cannot be written.
     """
-    run_dir = Path(cfg.storage).resolve() / cfg.name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / RUN_CONFIG
+    from components import storage
+
+    run_dir = storage.join(cfg.storage, cfg.name)
+    path = storage.join(run_dir, RUN_CONFIG)
     new = to_dict(cfg)
-    if path.exists():
-        diff = config_diff(yaml.safe_load(path.read_text()) or {}, new)
-        if diff:
-            raise PretrainError(
-                f"run {cfg.name!r} in {run_dir.parent} was started with a different config "
-                f"({', '.join(diff[:6])} differ); re-running a name resumes it, so choose a "
-                "new name= or restore those values"
-            )
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(new, sort_keys=False))
-    os.replace(tmp, path)
+    try:
+        storage.makedirs(run_dir)
+        if storage.exists(path):
+            diff = config_diff(yaml.safe_load(storage.read_text(path)) or {}, new)
+            if diff:
+                raise PretrainError(
+                    f"run {cfg.name!r} in {storage.display(cfg.storage)} was started with a "
+                    f"different config ({', '.join(diff[:6])} differ); re-running a name "
+                    "resumes it, so choose a new name= or restore those values"
+                )
+        storage.write_text(path, yaml.safe_dump(new, sort_keys=False))
+    except storage.StorageError as e:
+        raise PretrainError(f"cannot use storage {storage.display(cfg.storage)}: {e}") from None
     return run_dir
 
 
-def make_trainer(cfg: PretrainConfig, run_dir: Path, facts: dict[str, Any],
+def make_trainer(cfg: PretrainConfig, run_dir: str, facts: dict[str, Any],
                  callbacks: Sequence[Any] = ()) -> Any:
     """The Ray Train V2 ``TorchTrainer`` for this run (same name + storage = resume).
     ``callbacks``: Ray Train callbacks, e.g. Tune's ``TuneReportCallback`` in a sweep trial."""
@@ -209,7 +218,7 @@ def make_trainer(cfg: PretrainConfig, run_dir: Path, facts: dict[str, Any],
         resources["GPU"] = s.gpus_per_worker
     return TorchTrainer(
         train_loop,
-        train_loop_config={"config": to_dict(cfg), "run_dir": str(run_dir), "facts": facts,
+        train_loop_config={"config": to_dict(cfg), "run_dir": run_dir, "facts": facts,
                            "pause_at_step": int(os.environ.get(PAUSE_ENV, "0"))},
         scaling_config=ray.train.ScalingConfig(
             num_workers=s.num_workers, use_gpu=s.use_gpu, resources_per_worker=resources,
@@ -217,7 +226,7 @@ def make_trainer(cfg: PretrainConfig, run_dir: Path, facts: dict[str, Any],
         ),
         run_config=ray.train.RunConfig(
             name=cfg.name,
-            storage_path=str(run_dir.parent),
+            storage_path=cfg.storage,  # a path or URI, resolved by pyarrow as ours are
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
             failure_config=ray.train.FailureConfig(max_failures=s.max_failures),
             callbacks=list(callbacks),
@@ -232,7 +241,8 @@ def run(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, Any]]:
         PretrainError: bad dataset / run dir, or training failed (the message says where;
             the last good checkpoint stays in the run dir).
     """
-    from components.checkpoint import load_state
+    from components.checkpoint import load_state, local_copy
+    from components.storage import display
     from pipelines.preprocess import ray_session
 
     cfg = absolute_paths(cfg)
@@ -241,7 +251,8 @@ def run(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, Any]]:
     done = latest_complete(run_dir)
     history: list[dict[str, Any]]
     if done is not None and done[0] >= cfg.train.epochs:
-        history = load_state(done[1])["history"]
+        with local_copy(done[1]) as d:
+            history = load_state(d)["history"]
         if echo:
             print(f"simgraph: run {cfg.name!r} is already complete ({done[0]} epochs)")
             print(table(history))
@@ -255,7 +266,8 @@ def run(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, Any]]:
         except Exception as e:  # noqa: BLE001 - Ray wraps the worker's error
             raise PretrainError(
                 f"training {cfg.name!r} failed: {_root_cause(e)}\n"
-                f"completed checkpoints stay in {run_dir}; re-run the same command to resume"
+                f"completed checkpoints stay in {display(run_dir)}; re-run the same command to "
+                "resume"
             ) from None
     if result.checkpoint is None:
         raise PretrainError(f"run {cfg.name!r} finished without a checkpoint")
@@ -263,22 +275,24 @@ def run(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, Any]]:
         history = load_state(d)["history"]
     if echo:
         print(table(history))
-        print(f"run dir: {run_dir}")
+        print(f"run dir: {display(run_dir)}")
     return history
 
 
-def latest_complete(run_dir: Path) -> tuple[int, Path] | None:
-    """(epochs, dir) of the newest checkpoint in ``run_dir`` whose write completed; dirs left
-    by an interrupted write fail :func:`~components.checkpoint.is_complete` and are ignored."""
-    from components.checkpoint import is_complete, read_meta
+def latest_complete(run_dir: str | Path) -> tuple[int, str] | None:
+    """(epochs, dir) of the newest checkpoint ``epoch_NNNNN`` in ``run_dir`` (a path or URI)
+    whose write completed; dirs left by an interrupted write fail
+    :func:`~components.checkpoint.is_complete_at` and are skipped."""
+    from components import storage
+    from components.checkpoint import is_complete_at
 
-    best: tuple[int, Path] | None = None
-    for d in run_dir.glob("epoch_*"):
-        if d.is_dir() and is_complete(d):
-            epoch = int(read_meta(d)["epoch"])
-            if best is None or epoch > best[0]:
-                best = (epoch, d)
-    return best
+    epochs = {int(n[6:]): n for n in storage.list_dir(str(run_dir))
+              if n.startswith("epoch_") and n[6:].isdigit()}
+    for epoch in sorted(epochs, reverse=True):
+        d = storage.join(str(run_dir), epochs[epoch])
+        if is_complete_at(d):
+            return epoch, d
+    return None
 
 
 def _root_cause(e: BaseException) -> str:
@@ -328,6 +342,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     from components import distributed
     from components.checkpoint import load_state, save_state
     from components.data.reader import DatasetInfo, ViewLoader, set_jit
+    from components.data.staging import local_dataset
     from components.optim import build_optimizer, build_scheduler, scaled_lr
     from components.training import (
         StepState,
@@ -341,7 +356,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     )
 
     cfg = from_dict(PretrainConfig, loop_config["config"])
-    run_dir, facts = Path(loop_config["run_dir"]), loop_config["facts"]
+    run_dir, facts = str(loop_config["run_dir"]), loop_config["facts"]
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
@@ -351,7 +366,8 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     torch.set_num_threads(max(1, math.floor(cfg.scaling.cpus_per_worker)))
     _worker_info(run_dir, rank, world, device)
 
-    info = DatasetInfo.load(cfg.data.dataset)
+    # A URI, or data.stage: read a node-local copy (made once per node, verified).
+    info = DatasetInfo.load(local_dataset(cfg.data.dataset, cfg.data.stage, cfg.data.stage_dir))
     sim = info.class_similarity()
     torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
     model, ema = build_model(
@@ -498,42 +514,49 @@ def train_loop(loop_config: dict[str, Any]) -> None:
 
 class _RunLog:
     """Rank 0's ``metrics.csv`` (rewritten from the history, so a resumed run never keeps rows
-    of epochs it redid) and TensorBoard events (purged from the resume epoch on)."""
+    of epochs it redid) and TensorBoard events (purged from the resume epoch on), written
+    locally and published to a URI run dir after every epoch (:class:`LocalMirror`)."""
 
-    def __init__(self, run_dir: Path, start_epoch: int) -> None:
+    def __init__(self, run_dir: str, start_epoch: int) -> None:
         from tensorboardX import SummaryWriter
 
-        self.run_dir = run_dir
-        self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_epoch + 1)
+        from components.storage import LocalMirror
+
+        self.mirror = LocalMirror(run_dir)
+        self.tb = SummaryWriter(str(self.mirror.local / "tb"), purge_step=start_epoch + 1)
 
     def write(self, history: list[dict[str, Any]]) -> None:
         keys: list[str] = []
         for row in history:
             keys += [k for k in row if k not in keys]
-        tmp = self.run_dir / (METRICS_CSV + ".tmp")
+        tmp = self.mirror.local / (METRICS_CSV + ".tmp")
         with open(tmp, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=keys)
             w.writeheader()
             w.writerows(history)
-        os.replace(tmp, self.run_dir / METRICS_CSV)
+        os.replace(tmp, self.mirror.local / METRICS_CSV)
         row = history[-1]
         for k, v in row.items():
             if k != "epoch" and isinstance(v, int | float):
                 self.tb.add_scalar(k, v, row["epoch"])
         self.tb.flush()
+        self.mirror.sync()
 
     def close(self) -> None:
         self.tb.close()
+        self.mirror.close()
 
 
-def _pause_once(run_dir: Path, rank: int, step: int, seconds: float = 300.0) -> None:
-    flag = run_dir / "workers" / f"paused-rank{rank}-step{step}"
-    if not flag.exists():
-        flag.touch()
+def _pause_once(run_dir: str, rank: int, step: int, seconds: float = 300.0) -> None:
+    from components import storage
+
+    flag = storage.join(run_dir, "workers", f"paused-rank{rank}-step{step}")
+    if not storage.exists(flag):
+        storage.write_text(flag, "")
         time.sleep(seconds)
 
 
-def _worker_info(run_dir: Path, rank: int, world: int, device: Any) -> dict[str, Any]:
+def _worker_info(run_dir: str, rank: int, world: int, device: Any) -> dict[str, Any]:
     """``workers/rank<r>.json``: where each rank runs (pid, node, device) — for operators and
     for tests that kill a worker or check placement.
 
@@ -550,6 +573,7 @@ def _worker_info(run_dir: Path, rank: int, world: int, device: Any) -> dict[str,
     import torch
 
     from components import distributed
+    from components.paths import project_root
 
     node_id = ray.get_runtime_context().get_node_id()
     layout = distributed.node_layout(distributed.all_node_ids(node_id), rank)
@@ -560,6 +584,7 @@ def _worker_info(run_dir: Path, rank: int, world: int, device: Any) -> dict[str,
         "ray_node_rank": ctx.get_node_rank(), "ray_local_rank": ctx.get_local_rank(),
         "device": str(device), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "code": str(project_root()),  # which copy of the project runs (a job's working_dir)
         "started": time.time(),
     }
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
@@ -572,11 +597,9 @@ def _worker_info(run_dir: Path, rank: int, world: int, device: Any) -> dict[str,
         print(f"[simgraph] rank {rank}: Ray Train says node_rank {info['ray_node_rank']} / "
               f"local_rank {info['ray_local_rank']} (it ranks nodes by IP), node ids say "
               f"{layout['node_rank']} / {layout['local_rank']}")
-    d = run_dir / "workers"
-    d.mkdir(exist_ok=True)
-    tmp = d / f".rank{rank}.json.tmp"
-    tmp.write_text(json.dumps(info))
-    os.replace(tmp, d / f"rank{rank}.json")
+    from components import storage
+
+    storage.write_text(storage.join(run_dir, "workers", f"rank{rank}.json"), json.dumps(info))
     return info
 
 

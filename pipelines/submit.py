@@ -43,7 +43,8 @@ from components.paths import BASE_ENV, is_relative, is_uri, project_root
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 # Never shipped: the venv, git history, outputs and datasets (Ray also honours .gitignore).
-EXCLUDES = [".git", ".venv", "runs/", "data/", "*.beton", "__pycache__/", ".mypy_cache/",
+# gitignore syntax: "/data/" is the top-level dir only; "data/" would also drop components/data.
+EXCLUDES = ["/.git", "/.venv", "/runs/", "/data/", "*.beton", "__pycache__/", ".mypy_cache/",
             ".ruff_cache/", ".pytest_cache/", "*.egg-info/"]
 # Installed by the cluster itself, not per job: Ray must match the cluster's version, and
 # ffcv builds against apt packages (examples/cluster/ installs both).

@@ -38,12 +38,13 @@ class SweepError(RuntimeError):
     """The sweep cannot start or its results cannot be read."""
 
 
-def sweep_dir(sweep: Any, base: str | Path | None = None) -> Path:
-    """``storage/name``, a relative storage taken against ``base`` (default:
+def sweep_dir(sweep: Any, base: str | Path | None = None) -> str:
+    """``storage/name`` (a path or URI), a relative storage taken against ``base`` (default:
     :func:`components.paths.base_dir`)."""
     from components.paths import resolve_path
+    from components.storage import join
 
-    return Path(resolve_path(sweep.storage, base)) / sweep.name
+    return join(resolve_path(sweep.storage, base), sweep.name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -56,9 +57,10 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from components.checkpoint import load_state
+    from components.checkpoint import load_state, local_copy
     from components.paths import localize
     from components.search_space import load_sweep, trial_config
+    from components.storage import join
     from pipelines.pretrain import (
         absolute_paths,
         check_dataset,
@@ -72,14 +74,16 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
     # Relative paths mean what they meant where `simgraph sweep` was started (or
     # $SIMGRAPH_BASE_DIR): Tune runs each trial in its own working directory.
     cfg = absolute_paths(trial_config(sweep, params, name=trial_id,
-                                      storage=str(sweep_dir(sweep, cwd) / "trials")), base=cwd)
+                                      storage=join(sweep_dir(sweep, cwd), "trials")), base=cwd)
     facts = check_dataset(cfg)
     run_dir = prepare_run_dir(cfg)
     done = latest_complete(run_dir)
     if done is not None and done[0] >= cfg.train.epochs:
         # Trained to the end before the sweep driver died, but Tune never recorded it: replay
         # its per-epoch results instead of training again.
-        for row in load_state(done[1])["history"]:
+        with local_copy(done[1]) as d:
+            history = load_state(d)["history"]
+        for row in history:
             tune.report(row)
         return
     make_trainer(cfg, run_dir, facts, callbacks=[TuneReportCallback()]).fit()
@@ -96,7 +100,9 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
     from ray.tune.search import ConcurrencyLimiter
     from ray.tune.search.optuna import OptunaSearch
 
+    from components.paths import resolve_path
     from components.search_space import define_by_run, make_sampler
+    from components.storage import display, list_dir
 
     # The trial function only drives its TorchTrainer; the Train workers reserve their own CPUs.
     trainable = ray.tune.with_resources(
@@ -106,12 +112,13 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
     )
     path = sweep_dir(sweep)
     if resume:
-        if not ray.tune.Tuner.can_restore(str(path)):
-            raise SweepError(f"nothing to resume in {path}: start the sweep without --resume")
-        return ray.tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True)
-    if path.exists() and any(path.iterdir()):
-        raise SweepError(f"{path} already holds a sweep: add --resume to continue it, or set "
-                         "name= to start another")
+        if not ray.tune.Tuner.can_restore(path):
+            raise SweepError(f"nothing to resume in {display(path)}: start the sweep without "
+                             "--resume")
+        return ray.tune.Tuner.restore(path, trainable=trainable, resume_errored=True)
+    if list_dir(path):
+        raise SweepError(f"{display(path)} already holds a sweep: add --resume to continue it, "
+                         "or set name= to start another")
     searcher = ConcurrencyLimiter(
         OptunaSearch(space=define_by_run(sweep), metric=sweep.metric, mode=sweep.mode,
                      sampler=make_sampler(sweep)),
@@ -130,7 +137,7 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
         trainable,
         tune_config=ray.tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
                                         num_samples=sweep.num_samples),
-        run_config=ray.tune.RunConfig(name=sweep.name, storage_path=str(path.parent),
+        run_config=ray.tune.RunConfig(name=sweep.name, storage_path=resolve_path(sweep.storage),
                                       verbose=1),
     )
 
@@ -145,6 +152,7 @@ def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
         echo: bool = True) -> list[dict[str, Any]]:
     """Run (or resume) a sweep; returns one row per trial (see :func:`trial_rows`)."""
     from components.search_space import load_sweep
+    from components.storage import display
     from pipelines.preprocess import ray_session
 
     sweep = load_sweep(sweep_path, overrides)
@@ -155,7 +163,7 @@ def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
     write_results(sweep, rows)
     if echo:
         print(markdown(rows, sweep))
-        print(f"sweep dir: {sweep_dir(sweep)}")
+        print(f"sweep dir: {display(sweep_dir(sweep))}")
     return rows
 
 
@@ -221,10 +229,19 @@ def _fmt(v: Any) -> str:
 
 
 def write_results(sweep: Any, rows: Sequence[dict[str, Any]]) -> None:
+    """trials.csv / .md, best.yaml, plots, importances into the sweep dir (published to a URI
+    sweep dir when the files are complete)."""
+    from components.storage import LocalMirror
+
+    with LocalMirror(sweep_dir(sweep)) as mirror:
+        _write_results(sweep, rows, mirror.local)
+    if sweep.study_storage:
+        export_study(sweep, rows)
+
+
+def _write_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> None:
     from components.search_space import trial_config
 
-    out = sweep_dir(sweep)
-    out.mkdir(parents=True, exist_ok=True)
     keys = sorted({k for r in rows for k in r["params"]})
     with open(out / "trials.csv", "w", newline="") as f:
         w = csv.writer(f)
@@ -244,8 +261,6 @@ def write_results(sweep: Any, rows: Sequence[dict[str, Any]]) -> None:
             f"{best[f'best_{sweep.metric}']:.4g}\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False)
         )
     plot_results(sweep, rows, out)
-    if sweep.study_storage:
-        export_study(sweep, rows)
 
 
 def plot_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> None:

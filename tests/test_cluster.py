@@ -92,6 +92,8 @@ def test_submit_demo_pretraining_one_worker_per_node(cluster: LoopbackCluster,
     # Ray Train ranks nodes by IP: both nodes share 127.0.0.1, so both are its node 0.
     assert [x["ray_node_rank"] for x in w] == [0, 0]
     assert all(x["device"] == "cpu" for x in w)
+    # The code that ran is the job's shipped working_dir, not this checkout.
+    assert all(x["code"] != str(ROOT) and "working_dir" in x["code"] for x in w), w
 
 
 def test_raylet_killed_mid_run_resumes_when_a_node_returns(cluster: LoopbackCluster,

@@ -38,7 +38,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _run(dataset: Path, storage: Path, name: str, **over: Any) -> Path:
     """A run dir with one checkpoint, as `simgraph pretrain` leaves it (no Ray needed)."""
     cfg = from_dict(PretrainConfig, tiny_run_config(dataset, storage, name=name, **over))
-    run_dir = prepare_run_dir(cfg)
+    run_dir = Path(prepare_run_dir(cfg))
     facts = check_dataset(cfg)
     torch.manual_seed(0)
     sim = torch.as_tensor(DatasetInfo.load(dataset).class_similarity(), dtype=torch.float32)

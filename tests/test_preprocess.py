@@ -188,3 +188,30 @@ def test_killed_run_resumes_to_identical_files(tmp_path: Path, ray_local: None) 
         assert m["splits"][split]["sha256"] == ref["splits"][split]["sha256"]
         assert m["splits"][split]["samples"] == ref["splits"][split]["samples"]
     assert not list(shards_dir.glob("*.tmp"))
+
+
+@pytest.mark.slow
+def test_output_to_s3_matches_a_local_build(tmp_path: Path, ray_local: None, s3_uri: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from components import storage
+    from components.data.reader import MANIFEST, DatasetInfo
+    from components.data.staging import stage_dataset
+
+    monkeypatch.setenv("SIMGRAPH_STAGE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "src"
+    _images(src)
+    local = run(_cfg(tmp_path, src), echo=False)
+    uri = storage.join(s3_uri, "datasets", "cats")
+    remote = run(_cfg(tmp_path, src, output=uri), echo=False)
+    assert remote["splits"] == local["splits"]
+    out = Path(_cfg(tmp_path, src).output)
+    names = set(storage.list_dir(uri))
+    assert MANIFEST in names and "shards" not in names  # merged shards are not uploaded
+    for name in names - {MANIFEST}:
+        assert storage.read_bytes(storage.join(uri, name)) == (out / name).read_bytes(), name
+    uploaded = json.loads(storage.read_text(storage.join(uri, MANIFEST)))
+    differ = {k for k in uploaded if uploaded[k] != local[k]}
+    assert differ <= {"created", "output", "seconds", "timing"}, differ  # when / where built
+    staged = stage_dataset(uri, tmp_path / "stage")
+    info = DatasetInfo.load(staged)
+    assert info.classes == ["cat", "dog"] and info.splits["train"] == 6

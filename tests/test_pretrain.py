@@ -203,4 +203,4 @@ def test_latest_complete_skips_interrupted_writes(tmp_path: Path) -> None:
     with open(tmp_path / "epoch_00004" / "state.pt", "r+b") as f:  # truncated state
         f.truncate(10)
     best = latest_complete(tmp_path)
-    assert best is not None and best[0] == 2 and best[1].name == "epoch_00002"
+    assert best is not None and best[0] == 2 and Path(best[1]).name == "epoch_00002"

@@ -79,7 +79,7 @@ def test_config_paths_become_project_relative(monkeypatch: pytest.MonkeyPatch) -
 def test_runtime_env_ships_the_project() -> None:
     env = runtime_env(ROOT, base_dir="/shared", env=["A=1", "B=x=y"])
     assert env["working_dir"] == str(ROOT) and env["excludes"] == EXCLUDES
-    assert {".venv", ".git", "runs/", "data/"} <= set(env["excludes"])
+    assert {"/.venv", "/.git", "/runs/", "/data/"} <= set(env["excludes"])
     assert env["env_vars"] == {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
                                BASE_ENV: "/shared", "A": "1", "B": "x=y"}
     assert "pip" not in env
@@ -129,3 +129,18 @@ def test_node_layout_from_node_ids(nodes: list[str], expect: list[tuple[int, int
     got = [node_layout(nodes, r) for r in range(len(nodes))]
     assert [(g["node_rank"], g["local_rank"], g["local_world_size"]) for g in got] == expect
     assert {g["num_nodes"] for g in got} == {len(set(nodes))}
+
+
+def test_excludes_ship_every_source_file_and_no_outputs(tmp_path: Path) -> None:
+    """Ray matches ``excludes`` with gitignore rules relative to the working_dir (its own
+    packaging helper decides here): the code ships, the venv / data / runs do not."""
+    from ray._private.runtime_env.packaging import _get_excludes
+
+    excluded = _get_excludes(ROOT, EXCLUDES)
+    sources = [p for d in ("components", "pipelines", "search_spaces")
+               for p in (ROOT / d).rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    assert any(p.parent.name == "data" for p in sources)  # components/data/*.py
+    assert not [p for p in sources if excluded(p)]
+    for out in (".venv/bin/python", "data/demo/train.beton", "runs/a/config.yaml",
+                ".git/HEAD", "components/x.beton"):
+        assert excluded(ROOT / out), out

@@ -1,0 +1,242 @@
+"""Copy a preprocessed dataset dir to node-local disk, once per node.
+
+FFCV reads ``<split>.beton`` with memory maps and random access: fine on local disk, slow on a
+shared filesystem, impossible from ``s3://`` / ``gs://``. :func:`stage_dataset` copies what the
+reader needs — ``manifest.json``, each non-empty split's file and the ``class_files`` — to
+
+    <cache_dir>/<dataset dir name>-<first 12 hex of the manifest's params_digest>
+
+where ``cache_dir`` is the argument, else ``$SIMGRAPH_STAGE_DIR``, else
+``<tempdir>/simgraph-stage``. (A manifest without ``params_digest`` uses the sha256 of the
+manifest itself.)
+
+* **Once per node.** Every worker of a node may call it: an exclusive ``fcntl.flock`` on
+  ``<destination>.lock`` lets one process copy while the others wait, then find the copy
+  complete and reuse it.
+* **Verified.** Each split file's sha256 is computed while it streams and compared with the
+  manifest's; a mismatch removes the partial copy and raises :class:`DatasetError` naming the
+  file and both digests.
+* **Complete or redone.** ``.staged`` (JSON: the manifest's sha256 and every file's size) is
+  written last. A destination is reused only when the marker matches the source manifest
+  byte-for-byte and every file still has its size; otherwise (a killed copy, a truncated file,
+  a re-preprocessed source) it is deleted and copied again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from components import storage
+from components.data.reader import FORMAT, MANIFEST, DatasetError
+
+STAGE_ENV = "SIMGRAPH_STAGE_DIR"
+MARKER = ".staged"
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class StageResult:
+    """What :func:`stage_dataset_report` did."""
+
+    path: Path  # the local dataset dir
+    copied: bool  # False: an existing complete copy was reused
+    files: int  # files copied (0 when reused)
+    bytes_copied: int
+    seconds: float
+
+
+def default_cache_dir() -> Path:
+    """``$SIMGRAPH_STAGE_DIR``, else ``<tempdir>/simgraph-stage``."""
+    env = os.environ.get(STAGE_ENV)
+    return Path(env).expanduser() if env else Path(tempfile.gettempdir()) / "simgraph-stage"
+
+
+def stage_dataset(src: str | Path, cache_dir: str | Path | None = None) -> Path:
+    """Local copy of the dataset dir ``src`` (path or URI); see the module docstring.
+
+    Raises:
+        DatasetError: no complete manifest at ``src``, a file it names is missing, or a split
+            file's sha256 differs from the manifest's.
+    """
+    return stage_dataset_report(src, cache_dir).path
+
+
+def stage_dataset_report(src: str | Path, cache_dir: str | Path | None = None) -> StageResult:
+    """:func:`stage_dataset`, returning what was done (copied or reused, bytes, time)."""
+    t0 = time.monotonic()
+    src = str(src)
+    raw, manifest = _read_manifest(src)
+    manifest_sha = hashlib.sha256(raw).hexdigest()
+    key = str(manifest.get("params_digest") or manifest_sha)[:12]
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", storage.basename(src)) or "dataset"
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    dest = root / f"{name}-{key}"
+    files = _files(manifest)
+
+    with _locked(root / f"{dest.name}.lock"):
+        if _complete(dest, raw, manifest_sha):
+            result = StageResult(dest, False, 0, 0, time.monotonic() - t0)
+            log.info("stage %s: reusing %s", storage.display(src), dest)
+            return result
+        if dest.exists():
+            log.info("stage %s: removing incomplete or stale %s", storage.display(src), dest)
+            shutil.rmtree(dest)
+        dest.mkdir(parents=True)
+        try:
+            sizes = _copy(src, dest, files)
+            (dest / MANIFEST).write_bytes(raw)
+            sizes[MANIFEST] = len(raw)
+            _write_marker(dest, {"manifest_sha256": manifest_sha, "source": storage.display(src),
+                                 "files": sizes})
+        except BaseException:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise
+    total = sum(sizes.values())
+    result = StageResult(dest, True, len(sizes), total, time.monotonic() - t0)
+    log.info("stage %s: copied %d files, %d bytes to %s in %.1f s", storage.display(src),
+             result.files, total, dest, result.seconds)
+    return result
+
+
+def _read_manifest(src: str) -> tuple[bytes, dict[str, Any]]:
+    path = storage.join(src, MANIFEST)
+    shown = storage.display(path)
+    try:
+        raw = storage.read_bytes(path)
+    except storage.StorageError as e:
+        if "not found" in str(e):
+            raise DatasetError(
+                f"{storage.display(src)} has no {MANIFEST}: run `simgraph preprocess` for it "
+                "first (or let an interrupted run finish)"
+            ) from None
+        raise DatasetError(f"cannot read {shown}: {e}") from None
+    try:
+        manifest = json.loads(raw)
+    except ValueError as e:
+        raise DatasetError(f"cannot read {shown}: {e}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not manifest.get(
+        "complete"
+    ):
+        m = manifest if isinstance(manifest, dict) else {}
+        raise DatasetError(
+            f"{shown} is not a complete {FORMAT} dataset (format {m.get('format')!r}, "
+            f"complete={m.get('complete')}); re-run preprocessing"
+        )
+    return raw, manifest
+
+
+def _files(manifest: dict[str, Any]) -> dict[str, str | None]:
+    """Relative file name → expected sha256 (``None``: not recorded) of what the reader needs."""
+    out: dict[str, str | None] = {}
+    for split in manifest.get("splits", {}).values():
+        if int(split.get("samples") or 0) > 0:
+            out[str(split["file"])] = split.get("sha256")
+    for name in manifest.get("class_files", {}).values():
+        out.setdefault(str(name), None)
+    for name in out:
+        if name.startswith("/") or ".." in Path(name).parts or name in (MANIFEST, MARKER):
+            raise DatasetError(f"{MANIFEST} names {name!r}: not a file inside the dataset dir")
+    return out
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """Exclusive ``flock`` for the duration (released if the process dies)."""
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _complete(dest: Path, raw: bytes, manifest_sha: str) -> bool:
+    """A finished copy of exactly this manifest whose files all still have their sizes."""
+    try:
+        marker = json.loads((dest / MARKER).read_text())
+        if marker.get("manifest_sha256") != manifest_sha or (dest / MANIFEST).read_bytes() != raw:
+            return False
+        return all((dest / n).stat().st_size == size for n, size in marker["files"].items())
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+        return False
+
+
+def _copy(src: str, dest: Path, files: dict[str, str | None]) -> dict[str, int]:
+    """Download ``files`` in parallel, verifying sha256 where the manifest has one."""
+
+    def one(name: str) -> tuple[str, int]:
+        remote = storage.join(src, name)
+        try:
+            got = storage.download_file(remote, dest / name)
+        except storage.StorageError as e:
+            raise DatasetError(f"cannot stage {storage.display(remote)}, which {MANIFEST} "
+                               f"names: {e}") from None
+        want = files[name]
+        if want is not None and got != want:
+            raise DatasetError(
+                f"{storage.display(remote)}: sha256 {got} does not match {want} in {MANIFEST}; "
+                "the source is corrupted or changed while copying (the partial copy was removed)"
+            )
+        return name, (dest / name).stat().st_size
+
+    if not files:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(8, len(files))) as pool:
+        return dict(pool.map(one, sorted(files)))
+
+
+def _write_marker(dest: Path, data: dict[str, Any]) -> None:
+    tmp = dest / f"{MARKER}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, dest / MARKER)
+
+
+def dataset_info(src: str | Path) -> Any:
+    """:class:`~components.data.reader.DatasetInfo` of ``src`` without copying its splits: a
+    local dir is read in place; for a URI only ``manifest.json`` and the ``class_files`` (a few
+    KB) are fetched, into ``<cache>/info/<hash of the URI>``. For driver-side checks; workers
+    read a :func:`local_dataset`.
+
+    Raises:
+        DatasetError: as :func:`stage_dataset`.
+    """
+    from components.data.reader import DatasetInfo
+
+    src = str(src)
+    if not storage.is_uri(src):
+        return DatasetInfo.load(src)
+    raw, manifest = _read_manifest(src)
+    dest = default_cache_dir() / "info" / hashlib.sha256(src.encode()).hexdigest()[:16]
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, _ in _files(manifest).items():
+        if name in manifest.get("class_files", {}).values():
+            storage.download_file(storage.join(src, name), dest / name)
+    (dest / MANIFEST).write_bytes(raw)
+    return DatasetInfo.load(dest)
+
+
+def local_dataset(src: str | Path, stage: bool, cache_dir: str | Path | None = None) -> Path:
+    """Where a worker reads the dataset ``src`` from: a staged node-local copy when ``stage``
+    is set or ``src`` is a URI (FFCV cannot read object stores), else ``src`` itself."""
+    if stage or storage.is_uri(str(src)):
+        return stage_dataset(src, cache_dir)
+    return Path(src)
