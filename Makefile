@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # ffcv build deps, and the Fashion-MNIST files the built-in source and the tests read.
 APT_PKGS := pkg-config libopencv-dev libturbojpeg0-dev dataset-fashion-mnist
+# Only the tests need these: `ip netns` / `ss` for the two-node loopback cluster.
+TEST_APT_PKGS := iproute2
 STAMP := $(VENV)/.installed
 
 .PHONY: setup apt-deps test lint demo bench-objectives clean
@@ -12,7 +14,7 @@ setup: $(STAMP)
 
 # apt packages ffcv builds against; installed only when missing.
 apt-deps:
-	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=""; for p in $(APT_PKGS) $(TEST_APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing apt packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

@@ -279,6 +279,26 @@ def test_stage_from_s3(dataset: Path, s3_uri: str, tmp_path: Path) -> None:
     assert not staging.stage_dataset_report(src, tmp_path / "cache").copied
 
 
+def test_dataset_info_reads_only_the_manifest_of_a_uri(dataset: Path, s3_uri: str,
+                                                       tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    from components.data.reader import DatasetInfo
+
+    monkeypatch.setenv(staging.STAGE_ENV, str(tmp_path / "cache"))
+    src = storage.join(s3_uri, "datasets", "tiny")
+    storage.upload_dir(dataset, src)
+    remote, local = staging.dataset_info(src), DatasetInfo.load(dataset)
+    assert (remote.classes, remote.splits, remote.caption_dim) == (
+        local.classes, local.splits, local.caption_dim)
+    np.testing.assert_array_equal(remote.class_similarity(), local.class_similarity())
+    fetched = {p.name for p in remote.root.iterdir()}
+    assert not any(n.endswith(".beton") for n in fetched), fetched  # no split was copied
+    assert staging.local_dataset(dataset, stage=False) == dataset  # a local dir: in place
+    assert staging.local_dataset(src, stage=False).parent == tmp_path / "cache"  # URI: staged
+
+
 def test_stage_redoes_incomplete_copy(dataset: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     path = staging.stage_dataset(dataset, cache)

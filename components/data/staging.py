@@ -227,10 +227,12 @@ def dataset_info(src: str | Path) -> Any:
     raw, manifest = _read_manifest(src)
     dest = default_cache_dir() / "info" / hashlib.sha256(src.encode()).hexdigest()[:16]
     dest.mkdir(parents=True, exist_ok=True)
-    for name, _ in _files(manifest).items():
-        if name in manifest.get("class_files", {}).values():
-            storage.download_file(storage.join(src, name), dest / name)
-    (dest / MANIFEST).write_bytes(raw)
+    _files(manifest)  # refuses file names outside the dataset dir
+    for name in manifest.get("class_files", {}).values():
+        storage.download_file(storage.join(src, str(name)), dest / str(name))
+    tmp = dest / f".{MANIFEST}.{os.getpid()}.tmp"  # other processes may be reading it
+    tmp.write_bytes(raw)
+    os.replace(tmp, dest / MANIFEST)
     return DatasetInfo.load(dest)
 
 
