@@ -52,6 +52,7 @@ class LoopbackCluster:
                     "RAY_USAGE_STATS_ENABLED": "0"}
         self.env.pop("RAY_ADDRESS", None)
         self.started = False
+        self.nodes_added = 0
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, workers: int = 1) -> LoopbackCluster:
@@ -67,8 +68,12 @@ class LoopbackCluster:
         return self
 
     def add_node(self) -> None:
+        """Another raylet with a temp dir of its own, as a separate machine would have: nodes
+        sharing one would share (and garbage-collect) each other's unpacked working dirs."""
         before = {n["node_id"] for n in self.nodes()}
+        self.nodes_added += 1
         self.ray("start", f"--address=127.0.0.1:{PORT}", "--node-ip-address=127.0.0.1",
+                 f"--temp-dir={self.tmp / f'ray-node{self.nodes_added}'}",
                  f"--num-cpus={self.cpus}", f"--object-store-memory={self.store}")
         self.wait(lambda: len({n["node_id"] for n in self.nodes()} - before) == 1, 60,
                   "the new node to register")
@@ -138,17 +143,19 @@ class LoopbackCluster:
         return list(json.loads(out[out.index("["):]))
 
     def raylets(self) -> dict[str, int]:
-        """Raylet pid by socket name: ``raylet`` is the head's, ``raylet.1`` the next node's."""
+        """Raylet pid by the name of its node's temp dir: ``ray`` is the head's,
+        ``ray-node<k>`` the k-th node added."""
         found = {}
+        root = str(self.tmp)
         for pid in self.pids():
             try:
-                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
             except OSError:
                 continue
-            if args and args[0].endswith(b"/raylet"):
+            if args and args[0].endswith("/raylet"):
                 for a in args:
-                    if a.startswith(b"--raylet_socket_name="):
-                        found[a.decode().rsplit("/", 1)[1]] = pid
+                    if a.startswith("--raylet_socket_name=") and root in a:
+                        found[a.split(root, 1)[1].strip("/").split("/")[0]] = pid
         return found
 
     def listening(self) -> list[str]:

@@ -96,6 +96,29 @@ def test_submit_demo_pretraining_one_worker_per_node(cluster: LoopbackCluster,
     assert all(x["code"] != str(ROOT) and "working_dir" in x["code"] for x in w), w
 
 
+def test_submit_sweep_over_both_nodes(cluster: LoopbackCluster, shared: Path) -> None:
+    """A shipped search space, trials whose workers are spread over the nodes: each trial
+    actor re-roots the space's path in its own node's copy of the project."""
+    overrides = ("[loss.name=xclr, loss.graph=class, train.epochs=2, data.dataset=data, "
+                 "data.batch_size=16, data.augment.resolution=16, knn.k=5, "
+                 "scaling.placement_strategy=STRICT_SPREAD]")
+    p = cluster.run([str(BIN / "simgraph"), "submit", "--address", DASHBOARD, "--base-dir",
+                     str(shared), "--", "sweep", "search_spaces/xclr_temperature.yaml",
+                     "name=spread-sweep", "storage=sweeps", "num_samples=2",
+                     "scheduler.grace_period=1", f"overrides={overrides}"], timeout=600)
+    assert "SUCCEEDED" in p.stdout, p.stdout[-3000:]
+    sweep_dir = shared / "sweeps" / "spread-sweep"
+    with open(sweep_dir / "trials.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["status"] for r in rows] == ["finished", "finished"], rows
+    alive = {n["node_id"] for n in cluster.nodes()}
+    for trial in (sweep_dir / "trials").iterdir():
+        assert {x["node_id"] for x in workers(trial)} == alive
+        done = latest_complete(trial)
+        assert done is not None and done[0] == 2
+    assert (sweep_dir / "best.yaml").exists()
+
+
 def test_raylet_killed_mid_run_resumes_when_a_node_returns(cluster: LoopbackCluster,
                                                           shared: Path, tmp_path: Path) -> None:
     run_dir = shared / "runs" / "failover"
@@ -111,7 +134,7 @@ def test_raylet_killed_mid_run_resumes_when_a_node_returns(cluster: LoopbackClus
         assert proc.poll() is None, log.read_text()[-3000:]
         lost = next(n["node_id"] for n in cluster.nodes() if not n["is_head_node"])
         assert lost in {x["node_id"] for x in workers(run_dir)}
-        os.kill(cluster.raylets()["raylet.1"], signal.SIGKILL)
+        os.kill(cluster.raylets()["ray-node1"], signal.SIGKILL)
         cluster.wait(lambda: lost not in {n["node_id"] for n in cluster.nodes()}, 120,
                      "the cluster to see the node die")
         cluster.add_node()  # capacity returns: the worker group restarts from epoch 2
