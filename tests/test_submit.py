@@ -144,3 +144,34 @@ def test_excludes_ship_every_source_file_and_no_outputs(tmp_path: Path) -> None:
     for out in (".venv/bin/python", "data/demo/train.beton", "runs/a/config.yaml",
                 ".git/HEAD", "components/x.beton"):
         assert excluded(ROOT / out), out
+
+
+def test_ray_maps_gpus_per_node_id_even_when_nodes_share_an_ip(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device simgraph trains on is Ray's (``ray.train.torch.get_device``): the worker's
+    GPU ids within the ``CUDA_VISIBLE_DEVICES`` that Ray Train sets per *node id* — never a
+    local rank. Two 2-GPU nodes behind one IP: Ray Train's local ranks (by IP) run 0..3, and
+    ``cuda:<local rank>`` would name GPUs 2 and 3 that the second node lacks; the devices and
+    simgraph's node-id local ranks are 0, 1, 0, 1."""
+    from types import SimpleNamespace
+
+    import ray
+    from ray.air._internal.device_manager.nvidia_gpu import CUDATorchDeviceManager
+    from ray.train.v2._internal.callbacks.accelerators import (
+        _get_visible_accelerator_ids_per_worker,
+    )
+
+    workers = [SimpleNamespace(node_id=n, node_ip="127.0.0.1", accelerator_ids={"GPU": [g]})
+               for n, g in (("a", "0"), ("a", "1"), ("b", "0"), ("b", "1"))]
+    visible = _get_visible_accelerator_ids_per_worker(workers, "GPU")  # type: ignore[arg-type]
+    assert visible == ["0,1", "0,1", "0,1", "0,1"]
+    devices = []
+    for w, v in zip(workers, visible, strict=True):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", v)
+        monkeypatch.setattr(ray, "get_gpu_ids", lambda w=w: w.accelerator_ids["GPU"])
+        devices += [str(d) for d in CUDATorchDeviceManager().get_devices()]
+    assert devices == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
+    layout = [node_layout([w.node_id for w in workers], r) for r in range(4)]
+    assert [f"cuda:{x['local_rank']}" for x in layout] == devices
+    by_ip = [node_layout([w.node_ip for w in workers], r) for r in range(4)]
+    assert [x["local_rank"] for x in by_ip] == [0, 1, 2, 3]  # what ranking by IP gives
