@@ -130,6 +130,7 @@ def data_paths(ns: argparse.Namespace) -> list[tuple[str, str]]:
             from components.search_space import load_sweep, trial_config
 
             sweep = load_sweep(ns.space, ns.overrides)
+            ship_path(str(sweep.base_path), project_root())  # the trials load it on the cluster
             base = trial_config(sweep, {}, name="probe", storage=sweep.storage)
             out += [("storage", sweep.storage), ("data.dataset", base.data.dataset)]
         elif ns.command == "evaluate":

@@ -67,6 +67,17 @@ def test_bad_commands_are_refused(tmp_path: Path) -> None:
         prepare_command(["pretrain", str(outside)], "/shared")
     with pytest.raises(SubmitError, match="does not exist"):
         prepare_command(["pretrain", "nope.yaml"], "/shared")
+    # A shipped search space whose base config is not shipped.
+    space = ROOT / "search_spaces" / "xclr_temperature.yaml"
+    text = space.read_text().replace("base: ../pipelines/configs/pretrain/demo.yaml",
+                                     f"base: {outside}")
+    inside = ROOT / "search_spaces" / f".test-{tmp_path.name}.yaml"
+    inside.write_text(text)
+    try:
+        with pytest.raises(SubmitError, match="mine.yaml is outside the project dir"):
+            prepare_command(["sweep", str(inside)], "/shared")
+    finally:
+        inside.unlink()
 
 
 def test_config_paths_become_project_relative(monkeypatch: pytest.MonkeyPatch) -> None:
