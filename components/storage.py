@@ -198,23 +198,31 @@ def _tmp_name(target: str) -> str:
     return os.path.join(d, f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
 
 
+@contextlib.contextmanager
+def _replacing(target: str) -> Iterator[str]:
+    """A temporary sibling of the local file ``target`` to write; renamed over ``target`` when
+    the block succeeds, removed otherwise (a killed write never leaves a partial file under
+    the final name). Parent directories are created."""
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    tmp = _tmp_name(target)
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
 def write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` whole: local via a temporary file + ``os.replace``, object stores as one
     object (a single PUT for small data). Parent directories are created."""
     fs, p = resolve(path)
     with _errors(str(path), "write"):
         if _is_local(fs):
-            os.makedirs(os.path.dirname(p), exist_ok=True)
-            tmp = _tmp_name(p)
-            try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, p)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
+            with _replacing(p) as tmp, open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
             return
         with fs.open_output_stream(p) as out:
             out.write(data)
@@ -302,20 +310,14 @@ def download_file(src: str | Path, local_path: str | Path) -> str:
     """
     fs, p = resolve(src)
     target = os.path.abspath(os.path.expanduser(str(local_path)))
-    os.makedirs(os.path.dirname(target), exist_ok=True)
     h = hashlib.sha256()
-    tmp = _tmp_name(target)
-    try:
-        with _errors(str(src), "download"), fs.open_input_stream(p) as f, open(tmp, "wb") as out:
-            while block := f.read(_CHUNK):
-                h.update(block)
-                out.write(block)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, target)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    with (_replacing(target) as tmp, _errors(str(src), "download"),
+          fs.open_input_stream(p) as f, open(tmp, "wb") as out):
+        while block := f.read(_CHUNK):
+            h.update(block)
+            out.write(block)
+        out.flush()
+        os.fsync(out.fileno())
     return h.hexdigest()
 
 
@@ -328,18 +330,11 @@ def _upload_file(local_path: str, fs: pafs.FileSystem, fs_path: str) -> None:
 def upload_file(local_path: str | Path, dest: str | Path) -> None:
     """Copy one local file to ``dest`` (a path or URI), streamed in blocks; a local ``dest``
     is written under a temporary name and renamed into place."""
-    if not is_uri(str(dest)):
-        dest_path = Path(resolve(dest)[1])
-        dest_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _tmp_name(str(dest_path))
-        try:
-            shutil.copyfile(local_path, tmp)
-            os.replace(tmp, dest_path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-        return
     fs, p = resolve(dest)
+    if _is_local(fs):
+        with _replacing(p) as tmp:
+            shutil.copyfile(local_path, tmp)
+        return
     with _errors(str(dest), "upload"):
         _upload_file(str(local_path), fs, p)
 

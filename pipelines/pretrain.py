@@ -138,12 +138,9 @@ def absolute_paths(cfg: PretrainConfig, base: str | Path | None = None) -> Pretr
     directories. URIs (``s3://`` …) are left as they are."""
     from components.paths import resolve_path
 
-    def fix(p: str) -> str:
-        return resolve_path(p, base)
-
     return dataclasses.replace(
-        cfg, storage=fix(cfg.storage),
-        data=dataclasses.replace(cfg.data, dataset=fix(cfg.data.dataset)),
+        cfg, storage=resolve_path(cfg.storage, base),
+        data=dataclasses.replace(cfg.data, dataset=resolve_path(cfg.data.dataset, base)),
     )
 
 

@@ -15,13 +15,14 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from tests.procs import kill_until_gone
 
 BIN = Path(sys.executable).parent  # the venv's ray / simgraph scripts
 PORT = 6390
@@ -86,16 +87,7 @@ class LoopbackCluster:
         try:
             self.run(["ray", "stop", "--force"], timeout=120, check=False)
         finally:
-            for _ in range(50):
-                pids = self.pids()
-                if not pids:
-                    break
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                time.sleep(0.2)
+            kill_until_gone(self.pids, rounds=50, pause=0.2)
             subprocess.run(["ip", "netns", "del", self.ns], check=False)
             shutil.rmtree(self.tmp, ignore_errors=True)
         left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -21,15 +22,22 @@ def session_pids(sid: int) -> list[int]:
     return pids
 
 
-def kill_session(sid: int) -> None:
-    """SIGKILL every live process of the session until none is left (Ray keeps spawning)."""
-    for _ in range(100):
-        pids = session_pids(sid)
-        if not pids:
+def kill_until_gone(pids: Callable[[], list[int]], rounds: int = 100,
+                    pause: float = 0.1) -> None:
+    """SIGKILL every process ``pids()`` lists, again and again until it lists none (Ray keeps
+    spawning) or ``rounds`` run out."""
+    for _ in range(rounds):
+        alive = pids()
+        if not alive:
             return
-        for pid in pids:
+        for pid in alive:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        time.sleep(0.1)
+        time.sleep(pause)
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every live process of the session until none is left."""
+    kill_until_gone(lambda: session_pids(sid))
