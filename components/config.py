@@ -145,7 +145,7 @@ class CoNeConfig:
     label_smoothing: float = 0.0
     # Which embedding picks the top-N bank neighbours for L_in: the EMA key (no gradient
     # through the choice) or the query itself, as the authors' released code does.
-    neighbours_from: Literal["key", "query"] = "key"
+    neighbours_from: Literal["key", "query"] = "query"
     ema_momentum: float = 0.996  # at step 0, cosine-increased to 1 (cone.txt Sec. 4)
 
     def __post_init__(self) -> None:
@@ -593,23 +593,29 @@ class DataConfig:
 class ModelConfig:
     """Encoder = backbone + projector (+ a linear classifier for CoNe / CE).
 
-    ``small_images``: the CIFAR stem (3×3 stride-1 conv, no max-pool; SimCLR App. B.9) for
-    28–64 px inputs. ``width``: channels of the ``tiny`` CNN (tests, demo). Projector:
+    ``backbone``: ``convnet`` (``blocks`` × conv-BN-ReLU-maxpool, ``width`` · 2^i channels:
+    the small-data default, 28–64 px), ``tiny`` (3 strided conv layers, no pooling: kept as a
+    weaker baseline), or a torchvision ResNet. ``small_images``: the ResNet CIFAR stem (3×3
+    stride-1 conv, no max-pool; SimCLR App. B.9) for 28–64 px inputs. Projector:
     ``projector_layers`` linear layers, ``projector_hidden`` wide, ``projector_dim`` out
-    (SupCon: 2048 → 2048 → 128). ``sync_bn`` and ``channels_last`` apply on GPU only.
+    (SupCon: 2048 → 2048 → 128); ``projector_bn`` puts BatchNorm after each hidden layer.
+    ``sync_bn`` and ``channels_last`` apply on GPU only.
     """
 
-    backbone: Literal["tiny", "resnet18", "resnet34", "resnet50"] = "resnet18"
+    backbone: Literal["convnet", "tiny", "resnet18", "resnet34", "resnet50"] = "resnet18"
     small_images: bool = True
     width: int = 32
+    blocks: int = 4
     projector_hidden: int = 2048
     projector_dim: int = 128
     projector_layers: int = 2
+    projector_bn: bool = True
     sync_bn: bool = True
     channels_last: bool = True
 
     def __post_init__(self) -> None:
         check_at_least("model.width", self.width, 1)
+        check_at_least("model.blocks", self.blocks, 1)
         check_at_least("model.projector_hidden", self.projector_hidden, 1)
         check_at_least("model.projector_dim", self.projector_dim, 1)
         check_at_least("model.projector_layers", self.projector_layers, 1)
@@ -619,10 +625,12 @@ class ModelConfig:
 class OptimConfig:
     """Optimiser and LR schedule. The peak LR is ``lr`` scaled from ``reference_batch`` to the
     global batch (``lr_scaling``: linear, as SimCLR's 0.3 × B/256; sqrt; or none), reached
-    after ``warmup_epochs`` of linear warm-up, then cosine-decayed to
-    ``final_lr_fraction`` × peak. LARS and weight decay skip biases and norm parameters."""
+    after ``warmup_epochs`` of linear warm-up, then (``schedule``) cosine-decayed to
+    ``final_lr_fraction`` × peak, or held ``constant``. ``adam`` is plain Adam (L2 weight decay
+    in the gradient), ``adamw`` decoupled decay. Weight decay and LARS skip biases and norm
+    parameters."""
 
-    name: Literal["sgd", "lars", "adamw"] = "sgd"
+    name: Literal["sgd", "lars", "adam", "adamw"] = "sgd"
     lr: float = 0.3
     lr_scaling: Literal["linear", "sqrt", "none"] = "linear"
     reference_batch: int = 256
@@ -631,6 +639,7 @@ class OptimConfig:
     betas: list[float] = dataclasses.field(default_factory=lambda: [0.9, 0.999])
     trust_coefficient: float = 0.001
     warmup_epochs: float = 10.0
+    schedule: Literal["cosine", "constant"] = "cosine"
     final_lr_fraction: float = 0.0
 
     def __post_init__(self) -> None:
@@ -749,6 +758,13 @@ class PretrainConfig:
             raise ConfigError(
                 f"name={self.name!r} is not allowed: give a run name without '/' (the run "
                 f"dir is storage/name)"
+            )
+        side, blocks = self.data.augment.resolution, self.model.blocks
+        if self.model.backbone == "convnet" and side < 2**blocks:
+            raise ConfigError(
+                f"model.blocks={blocks} halves data.augment.resolution={side} {blocks} times; "
+                f"a {blocks}-block convnet needs resolution >= {2**blocks}: lower model.blocks "
+                f"to <= {side.bit_length() - 1} or raise the resolution"
             )
         if self.scaling.use_gpu is False and self.train.amp == "fp16":
             raise ConfigError("train.amp='fp16' needs scaling.use_gpu=true; on CPU use 'bf16' "

@@ -1,5 +1,6 @@
-"""Encoders: torchvision ResNets (optionally with the small-image stem), a tiny CNN for tests,
-the SupCon/SimCLR projector MLP and a linear classifier head (CoNe).
+"""Encoders: a small-image ConvNet (the default for 28–64 px data), torchvision ResNets
+(optionally with the small-image stem), the SupCon/SimCLR projector MLP and a linear
+classifier head (CoNe).
 
 ``small_images=True`` swaps the ImageNet stem (7×7 stride-2 conv + max-pool) for a 3×3
 stride-1 conv without pooling, the usual CIFAR recipe (SimCLR App. B.9) for 28–64 px inputs.
@@ -12,7 +13,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-Backbone = Literal["resnet18", "resnet34", "resnet50", "tiny"]
+Backbone = Literal["convnet", "tiny", "resnet18", "resnet34", "resnet50"]
 
 
 class TinyCNN(nn.Module):
@@ -33,21 +34,60 @@ class TinyCNN(nn.Module):
         return self.features(x)
 
 
-def build_backbone(name: Backbone, small_images: bool, width: int = 16) -> tuple[nn.Module, int]:
+class ConvNet(nn.Module):
+    """``blocks`` × (3×3 conv → BN → ReLU → 2×2 max-pool), channels ``width · 2^i`` (capped at
+    ``8 · width``), then global average pooling: ``[B, 3, H, W] -> [B, out_dim]``.
+
+    The "Conv-4" family of small-image encoders (Vinyals et al. 2016; Snell et al. 2017),
+    with doubling widths: at 28 px, 4 blocks take 28 → 14 → 7 → 3 → 1, so each output unit
+    sees the whole image. Needs ``H, W >= 2^blocks``.
+    """
+
+    def __init__(self, width: int = 32, blocks: int = 4) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        c_in = 3
+        for i in range(blocks):
+            c_out = width * 2 ** min(i, 3)
+            layers += [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out),
+                       nn.ReLU(inplace=True), nn.MaxPool2d(2)]
+            c_in = c_out
+        self.features = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.out_dim = c_in
+        self.min_side = 2**blocks
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if min(x.shape[-2:]) < self.min_side:
+            raise ValueError(
+                f"ConvNet with {self.min_side.bit_length() - 1} blocks needs images of at "
+                f"least {self.min_side} px, got {tuple(x.shape[-2:])}; lower model.blocks"
+            )
+        return self.features(x)
+
+
+def build_backbone(
+    name: Backbone, small_images: bool, width: int = 32, blocks: int = 4
+) -> tuple[nn.Module, int]:
     """The feature extractor and its output dimension (the classifier layer removed).
+    ``width`` and ``blocks`` apply to ``convnet`` only.
 
     Raises:
         ValueError: an unknown backbone name.
     """
-    if name == "tiny":
-        net = TinyCNN(width)
+    if name == "convnet":
+        net = ConvNet(width, blocks)
         return net, net.out_dim
+    if name == "tiny":
+        tiny = TinyCNN(width)
+        return tiny, tiny.out_dim
     from torchvision import models
 
     builders = {"resnet18": models.resnet18, "resnet34": models.resnet34,
                 "resnet50": models.resnet50}
     if name not in builders:
-        raise ValueError(f"model.backbone={name!r} is not one of tiny, {', '.join(builders)}")
+        raise ValueError(
+            f"model.backbone={name!r} is not one of convnet, tiny, {', '.join(builders)}"
+        )
     net = builders[name](weights=None)  # never downloads: random init
     if small_images:
         net.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
@@ -57,14 +97,16 @@ def build_backbone(name: Backbone, small_images: bool, width: int = 16) -> tuple
     return net, dim
 
 
-def projector(in_dim: int, hidden: int, out: int, layers: int = 2) -> nn.Module:
-    """MLP head: (Linear → BN → ReLU) × (layers − 1) → Linear (SupCon: 2048 → 2048 → 128)."""
+def projector(in_dim: int, hidden: int, out: int, layers: int = 2, bn: bool = True) -> nn.Module:
+    """MLP head: (Linear → BN → ReLU) × (layers − 1) → Linear (SupCon: 2048 → 2048 → 128);
+    ``bn=False``: (Linear with bias → ReLU) hidden layers, as SimCLR's original head."""
     if layers < 1:
         raise ValueError(f"model.projector_layers={layers} must be >= 1")
     mods: list[nn.Module] = []
     d = in_dim
     for _ in range(layers - 1):
-        mods += [nn.Linear(d, hidden, bias=False), nn.BatchNorm1d(hidden), nn.ReLU(inplace=True)]
+        norm: list[nn.Module] = [nn.BatchNorm1d(hidden)] if bn else []
+        mods += [nn.Linear(d, hidden, bias=not bn), *norm, nn.ReLU(inplace=True)]
         d = hidden
     mods.append(nn.Linear(d, out))
     return nn.Sequential(*mods)

@@ -7,7 +7,8 @@
   ("Large Batch Training of Convolutional Networks"), in the form SimCLR trains with.
 * :func:`scaled_lr`: the linear (Goyal et al. 2017) and square-root (SimCLR App. B.1) rules.
 * :func:`warmup_cosine` / :func:`build_scheduler`: linear warm-up then cosine decay
-  (Loshchilov & Hutter 2017, SGDR; SimCLR uses 10 warm-up epochs then cosine, no restarts).
+  (Loshchilov & Hutter 2017, SGDR; SimCLR uses 10 warm-up epochs then cosine, no restarts),
+  or linear warm-up then a constant LR (:func:`warmup_constant`).
 
 The scheduler is stepped once per optimiser step (not per epoch); ``step`` counts optimiser steps
 from 0.
@@ -24,10 +25,12 @@ import torch
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
-OptimizerName = Literal["sgd", "lars", "adamw"]
+OptimizerName = Literal["sgd", "lars", "adam", "adamw"]
+ScheduleName = Literal["cosine", "constant"]
 ScalingRule = Literal["linear", "sqrt", "none"]
 
-OPTIMIZERS: tuple[str, ...] = ("sgd", "lars", "adamw")
+OPTIMIZERS: tuple[str, ...] = ("sgd", "lars", "adam", "adamw")
+SCHEDULES: tuple[str, ...] = ("cosine", "constant")
 SCALING_RULES: tuple[str, ...] = ("linear", "sqrt", "none")
 
 
@@ -295,14 +298,28 @@ def warmup_cosine(
     return final_fraction + (1.0 - final_fraction) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def warmup_constant(
+    step: int, total_steps: int, warmup_steps: int, final_fraction: float = 0.0
+) -> float:
+    """LR multiplier: ``(step + 1) / W`` during the ``W = warmup_steps`` warm-up steps, then 1
+    (``final_fraction`` is ignored; the arguments are validated as :func:`warmup_cosine`).
+
+    Raises:
+        ValueError: as :func:`warmup_cosine`.
+    """
+    warmup_cosine(step, total_steps, warmup_steps, final_fraction)  # the same checks
+    return (step + 1) / warmup_steps if step < warmup_steps else 1.0
+
+
 def build_scheduler(
     optimizer: torch.optim.Optimizer,
     total_steps: int,
     warmup_steps: int,
     final_fraction: float = 0.0,
+    schedule: ScheduleName = "cosine",
 ) -> LambdaLR:
-    """``LambdaLR`` with multiplier :func:`warmup_cosine`; call ``.step()`` after each
-    ``optimizer.step()``.
+    """``LambdaLR`` with multiplier :func:`warmup_cosine` (``schedule="cosine"``) or
+    :func:`warmup_constant` (``"constant"``); call ``.step()`` after each ``optimizer.step()``.
 
     The multiplier is a :func:`functools.partial` (not a lambda), so the scheduler pickles;
     its ``state_dict()`` holds only plain values (the partial's empty ``__dict__``), which
@@ -310,11 +327,13 @@ def build_scheduler(
     step.
 
     Raises:
-        ValueError: as :func:`warmup_cosine`.
+        ValueError: as :func:`warmup_cosine`, or an unknown ``schedule``.
     """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r} is not one of {', '.join(SCHEDULES)}")
     warmup_cosine(0, total_steps, warmup_steps, final_fraction)  # validate now, not mid-run
     fn = functools.partial(
-        warmup_cosine,
+        warmup_cosine if schedule == "cosine" else warmup_constant,
         total_steps=total_steps,
         warmup_steps=warmup_steps,
         final_fraction=final_fraction,
@@ -339,8 +358,10 @@ def build_optimizer(
     * ``"sgd"``: :class:`torch.optim.SGD` with ``momentum`` (biases/norms not decayed).
     * ``"lars"``: :class:`LARS` with ``momentum`` and ``trust_coefficient``; biases/norms get
       neither decay nor adaptation (SimCLR App. B.1).
-    * ``"adamw"``: :class:`torch.optim.AdamW` (Loshchilov & Hutter 2019) with ``betas``;
-      ``momentum`` is ignored.
+    * ``"adam"``: :class:`torch.optim.Adam` (Kingma & Ba 2015) with ``betas``, weight decay as
+      an L2 term in the gradient; ``momentum`` is ignored.
+    * ``"adamw"``: :class:`torch.optim.AdamW` (Loshchilov & Hutter 2019) with ``betas``,
+      decoupled weight decay; ``momentum`` is ignored.
 
     The groups' extra ``lars_exclude`` key is carried (and ignored) by SGD and AdamW.
 
@@ -352,14 +373,15 @@ def build_optimizer(
         raise ValueError(f"optimizer name={name!r} is not one of {', '.join(OPTIMIZERS)}")
     _check_nonneg("lr", lr)
     groups = param_groups(model, weight_decay)
-    if name == "adamw":
+    if name in ("adam", "adamw"):
         if not (
             isinstance(betas, tuple | list)
             and len(betas) == 2
             and all(isinstance(b, int | float) and 0.0 <= b < 1.0 for b in betas)
         ):
             raise ValueError(f"betas={betas!r} is not allowed: must be two numbers in [0, 1)")
-        return torch.optim.AdamW(
+        adam = torch.optim.Adam if name == "adam" else torch.optim.AdamW
+        return adam(
             groups, lr=lr, betas=(float(betas[0]), float(betas[1])), weight_decay=weight_decay
         )
     _check_momentum("momentum", momentum)

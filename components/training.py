@@ -91,9 +91,9 @@ def build_model(
         ValueError: the dataset lacks what the loss needs (see ``build_objective``).
     """
     backbone, feat_dim = build_backbone(model_cfg.backbone, model_cfg.small_images,
-                                        model_cfg.width)
+                                        model_cfg.width, model_cfg.blocks)
     proj = projector(feat_dim, model_cfg.projector_hidden, model_cfg.projector_dim,
-                     model_cfg.projector_layers)
+                     model_cfg.projector_layers, model_cfg.projector_bn)
     objective = build_objective(loss_cfg, model_cfg.projector_dim, num_classes=num_classes,
                                 class_similarity=class_similarity, caption_dim=caption_dim)
     head = num_classes if "logits" in objective.requires else 0

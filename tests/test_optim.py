@@ -19,6 +19,7 @@ from components.optim import (
     build_scheduler,
     param_groups,
     scaled_lr,
+    warmup_constant,
     warmup_cosine,
 )
 
@@ -333,6 +334,24 @@ def test_build_scheduler_state_dict_and_pickle() -> None:
     pickle.loads(pickle.dumps(sched))  # a partial, not a lambda
 
 
+def test_constant_schedule_warms_up_then_holds() -> None:
+    p = nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([p], lr=0.4)
+    sched = build_scheduler(opt, total_steps=8, warmup_steps=3, final_fraction=0.1,
+                            schedule="constant")
+    lrs = []
+    for _ in range(10):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    np.testing.assert_allclose(lrs, [0.4 / 3, 0.8 / 3] + [0.4] * 8, rtol=1e-15)
+    assert [warmup_constant(s, 5, 0) for s in range(7)] == [1.0] * 7
+    with pytest.raises(ValueError, match="warmup_steps=9"):
+        warmup_constant(0, 5, 9)
+    with pytest.raises(ValueError, match="schedule='step'.*cosine, constant"):
+        build_scheduler(opt, total_steps=8, warmup_steps=0, schedule="step")  # type: ignore[arg-type]
+
+
 def test_build_scheduler_validates_early() -> None:
     opt = torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=1.0)
     with pytest.raises(ValueError, match="warmup_steps=20"):
@@ -342,18 +361,19 @@ def test_build_scheduler_validates_early() -> None:
 # --------------------------------------------------------------------------- build_optimizer
 
 
-@pytest.mark.parametrize("name", ["sgd", "lars", "adamw"])
+@pytest.mark.parametrize("name", ["sgd", "lars", "adam", "adamw"])
 def test_build_optimizer_each_name(name: str) -> None:
     net = _small_net()
     opt = build_optimizer(net, name, lr=0.1, momentum=0.8, weight_decay=1e-3,  # type: ignore[arg-type]
                           betas=(0.8, 0.95), trust_coefficient=0.02)
-    kind = {"sgd": torch.optim.SGD, "lars": LARS, "adamw": torch.optim.AdamW}[name]
+    kind = {"sgd": torch.optim.SGD, "lars": LARS, "adam": torch.optim.Adam,
+            "adamw": torch.optim.AdamW}[name]
     assert type(opt) is kind
     decay, excluded = opt.param_groups
     assert decay["weight_decay"] == 1e-3 and excluded["weight_decay"] == 0.0
     assert len(decay["params"]) == 2 and len(excluded["params"]) == 4
     assert all(g["lr"] == 0.1 for g in opt.param_groups)
-    if name == "adamw":
+    if name.startswith("adam"):
         assert all(g["betas"] == (0.8, 0.95) for g in opt.param_groups)
     else:
         assert all(g["momentum"] == 0.8 for g in opt.param_groups)
@@ -369,8 +389,8 @@ def test_build_optimizer_each_name(name: str) -> None:
 
 def test_build_optimizer_errors() -> None:
     net = _small_net()
-    with pytest.raises(ValueError, match="name='adam'.*sgd, lars, adamw"):
-        build_optimizer(net, "adam", lr=0.1, momentum=0.9, weight_decay=0.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="name='rmsprop'.*sgd, lars, adam, adamw"):
+        build_optimizer(net, "rmsprop", lr=0.1, momentum=0.9, weight_decay=0.0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="lr=-0.1"):
         build_optimizer(net, "sgd", lr=-0.1, momentum=0.9, weight_decay=0.0)
     with pytest.raises(ValueError, match="momentum=1.5"):
