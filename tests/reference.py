@@ -363,6 +363,7 @@ def cone_parts(
     tau_dc,
     top_n,
     label_smoothing=0.0,
+    neighbours_from="key",
 ) -> dict:
     """The three CoNe terms (cone.txt Eq. 1, 2, 7, 9-13 and Algorithm 1), V = 1.
 
@@ -374,8 +375,9 @@ def cone_parts(
     * ce (Eq. 1): mean_i CE(q_logits_i, y_i), with label smoothing eps as torch does:
           target = (1 - eps) * onehot(y_i) + eps / C;  ce_i = -sum_c target_c * log softmax(q_logits_i)_c
     * sup_in (Eq. 2 over the top-N bank neighbours, Sec. 3.3): J_i = the top_n bank
-      rows by cos(k_i, bank_j) (chosen with the EMA KEY; all K rows if top_n > K;
-      ties broken towards the lower bank index). Over J_i:
+      rows by cos(k_i, bank_j) (chosen with the EMA KEY, or with the query q_i when
+      neighbours_from="query"; all K rows if top_n > K; ties broken towards the lower bank
+      index). Over J_i:
           w_ij = exp(cos(q_i, bank_j)/tau_sup) / sum_{l in J_i} exp(cos(q_i, bank_l)/tau_sup)
           loss_i = -log sum_{j in J_i, bank_labels_j == y_i} w_ij
       (this is Eq. 2 with Pos/Neg restricted to J_i). Anchors with no same-label
@@ -423,11 +425,12 @@ def cone_parts(
     bank_labels = np.asarray(bank_labels).reshape(-1)
     bank_probs = np.asarray(bank_probs, dtype=np.float64)
 
-    # ---- L_in^sup over the top-N neighbours of the EMA key (Eq. 2, Sec. 3.3) ---
+    # ---- L_in^sup over the top-N neighbours of the EMA key or query (Eq. 2, Sec. 3.3) ---
     n_top = min(int(top_n), n_bank)
+    chooser = {"key": kn, "query": qn}[neighbours_from]
     in_terms = []
     for i in range(n_anchors):
-        key_sims = np.array([_cos(kn[i], bn[j]) for j in range(n_bank)])
+        key_sims = np.array([_cos(chooser[i], bn[j]) for j in range(n_bank)])
         order = np.argsort(-key_sims, kind="stable")  # descending; ties -> lower index
         neighbours = [int(j) for j in order[:n_top]]
         same_label = [j for j in neighbours if bank_labels[j] == labels[i]]
@@ -470,6 +473,7 @@ def cone(
     tau_dc,
     top_n,
     label_smoothing=0.0,
+    neighbours_from="key",
 ) -> float:
     """CoNe overall objective (cone.txt Eq. 13):
 
@@ -491,6 +495,7 @@ def cone(
         tau_dc,
         top_n,
         label_smoothing,
+        neighbours_from,
     )
     return float(parts["ce"] + float(lambda_sup) * parts["sup_in"] + float(lambda_dc) * parts["dc"])
 

@@ -7,6 +7,8 @@ finite differences of the reference on a representative subset.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -161,10 +163,31 @@ def test_banked_supcon_and_simclr(pattern: str) -> None:
     )
 
 
+@pytest.mark.parametrize(("mode", "want"), [
+    ("query", math.log1p(math.exp(-1 / 0.1))),  # J = {b0, b1}: positive b0 at cos 1
+    ("key", math.log1p(math.exp(0.6 / 0.1))),  # J = {b1, b2}: positive b2 at cos -0.6
+])
+def test_cone_neighbour_modes_by_hand(mode: str, want: float) -> None:
+    """Query q = (1, 0) and EMA key k = (0, 1) pick different top-2 neighbours in a bank of
+    b0 = (1, 0) [label 0], b1 = (0, 1) [1], b2 = (-0.6, 0.8) [0]; the anchor has label 0.
+    L_in = −log Σ_pos w over J, w = softmax(cos(q, b_j) / 0.1) over J (cone.txt Eq. 2)."""
+    objective = CoNe(2, 2, lambda_sup=1.0, lambda_dc=0.0, tau_sup=0.1, bank_size=3, top_n=2,
+                     neighbours_from=mode).double()
+    objective.bank.enqueue(torch.tensor([[1.0, 0.0], [0.0, 1.0], [-0.6, 0.8]]).double(),
+                           labels=torch.tensor([0, 1, 0]), probs=torch.full((3, 2), 0.5).double())
+    batch = batch_from(np.array([[[1.0, 0.0]]]), labels=np.array([0]),
+                       logits=np.zeros((1, 1, 2)), ema_z=np.array([[[0.0, 1.0]]]),
+                       ema_logits=np.zeros((1, 1, 2)))
+    _, metrics = objective(batch)
+    assert metrics["sup_in"] == pytest.approx(want, rel=1e-6)  # the bank stores float32
+    assert metrics["anchors_without_positive"] == 0
+
+
 @pytest.mark.parametrize("pattern", ["unique", "one_class", "singletons", "random"])
 @pytest.mark.parametrize(("k", "top_n"), [(9, 4), (9, 50), (30, 8)])
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
-def test_cone(pattern: str, k: int, top_n: int, smoothing: float) -> None:
+@pytest.mark.parametrize("mode", ["key", "query"])
+def test_cone(pattern: str, k: int, top_n: int, smoothing: float, mode: str) -> None:
     n, c = 7, 4
     rng = np.random.default_rng(k + top_n)
     labels = label_patterns(n)[pattern] % c
@@ -175,7 +198,8 @@ def test_cone(pattern: str, k: int, top_n: int, smoothing: float) -> None:
     bank_probs = rng.dirichlet(np.ones(c), size=k)
     params = {"lambda_sup": 0.7, "lambda_dc": 0.4, "tau_sup": 0.1, "tau_dc": 0.07}
 
-    objective = CoNe(c, D, bank_size=k, top_n=top_n, label_smoothing=smoothing, **params)
+    objective = CoNe(c, D, bank_size=k, top_n=top_n, label_smoothing=smoothing,
+                     neighbours_from=mode, **params)
     objective = objective.double()
     objective.bank.enqueue(
         torch.tensor(bank), labels=torch.tensor(bank_labels), probs=torch.tensor(bank_probs)
@@ -196,6 +220,7 @@ def test_cone(pattern: str, k: int, top_n: int, smoothing: float) -> None:
             bank_probs,
             top_n=top_n,
             label_smoothing=smoothing,
+            neighbours_from=mode,
             **params,
         )
 
@@ -209,6 +234,7 @@ def test_cone(pattern: str, k: int, top_n: int, smoothing: float) -> None:
         bank_probs,
         top_n=top_n,
         label_smoothing=smoothing,
+        neighbours_from=mode,
         **params,
     )
     assert loss.item() == pytest.approx(reference(q, logits), rel=1e-10, abs=1e-12)

@@ -2,11 +2,13 @@
 
     L = CE(W·h_i, y_i) + λ_sup · L_in^sup + λ_dc · KL(p_dc_i ‖ p_class_i)
 
-* L_in^sup over the top-N memory-bank neighbours J_i (the N bank keys most similar to the EMA
-  key k_i; ``neighbours_from='query'`` picks them with the online query instead, as the
-  authors' released code does). Over those N, ``w_ij = softmax_{j∈J_i}(q_i·Q_j / τ_sup)`` and
-  ``L_in,i = −log Σ_{j∈J_i, y_j = y_i} w_ij`` (Eq. 2 restricted to the neighbours; no
-  contrastive view is used, Sec. 3.3). Anchors with no same-label neighbour are excluded.
+* L_in^sup over the top-N memory-bank neighbours J_i: the N bank keys most similar to the
+  online query q_i, as the authors' released code picks them (``supcon_in(norm_q, …)``; the
+  default), or to the EMA key k_i with ``neighbours_from='key'`` (the paper's text reads
+  either way; the choice carries no gradient in both). Over those N,
+  ``w_ij = softmax_{j∈J_i}(q_i·Q_j / τ_sup)`` and ``L_in,i = −log Σ_{j∈J_i, y_j = y_i} w_ij``
+  (Eq. 2 restricted to the neighbours; no contrastive view is used, Sec. 3.3). Anchors with
+  no same-label neighbour are excluded.
 * Distributional consistency: ``p_inst_ij = softmax_j(k_i·Q_j / τ_dc)`` over the whole bank
   (Eq. 10, with the EMA key as in Alg. 1), ``p_dc_i = Σ_j p_inst_ij · Q^p_j`` (Eq. 11) with the
   EMA classifier's stored probabilities, and ``L_dc = KL(p_dc ‖ softmax(W·h_i))`` (Eq. 12); the
@@ -102,7 +104,7 @@ class CoNe(Objective):
         bank_size: int = 4096,
         top_n: int = 32,
         label_smoothing: float = 0.0,
-        neighbours_from: Literal["key", "query"] = "key",
+        neighbours_from: Literal["key", "query"] = "query",
     ) -> None:
         super().__init__()
         if num_classes < 1:
