@@ -1,4 +1,5 @@
-"""``simgraph evaluate RUN_DIR [RUN_DIR ...] [--checkpoint PATH] [--projector] [--out DIR]``.
+"""``simgraph evaluate RUN_DIR [RUN_DIR ...] [--checkpoint PATH] [--projector] [--out DIR]
+[--labels MAP.yaml]``.
 
 For each run, top to bottom:
 
@@ -13,7 +14,9 @@ For each run, top to bottom:
    SINCERE's target–noise separation (median margin, overlap); label error and intra-class
    connectivity of the test kNN graph (definitions in ``components/evaluation/graph.py``);
    learned class-similarity matrix next to the target one (X-CLR Fig. 4).
-4. Write ``<run>/eval/report.md``, ``metrics.json`` and PNG plots. With several runs, also a
+4. Write ``<run>/eval/report.md``, ``metrics.json`` and PNG plots (``<run>/eval-<map>/`` when
+   ``--labels`` scores the run against groups of its classes: every metric then uses the
+   group as the label). With several runs, also a
    comparison table and overlaid plots in ``--out`` (default: ``<storage>/comparison``).
 """
 
@@ -59,11 +62,13 @@ class RunEval:
     noise_sims: np.ndarray
     classes: list[str]
     feature: str
+    label_set: str | None = None  # a label-map file (``--labels``); None = the dataset's
 
     def summary(self) -> dict[str, Any]:
         return {
             "run": self.name, "loss": self.loss, "params": self.params, "epoch": self.epoch,
-            "feature": self.feature, "knn": {str(k): v for k, v in self.knn.items()},
+            "feature": self.feature, "labels": self.label_set or "dataset classes",
+            "knn": {str(k): v for k, v in self.knn.items()},
             "probe": self.probe, "separation": self.separation, "graph": self.graph,
         }
 
@@ -141,8 +146,10 @@ def _dataset(cfg: PretrainConfig, state: dict[str, Any]) -> Any:
 
 def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
                  projector: bool = False, device: str | None = None, jit: bool | None = None,
-                 probe_epochs: int = 100) -> RunEval:
-    """Every metric of one run (see the module docstring); nothing written."""
+                 probe_epochs: int = 100, labels: str | Path | None = None) -> RunEval:
+    """Every metric of one run (see the module docstring); nothing written. ``labels``: a
+    label map (``components.evaluation.labels``) to score against groups of the classes
+    instead of the classes themselves (no retraining)."""
     import torch
 
     from components.data.reader import ViewLoader, set_jit
@@ -152,6 +159,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
         target_noise_separation,
     )
     from components.evaluation.knn import knn_accuracy, weighted_knn_predict
+    from components.evaluation.labels import LabelMapError, load_label_map
     from components.evaluation.probe import linear_probe
     from components.storage import basename
     from components.training import build_model, extract_features
@@ -159,6 +167,12 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
     cfg, state, _ = load_run(run_dir, checkpoint)
     name = basename(str(run_dir))
     info = _dataset(cfg, state)
+    classes, index = list(info.classes), torch.arange(len(info.classes))
+    if labels is not None:
+        try:
+            classes, index = load_label_map(labels, info.classes)
+        except LabelMapError as e:
+            raise EvaluateError(str(e)) from None
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     set_jit(cfg.data.jit if jit is None else jit)
     sim = info.class_similarity()
@@ -173,12 +187,13 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
         loader = ViewLoader(info.split_file(split), batch_size=cfg.data.batch_size, views=1,
                             augment=cfg.data.augment, train=False, device=dev,
                             num_workers=cfg.data.num_workers, with_captions=False)
-        return extract_features(encoder, _progress(loader, f"{name}: {split}"),
-                                dev, projector=projector)
+        f, y = extract_features(encoder, _progress(loader, f"{name}: {split}"), dev,
+                                projector=projector)
+        return f, index.to(y.device)[y]  # the class, or its group under --labels
 
     bank_f, bank_y = features("train")
     query_f, query_y = features(query_split)
-    c = len(info.classes)
+    c = len(classes)
     ks = [k for k in KS if k <= len(bank_f)]
     scores = weighted_knn_predict(bank_f, bank_y, query_f, ks, c, temperature=0.07)
     knn = {}
@@ -196,9 +211,11 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
         probe={"top1": pr.top1, "top5": pr.top5, "weight_decay": pr.weight_decay},
         separation={"margin": sep.margin, "overlap": sep.overlap,
                     "target_median": sep.target_median, "noise_median": sep.noise_median},
-        graph=graph, learned_similarity=learned, target_similarity=sim,
+        graph=graph, learned_similarity=learned,
+        target_similarity=sim if labels is None else None,  # the graph is over classes
         target_sims=sep.target_sims.numpy(), noise_sims=sep.noise_sims.numpy(),
-        classes=list(info.classes), feature="projector" if projector else "backbone",
+        classes=classes, feature="projector" if projector else "backbone",
+        label_set=None if labels is None else str(labels),
     )
 
 
@@ -294,12 +311,17 @@ def comparison_table(evals: Sequence[RunEval]) -> str:
     return "\n".join(lines)
 
 
+def eval_dir_name(label_set: str | None) -> str:
+    """``eval``, or ``eval-<label map stem>`` for a report against another label set."""
+    return "eval" if label_set is None else f"eval-{Path(label_set).stem}"
+
+
 def write_report(e: RunEval) -> str:
     """``<run>/eval/report.md`` with metrics.json and the plots; returns the report path
     (a URI run dir gets them uploaded)."""
     from components import storage
 
-    dest = storage.join(e.run_dir, "eval")
+    dest = storage.join(e.run_dir, eval_dir_name(e.label_set))
     with storage.LocalMirror(dest) as mirror:
         _write_report(e, mirror.local)
     return storage.join(dest, "report.md")
@@ -312,10 +334,13 @@ def _write_report(e: RunEval, out: Path) -> None:
     (out / "metrics.json").write_text(json.dumps(e.summary(), indent=1))
     knn_rows = "\n".join(f"| {k} | {_pct(v['top1'])} | {_pct(v['top5'])} |"
                          for k, v in sorted(e.knn.items()))
+    labels = (f"the groups of `{e.label_set}` ({', '.join(e.classes)})" if e.label_set
+              else "the dataset's classes")
     text = f"""# Evaluation of `{e.name}`
 
 Loss **{e.loss}** ({", ".join(f"{k}={v}" for k, v in e.params.items())}), checkpoint after
-epoch {e.epoch}; {e.feature} features of one centre view per image.
+epoch {e.epoch}; {e.feature} features of one centre view per image; labels:
+{labels}.
 
 {comparison_table([e])}
 
@@ -376,7 +401,7 @@ def _write_comparison(evals: Sequence[RunEval], out: Path) -> None:
 
 
 def main(run_dirs: Sequence[str], checkpoint: str | None = None, projector: bool = False,
-         out: str | None = None) -> int:
+         out: str | None = None, labels: str | None = None) -> int:
     if checkpoint is not None and len(run_dirs) != 1:
         print("simgraph evaluate: --checkpoint needs exactly one RUN_DIR", file=sys.stderr)
         return 2
@@ -387,7 +412,7 @@ def main(run_dirs: Sequence[str], checkpoint: str | None = None, projector: bool
     evals = []
     try:
         for d in run_dirs:
-            e = evaluate_run(d, checkpoint, projector=projector)
+            e = evaluate_run(d, checkpoint, projector=projector, labels=labels)
             print(f"{write_report(e)}")
             evals.append(e)
     except EvaluateError as err:

@@ -120,3 +120,52 @@ def test_bad_inputs_are_clear_errors(dataset: Path, tmp_path: Path) -> None:
     (moved / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(EvaluateError, match="needs labelled data|has no labels"):
         evaluate_run(run2)
+
+
+def test_labels_scores_against_groups_of_the_classes(dataset: Path, tmp_path: Path) -> None:
+    """``--labels``: an identity map changes nothing, a two-group map writes its own report;
+    a map that does not fit is a clear error."""
+    run = _run(dataset, tmp_path, "g")
+    plain = evaluate_run(run, probe_epochs=20)
+    same = tmp_path / "same.yaml"
+    same.write_text("".join(f"class{c}: class{c}\n" for c in range(4)))
+    e = evaluate_run(run, probe_epochs=20, labels=same)
+    assert e.knn == plain.knn and e.probe == plain.probe and e.classes == plain.classes
+    one = tmp_path / "one.yaml"
+    one.write_text("".join(f"class{c}: all\n" for c in range(4)))
+    with pytest.raises(EvaluateError, match=r"every class in \['all'\].*at least 2 groups"):
+        evaluate_run(run, labels=one)
+    parity = tmp_path / "parity.yaml"
+    parity.write_text("class0: even\nclass1: odd\nclass2: even\nclass3: odd\n")
+    e = evaluate_run(run, probe_epochs=20, labels=parity)
+    assert e.classes == ["even", "odd"] and e.target_similarity is None
+    assert e.learned_similarity.shape == (2, 2) and 0.5 <= e.knn[20]["top1"] <= 1
+    from pipelines.cli import main as cli
+
+    assert cli(["evaluate", str(run), "--labels", str(parity)]) == 0
+    m = json.loads((run / "eval-parity" / "metrics.json").read_text())
+    assert m["labels"] == str(parity) and 0 <= m["knn"]["20"]["top1"] <= 1
+    assert "the groups of" in (run / "eval-parity" / "report.md").read_text()
+    assert not (run / "eval").exists()  # the class-level report is not overwritten
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("class0: a\nclass1: b\nclass2: a\n")
+    with pytest.raises(EvaluateError, match=r"no group for 1 classes: \['class3'\]"):
+        evaluate_run(run, labels=bad)
+    bad.write_text("class0: a\nclass1: b\nclass2: a\nclass3: b\ncat: a\n")
+    with pytest.raises(EvaluateError, match=r"names \['cat'\] which are not classes"):
+        evaluate_run(run, labels=bad)
+    bad.write_text("- class0\n")
+    with pytest.raises(EvaluateError, match="must be a mapping"):
+        evaluate_run(run, labels=bad)
+
+
+def test_fashion_mnist_coarse_map_covers_every_class() -> None:
+    from components.data.sources import FASHION_MNIST_CLASSES
+    from components.evaluation.labels import load_label_map
+
+    root = Path(__file__).resolve().parents[1]
+    groups, index = load_label_map(root / "pipelines/configs/labels/fashion_mnist_coarse.yaml",
+                                   FASHION_MNIST_CLASSES)
+    assert groups == ["bags", "bottoms", "shoes", "tops"]
+    assert [groups[i] for i in index] == ["tops", "bottoms", "tops", "tops", "tops", "shoes",
+                                          "tops", "shoes", "bags", "shoes"]
