@@ -6,20 +6,32 @@ PY := $(VENV)/bin/python
 APT_PKGS := pkg-config libopencv-dev libturbojpeg0-dev dataset-fashion-mnist
 # Only the tests need these: `ip netns` / `ss` for the two-node loopback cluster.
 TEST_APT_PKGS := iproute2
+# Only the learning benchmarks need these: real captioned images (Tux Paint stamps).
+BENCH_APT_PKGS := tuxpaint-stamps-default
 STAMP := $(VENV)/.installed
+# Benchmarks that start Ray run in a loopback-only network namespace, as the tests do.
+NETNS_RUN := unshare -n bash -c 'ip link set lo up && HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 
-.PHONY: setup apt-deps test lint demo bench-objectives clean
+.PHONY: setup apt-deps bench-deps test lint demo bench-objectives bench-parity bench-reproduce clean
 
 setup: $(STAMP)
 
-# apt packages ffcv builds against; installed only when missing.
-apt-deps:
-	@missing=""; for p in $(APT_PKGS) $(TEST_APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+# Install the apt packages named in $(1) that are missing.
+define apt_install
+	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing apt packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
+endef
+
+# apt packages ffcv builds against; installed only when missing.
+apt-deps:
+	$(call apt_install,$(APT_PKGS) $(TEST_APT_PKGS))
+
+bench-deps: setup
+	$(call apt_install,$(BENCH_APT_PKGS))
 
 $(STAMP): pyproject.toml
 	@$(MAKE) --no-print-directory apt-deps
@@ -47,6 +59,14 @@ demo: setup
 
 bench-objectives: setup
 	$(PY) bench/objectives.py
+
+# Pipeline vs plain PyTorch loop, several seeds (docs/results.md); ARGS="--datasets fmnist ...".
+bench-parity: bench-deps
+	$(NETNS_RUN) $(PY) bench/parity.py $(ARGS)'
+
+# The papers' claims at a CPU budget (docs/results.md); ARGS="--losses simclr supcon ...".
+bench-reproduce: bench-deps
+	$(NETNS_RUN) $(PY) bench/reproduce.py $(ARGS)'
 
 clean:
 	rm -rf $(VENV)

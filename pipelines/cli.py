@@ -10,11 +10,15 @@ Available now:
 * ``simgraph pretrain CONFIG [key=value ...]`` — Ray Train DDP pretraining; re-running the
   same run name resumes it from its latest complete checkpoint.
 
+* ``simgraph preview CONFIG [key=value ...] [--out PNG]`` — a PNG grid of a batch of training
+  views exactly as the workers receive them (look at the augmentations before training).
+
 * ``simgraph run CONFIG [key=value ...]`` — preprocess, then several pretraining runs, then a
   comparison table (``make demo`` runs ``pipelines/configs/demo.yaml``).
 
-* ``simgraph evaluate RUN_DIR [RUN_DIR ...] [--checkpoint PATH] [--projector] [--out DIR]`` —
-  kNN, linear probe, graph metrics, plots and a report per run, and a comparison of several.
+* ``simgraph evaluate RUN_DIR [RUN_DIR ...] [--checkpoint PATH] [--projector] [--out DIR]
+  [--labels MAP.yaml]`` — kNN, linear probe, graph metrics, plots and a report per run, and a
+  comparison of several; ``--labels`` scores against groups of the classes (coarse labels).
 
 * ``simgraph sweep SPACE.yaml [--resume] [key=value ...]`` — Ray Tune + Optuna over
   pretraining, conditional per-loss spaces from ``search_spaces/*.yaml``, ASHA, resume.
@@ -81,6 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("pretrain", help="pretrain an encoder with Ray Train (resumable)")
     p.add_argument("config", help="YAML pretrain config (see pipelines/configs/pretrain/)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. loss.tau=0.2")
+    p = commands.add_parser("preview", help="a PNG grid of training views as workers see them")
+    p.add_argument("config", help="YAML pretrain config")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.augment.scale=[0.5,1]")
+    p.add_argument("--out", help="PNG path (default: preview-<name>.png)")
+    p.add_argument("--images", type=int, default=16, help="rows: images of the first batch")
+    p.add_argument("--epoch", type=int, default=0, help="which epoch's views (0-based)")
+    p.add_argument("--rank", type=int, default=0, help="which worker's share")
+    p.add_argument("--tile", type=int, default=96, help="px per tile")
     p = commands.add_parser("run", help="preprocess + several pretraining runs + a table")
     p.add_argument("config", help="YAML pipeline config (e.g. pipelines/configs/demo.yaml)")
     p.add_argument("overrides", nargs="*", help="dotted overrides of the pipeline config")
@@ -89,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", help="a checkpoint dir (default: the run's newest)")
     p.add_argument("--projector", action="store_true", help="projector instead of backbone")
     p.add_argument("--out", help="where the comparison of several runs goes")
+    p.add_argument("--labels", help="score against groups of the classes: a YAML map "
+                                    "'class: group' (e.g. pipelines/configs/labels/"
+                                    "fashion_mnist_coarse.yaml); report in <run>/eval-<name>")
     p = commands.add_parser("sweep", help="Ray Tune + Optuna sweep over pretraining")
     p.add_argument("space", help="search space YAML (see search_spaces/)")
     p.add_argument("overrides", nargs="*", help="overrides of the sweep file, e.g. num_samples=8")
@@ -131,10 +146,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pipelines import pretrain
 
         return pretrain.main(args.config, args.overrides)
+    if args.command == "preview":
+        from pipelines import preview
+
+        return preview.main(args.config, args.overrides, args.out, args.images, args.epoch,
+                            args.rank, args.tile)
     if args.command == "evaluate":
         from pipelines import evaluate
 
-        return evaluate.main(args.run_dirs, args.checkpoint, args.projector, args.out)
+        return evaluate.main(args.run_dirs, args.checkpoint, args.projector, args.out,
+                             args.labels)
     if args.command == "sweep":
         from pipelines import sweep
 

@@ -330,6 +330,21 @@ def main(config: str, overrides: Sequence[str]) -> int:
 # Worker side (runs in every Ray Train worker).
 
 
+def train_views(cfg: PretrainConfig, info: Any, rank: int, world: int, device: Any,
+                with_captions: bool) -> Any:
+    """The training ``ViewLoader`` of one rank: what every worker reads (``simgraph preview``
+    draws its batches from this same function)."""
+    from components.data.reader import ViewLoader
+
+    d = cfg.data
+    return ViewLoader(
+        info.split_file("train"), batch_size=d.batch_size, views=d.views, augment=d.augment,
+        train=True, seed=cfg.train.seed, rank=rank, world_size=world, device=device,
+        num_workers=d.num_workers, drop_last=True, os_cache=d.os_cache,
+        with_captions=with_captions, max_batches=cfg.train.steps_per_epoch,
+    )
+
+
 def train_loop(loop_config: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
@@ -383,12 +398,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         ema.to(device)
 
     d = cfg.data
-    train_loader = ViewLoader(
-        info.split_file("train"), batch_size=d.batch_size, views=d.views, augment=d.augment,
-        train=True, seed=cfg.train.seed, rank=rank, world_size=world, device=device,
-        num_workers=d.num_workers, drop_last=True, os_cache=d.os_cache,
-        with_captions=facts["needs_captions"], max_batches=cfg.train.steps_per_epoch,
-    )
+    train_loader = train_views(cfg, info, rank, world, device, facts["needs_captions"])
     steps_per_epoch = len(train_loader)
     total_steps = steps_per_epoch * cfg.train.epochs
     warmup = min(total_steps, round(cfg.optim.warmup_epochs * steps_per_epoch))
@@ -397,7 +407,8 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     optimizer = build_optimizer(model, o.name, lr, o.momentum, o.weight_decay,
                                 betas=(o.betas[0], o.betas[1]),
                                 trust_coefficient=o.trust_coefficient)
-    scheduler = build_scheduler(optimizer, total_steps, warmup, o.final_lr_fraction)
+    scheduler = build_scheduler(optimizer, total_steps, warmup, o.final_lr_fraction,
+                                o.schedule)
     scaler = torch.amp.GradScaler("cuda") if cfg.train.amp == "fp16" else None
 
     start_epoch, step, history = 0, 0, []

@@ -305,7 +305,15 @@ class ViewLoader:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[Batch]:
-        for out in self.loader:
+        epoch = iter(self.loader)  # FFCV's EpochIterator: a thread filling a queue
+        try:
+            yield from self._batches(epoch)
+        finally:  # stopped early (close(), break): end the thread, or exit aborts the process
+            epoch.close()
+            epoch.join(timeout=5)
+
+    def _batches(self, epoch: Iterator[Any]) -> Iterator[Batch]:
+        for out in epoch:
             got = dict(zip(self._names, out, strict=True))
             views = []
             for key in self._image_keys:

@@ -260,6 +260,23 @@ def read_samples(path: str | Path, indices: Sequence[int] | None = None) -> list
     return out
 
 
+def rows_of(path: str | Path, sample_ids: Sequence[int]) -> list[int]:
+    """File rows (``read_samples`` indices) holding these dataset-wide sample ids, in order.
+
+    Raises:
+        ShardError: an id that is not in the file.
+    """
+    from ffcv.reader import Reader
+
+    r = Reader(str(path))
+    column = r.metadata[f"f{list(r.handlers).index(SAMPLE_ID)}"]
+    where = {int(sid): row for row, sid in enumerate(column)}
+    missing = [i for i in sample_ids if int(i) not in where]
+    if missing:
+        raise ShardError(f"{path} holds no sample id {missing[0]} ({len(missing)} missing)")
+    return [where[int(i)] for i in sample_ids]
+
+
 def _alloc_size(r: object, sample: int, ptr: int) -> int:
     table = r.alloc_table  # type: ignore[attr-defined]
     hit = table[(table["sample_id"] == sample) & (table["ptr"] == ptr)]

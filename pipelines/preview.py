@@ -1,0 +1,153 @@
+"""``simgraph preview CONFIG [key=value ...] [--out PNG] [--images N] [--epoch E] [--rank R]``.
+
+Look at the augmentations before spending compute: draw a batch of training views exactly as
+a pretraining worker would receive them, and write a PNG grid.
+
+1. Load and validate the pretrain config (with overrides), and the dataset dir it names.
+2. Build rank ``R``'s training loader with :func:`pipelines.pretrain.train_views` (the function
+   the workers call), seed it as the worker seeds epoch ``E`` (``seed_everything``), and take
+   its first batch — the same views the run will train on when ``data.jit`` is false.
+3. Write one row per image: the image as stored in the dataset dir, then each of the
+   ``data.views`` views un-normalised with ``data.augment.mean/std``; each tile is
+   ``--tile`` px (nearest-neighbour upscaling, so individual pixels stay visible).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components.config import ConfigError, PretrainConfig, load_config
+
+HEADER = 14  # px of the title strip above the grid
+GAP = 2  # px between tiles
+
+
+class PreviewError(RuntimeError):
+    """The preview cannot be drawn (missing dataset, too few images); the message says why."""
+
+
+def _fit(img: np.ndarray, tile: int) -> np.ndarray:
+    """``[H, W, 3]`` uint8 scaled (nearest) to fit in ``tile × tile``, centred on grey."""
+    from PIL import Image
+
+    h, w = img.shape[:2]
+    s = tile / max(h, w)
+    nh, nw = max(1, round(h * s)), max(1, round(w * s))
+    small = np.asarray(Image.fromarray(img).resize((nw, nh), Image.Resampling.NEAREST))
+    out = np.full((tile, tile, 3), 128, np.uint8)
+    y, x = (tile - nh) // 2, (tile - nw) // 2
+    out[y:y + nh, x:x + nw] = small
+    return out
+
+
+def views_to_uint8(images: Any, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+    """Normalised views ``[B, V, 3, r, r]`` float → ``[B, V, r, r, 3]`` uint8."""
+    import torch
+
+    m = torch.tensor(mean).view(1, 1, 3, 1, 1)
+    s = torch.tensor(std).view(1, 1, 3, 1, 1)
+    x = (images.float().cpu() * s + m).clamp(0, 1) * 255
+    return x.round().to(torch.uint8).permute(0, 1, 3, 4, 2).numpy()
+
+
+def grid(stored: Sequence[np.ndarray], views: np.ndarray, tile: int) -> np.ndarray:
+    """``[HEADER + n·(tile+GAP), (V+1)·(tile+GAP), 3]`` uint8: a column of stored images, then
+    one column per view."""
+    from PIL import Image, ImageDraw
+
+    n, v = views.shape[:2]
+    step = tile + GAP
+    canvas = np.full((HEADER + n * step, (v + 1) * step, 3), 255, np.uint8)
+    for i in range(n):
+        y = HEADER + i * step
+        canvas[y:y + tile, 0:tile] = _fit(stored[i], tile)
+        for j in range(v):
+            x = (j + 1) * step
+            canvas[y:y + tile, x:x + tile] = _fit(views[i, j], tile)
+    img = Image.fromarray(canvas)
+    draw = ImageDraw.Draw(img)
+    for j, title in enumerate(["stored"] + [f"view {k + 1}" for k in range(v)]):
+        draw.text((j * step + 2, 1), title, fill=(0, 0, 0))
+    return np.asarray(img)
+
+
+def preview(cfg: PretrainConfig, out: str | Path, images: int = 16, epoch: int = 0,
+            rank: int = 0, tile: int = 96) -> Path:
+    """Write the grid PNG to ``out``; returns its path.
+
+    Raises:
+        PreviewError: the dataset dir cannot be read, or ``rank`` / ``epoch`` / ``images`` are
+            out of range.
+    """
+    import torch
+    from PIL import Image
+
+    from components.data.reader import DatasetError, DatasetInfo, set_jit
+    from components.data.shards import read_samples, rows_of
+    from components.data.staging import local_dataset
+    from components.storage import StorageError
+    from components.training import seed_everything
+    from pipelines.pretrain import absolute_paths, train_views
+
+    if images < 1 or tile < 8 or epoch < 0:
+        raise PreviewError(f"--images={images} must be >= 1, --tile={tile} >= 8 and "
+                           f"--epoch={epoch} >= 0")
+    world = cfg.scaling.num_workers
+    if not 0 <= rank < world:
+        raise PreviewError(f"--rank={rank} must lie in [0, scaling.num_workers={world})")
+    cfg = absolute_paths(cfg)
+    try:
+        info = DatasetInfo.load(local_dataset(cfg.data.dataset, cfg.data.stage,
+                                              cfg.data.stage_dir))
+        info.split_file("train")
+    except (DatasetError, StorageError) as e:
+        raise PreviewError(str(e)) from None
+    set_jit(cfg.data.jit)
+    threads = torch.get_num_threads()
+    loader = train_views(cfg, info, rank, world, torch.device("cpu"), with_captions=False)
+    seed_everything(cfg.train.seed, epoch, rank)  # as the worker does before each epoch
+    loader.set_epoch(epoch)
+    batches = iter(loader)
+    batch = next(batches)
+    batches.close()  # stops FFCV's thread: the rest of the epoch is not needed
+    torch.set_num_threads(threads)
+    n = min(images, len(batch.sample_ids))
+    ids = batch.sample_ids[:n].tolist()
+    path = info.split_file("train")
+    stored = [r["image"] for r in read_samples(path, rows_of(path, ids))]
+    a = cfg.data.augment
+    picture = grid(stored,
+                   views_to_uint8(batch.images[:n], a.mean, a.std), tile)
+    dest = Path(out)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(picture).save(dest)
+    return dest
+
+
+def main(config: str, overrides: Sequence[str], out: str | None, images: int, epoch: int,
+         rank: int, tile: int) -> int:
+    try:
+        cfg = load_config(config, PretrainConfig, overrides)
+    except (ConfigError, OSError) as e:
+        print(f"simgraph: invalid config: {e}", file=sys.stderr)
+        return 2
+    try:
+        path = preview(cfg, out or f"preview-{cfg.name}.png", images, epoch, rank, tile)
+    except PreviewError as e:
+        print(f"simgraph preview: {e}", file=sys.stderr)
+        return 1
+    a = cfg.data.augment
+    print(f"{path}: {images} training images of rank {rank}, epoch {epoch + 1}: stored, then "
+          f"{cfg.data.views} views at {a.resolution} px (crop scale {a.scale}, ratio "
+          f"{[round(r, 3) for r in a.ratio]}, flip {a.flip_p}, jitter p={a.jitter_p} "
+          f"b/c/s/h={a.brightness}/{a.contrast}/{a.saturation}/{a.hue}, grayscale "
+          f"{a.grayscale_p}, blur {a.blur_p})")
+    return 0
+
+
+__all__ = ["PreviewError", "grid", "main", "preview", "views_to_uint8"]
