@@ -193,6 +193,17 @@ def test_integrity_duplicates_captions_and_identical_rebuild(
     assert {k: v for k, v in again.items() if k != "created"} == {
         k: v for k, v in m.items() if k != "created"}
 
+    # simgraph inspect on the real thing: caption lengths, duplicates with thumbnails.
+    from pipelines.inspect import run as inspect
+
+    text = inspect(str(out), per_class=3).read_text()
+    for png in ("samples.png", "class_counts.png", "caption_lengths.png",
+                "class_similarity.png", "near_duplicates.png"):
+        assert (out / "inspect" / png).stat().st_size > 1000 and f"({png})" in text, png
+    assert "1 images exceed the 256-token window" in text
+    assert f"| {paths['copy']} | {paths['cat3']} |" in text
+    assert "| caption-encoding | 1 | 0 |" in text
+
 
 @pytest.mark.slow
 def test_bad_input_error_policy_and_empty_result(tmp_path: Path, ray_local: None) -> None:
