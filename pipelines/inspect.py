@@ -14,7 +14,7 @@ Writes ``report.md`` and PNGs (default ``DATASET_DIR/inspect/``), read top to bo
 6. the skip table (counts per reason, examples) and the caption checks.
 
 Only a fixed number of images is decoded, so a 70k-image dataset takes seconds
-(docs/benchmarks.md, ``bench/inspect.py``).
+(docs/benchmarks.md, ``bench/dataset_integrity.py``).
 """
 
 from __future__ import annotations
