@@ -465,8 +465,16 @@ class SplitConfig:
     val: float = 0.1
     test: float = 0.1
     seed: int = 0
+    # A manifest column (e.g. ``group``: source or subject id): all items sharing its value go
+    # to one split, like a near-duplicate group. Only for source.kind=manifest.
+    group_by: str | None = None
 
     def __post_init__(self) -> None:
+        if self.group_by is not None and (not self.group_by or self.group_by == "path"):
+            raise ConfigError(
+                f"split.group_by={self.group_by!r} is not allowed: name a manifest column other "
+                "than 'path' (e.g. group), or null"
+            )
         check_in_range("split.val", self.val, 0.0, 0.95)
         check_in_range("split.test", self.test, 0.0, 0.95)
         if self.val + self.test >= 1:
@@ -474,6 +482,30 @@ class SplitConfig:
                 f"split.val + split.test = {self.val + self.test} leaves no training data; "
                 "their sum must be < 1"
             )
+
+
+@dataclasses.dataclass(frozen=True)
+class DedupeConfig:
+    """Duplicate detection on the stored pixels (components/data/integrity.py).
+
+    ``exact``: items whose decoded, resized pixels are identical to an earlier item's are
+    skipped as ``duplicate-of`` it. ``near_threshold``: pHash Hamming distance (bits of 64) up
+    to which two items are near-duplicate candidates; ``near_max_diff``: the most their 16×16
+    grey thumbnails may differ (mean absolute difference, grey levels 0–255) to count as near
+    duplicates. Near duplicates are grouped and each group kept in one split;
+    ``near_threshold: null`` turns that off."""
+
+    exact: bool = True
+    near_threshold: int | None = 6
+    near_max_diff: float = 4.0
+
+    def __post_init__(self) -> None:
+        if self.near_threshold is not None and not 0 <= self.near_threshold <= 16:
+            raise ConfigError(
+                f"dedupe.near_threshold={self.near_threshold!r} is not allowed: it must be an "
+                "integer in [0, 16] (pHash bits out of 64), or null to not group near duplicates"
+            )
+        check_in_range("dedupe.near_max_diff", self.near_max_diff, 0.0, 255.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -490,6 +522,7 @@ class PreprocessConfig:
     image: ImageConfig = dataclasses.field(default_factory=ImageConfig)
     captions: CaptionConfig = dataclasses.field(default_factory=CaptionConfig)
     split: SplitConfig = dataclasses.field(default_factory=SplitConfig)
+    dedupe: DedupeConfig = dataclasses.field(default_factory=DedupeConfig)
     shard_size: int = 10000
     bad_input: Literal["skip", "error"] = "skip"
     keep_shards: bool = False  # keep the per-shard files after merging into one file per split
@@ -501,6 +534,11 @@ class PreprocessConfig:
         check_at_least("shard_size", self.shard_size, 1)
         if self.num_cpus is not None:
             check_at_least("num_cpus", self.num_cpus, 1)
+        if self.split.group_by is not None and self.source.kind != "manifest":
+            raise ConfigError(
+                f"split.group_by={self.split.group_by!r} needs source.kind=manifest (a column "
+                f"of the manifest file); source.kind is {self.source.kind!r}"
+            )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,9 @@ Available now:
 
 * ``simgraph preprocess CONFIG [key=value ...] [--overwrite]`` — images → FFCV dataset dir.
 
+* ``simgraph inspect DATASET_DIR [--out DIR] [--per-class N]`` — ``report.md`` + PNGs: samples
+  per class as stored, class counts, captions, duplicates, skipped items.
+
 * ``simgraph pretrain CONFIG [key=value ...]`` — Ray Train DDP pretraining; re-running the
   same run name resumes it from its latest complete checkpoint.
 
@@ -82,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="YAML preprocess config (see pipelines/configs/data/)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. image.max_side=64")
     p.add_argument("--overwrite", action="store_true", help="rebuild from scratch")
+    p = commands.add_parser("inspect", help="report.md + PNGs describing a dataset dir")
+    p.add_argument("dataset", help="a dataset dir written by simgraph preprocess")
+    p.add_argument("--out", help="where report.md goes (default: DATASET/inspect)")
+    p.add_argument("--per-class", type=int, default=8, help="samples per class in the grid")
     p = commands.add_parser("pretrain", help="pretrain an encoder with Ray Train (resumable)")
     p.add_argument("config", help="YAML pretrain config (see pipelines/configs/pretrain/)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. loss.tau=0.2")
@@ -142,6 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pipelines import preprocess
 
         return preprocess.main(args.config, args.overrides, overwrite=args.overwrite)
+    if args.command == "inspect":
+        from pipelines import inspect
+
+        return inspect.main(args.dataset, args.out, args.per_class)
     if args.command == "pretrain":
         from pipelines import pretrain
 

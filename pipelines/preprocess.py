@@ -2,8 +2,11 @@
 
 Reads top to bottom as the data flow in DESIGN.md:
 
-1. list the source on the driver (paths, labels, captions) and apply the caption policy;
-2. assign stratified splits and cut each split into shards of ``shard_size`` items;
+1. list the source on the driver (paths, labels, captions) and apply the caption policy
+   (invalid UTF-8 and empty captions are counted, never silent);
+2. hash every item's stored pixels (Ray Data; ``components/data/integrity.py``): drop exact
+   duplicates (``duplicate-of``), group near duplicates (and ``split.group_by`` values), then
+   assign stratified splits group by group and cut each split into shards of ``shard_size``;
 3. embed the unique captions and the class captions (Ray Data actor pool, one model each);
 4. Ray Data: read → validate → decode/RGB/resize (tasks) → group by shard → write each shard
    (temp name, then rename, with a sidecar JSON holding its checksum and skipped items);
@@ -18,6 +21,8 @@ Output directory::
     class_embeddings.npy  class_similarity.npy   (labelled data with captions enabled)
     shards/<split>-<k>.json (+ .beton while building, or with keep_shards)
     captions.npz   (the embedded caption table; a re-run reuses it)
+    captions.json  caption_index.npy   (caption texts and token counts; sample id -> caption id)
+    content.npz    (every item's content hashes; a resumed run reuses them)
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import os
 import platform
 import shutil
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,9 +46,10 @@ import numpy as np
 
 from components.config import PreprocessConfig, to_dict
 from components.data import captions as cap
-from components.data import shards
+from components.data import integrity, shards
 from components.data.images import ImageError, decode_image
 from components.data.sources import (
+    FASHION_SCHEME,
     MISSING_CAPTION,
     UNKNOWN_LABEL,
     Item,
@@ -51,11 +58,15 @@ from components.data.sources import (
     SourceError,
     list_source,
     read_item,
+    skip_record,
 )
 from components.data.splits import SPLITS, assign_splits
 
 FORMAT = "simgraph-dataset/1"
 MANIFEST = "manifest.json"
+DUPLICATE_OF = "duplicate-of"
+CAPTION_TRUNCATED = "caption-truncated"
+LISTED_MAX = 1000  # near-duplicate groups / truncated captions listed in full in the manifest
 
 
 class PreprocessError(RuntimeError):
@@ -89,10 +100,39 @@ def _subset(listing: Listing, max_per_class: int | None) -> list[Item]:
     return out
 
 
+@dataclasses.dataclass
+class Listed:
+    """The source after the caption policy: kept items (sample id = index here), their caption
+    texts, the classes, skipped items and caption problems that did not skip an item."""
+
+    items: list[Item]
+    texts: list[str | None]
+    classes: list[str]
+    skipped: list[Skip]
+    caption_notes: list[dict[str, Any]]
+
+
+@dataclasses.dataclass
+class Plan:
+    rows: list[Planned]
+    classes: list[str]
+    texts: list[str]  # the caption table (unique texts, sorted)
+    skipped: list[Skip]
+    caption_notes: list[dict[str, Any]]
+    near_duplicates: dict[str, Any] | None
+    split_groups: dict[str, Any] | None
+
+
 def _caption_texts(
-    cfg: PreprocessConfig, items: list[Item], classes: list[str], skipped: list[Skip]
+    cfg: PreprocessConfig, items: list[Item], classes: list[str], skipped: list[Skip],
+    notes: list[dict[str, Any]],
 ) -> tuple[list[Item], list[str | None]]:
-    """Apply ``captions.missing``; returns the kept items and one caption text per item."""
+    """Apply ``captions.missing``; returns the kept items and one caption text per item.
+
+    A caption that is not valid UTF-8 or is empty counts as missing, under its own reason
+    (``caption-encoding`` / ``caption-empty``): skipped with it, or — ``from-label`` — given the
+    class template and listed in ``notes`` so the manifest counts it.
+    """
     if not cfg.captions.enabled:
         return items, [None] * len(items)
     kept: list[Item] = []
@@ -101,57 +141,293 @@ def _caption_texts(
         text = it.caption
         if text is None:
             policy = cfg.captions.missing
+            problem = {"caption-encoding": "caption is not valid UTF-8",
+                       "caption-empty": "caption is empty or whitespace only"}.get(
+                it.caption_issue or "", "no caption")
             if policy == "error":
+                has = "has no caption" if problem == "no caption" else f"{problem}: no caption"
                 raise PreprocessError(
-                    f"{it.path} has no caption (captions.missing=error); give it one, or set "
+                    f"{it.path} {has} (captions.missing=error); give it one, or set "
                     "captions.missing=skip or from-label"
                 )
             if policy == "from-label" and it.label >= 0:
                 text = cfg.captions.templates[0].format(classes[it.label])
+                if it.caption_issue:
+                    notes.append({"path": it.path, "reason": it.caption_issue,
+                                  "detail": f"{problem}; used the class template",
+                                  "action": "from-label"})
             else:
-                why = "no caption" + (" and no label" if policy == "from-label" else "")
+                why = problem + (" and no label" if policy == "from-label" else "")
                 if cfg.bad_input == "error":
                     raise PreprocessError(f"{it.path}: {why} (bad_input=error)")
-                skipped.append(Skip(it.path, MISSING_CAPTION, why))
+                skipped.append(Skip(it.path, it.caption_issue or MISSING_CAPTION, why))
                 continue
         kept.append(it)
         texts.append(text)
     return kept, texts
 
 
-def plan(cfg: PreprocessConfig) -> tuple[list[Planned], list[str], list[str], list[Skip]]:
-    """Everything decided before any image is read: (rows, classes, caption table, skips)."""
+def list_items(cfg: PreprocessConfig) -> Listed:
+    """Step 1 (driver, no Ray): list the source, take the subset, apply the caption policy."""
     from components.paths import resolve_path
 
     source = resolve_path(cfg.source.path) if cfg.source.path else None
     try:
-        listing = list_source(cfg.source.kind, source, cfg.source.classes, cfg.bad_input)
+        listing = list_source(cfg.source.kind, source, cfg.source.classes, cfg.bad_input,
+                              cfg.split.group_by)
     except SourceError as e:
         raise PreprocessError(str(e)) from None
     skipped = list(listing.skipped)
+    notes: list[dict[str, Any]] = []
     items = _subset(listing, cfg.source.max_per_class)
-    items, texts = _caption_texts(cfg, items, listing.classes, skipped)
-    if not items:
-        raise PreprocessError(
-            f"source {cfg.source.kind} {cfg.source.path or ''} gave no usable items "
-            f"({len(skipped)} skipped); nothing to write"
+    items, texts = _caption_texts(cfg, items, listing.classes, skipped, notes)
+    return Listed(items, texts, listing.classes, skipped, notes)
+
+
+def dedupe_enabled(cfg: PreprocessConfig) -> bool:
+    return cfg.dedupe.exact or cfg.dedupe.near_threshold is not None
+
+
+def hash_batch(batch: dict[str, np.ndarray], max_side: int, min_side: int) -> dict[str, Any]:
+    """Ray Data stage (and the in-process fallback): decode each item as it will be stored and
+    hash it (``integrity.hash_item``); a failure becomes a row with a ``reason``."""
+    cols: dict[str, list[Any]] = {k: [] for k in (
+        "reason", "detail", "bytes_sha256", "pixels_sha256", "phash", "thumb")}
+    for path in batch["path"]:
+        try:
+            data = read_item(str(path))
+            rgb = decode_image(data, max_side=max_side, min_side=min_side)
+            h = integrity.hash_item(data, rgb)
+            row = ["", "", h.bytes_sha256, h.pixels_sha256, h.phash, h.thumb]
+        except (ImageError, OSError) as e:
+            row = [getattr(e, "reason", "unreadable-file"), str(e), "", "", 0,
+                   bytes(integrity.THUMB**2)]
+        for k, v in zip(cols, row, strict=True):
+            cols[k].append(v)
+    return {
+        "idx": batch["idx"],
+        **{k: np.array(cols[k], dtype=object) for k in ("reason", "detail", "bytes_sha256",
+                                                         "pixels_sha256", "thumb")},
+        "phash": np.array(cols["phash"], dtype=np.uint64),
+    }
+
+
+@dataclasses.dataclass
+class Content:
+    """Per listed item: its decode failure (``reason`` non-empty) or its hashes (see
+    :mod:`components.data.integrity`)."""
+
+    reason: list[str]
+    detail: list[str]
+    bytes_sha256: list[str]
+    pixels_sha256: list[str]
+    phash: np.ndarray  # [n] uint64
+    thumbs: np.ndarray  # [n, 256] uint8
+
+    @classmethod
+    def from_columns(cls, cols: dict[str, Any]) -> Content:
+        order = np.argsort(np.asarray(cols["idx"], dtype=np.int64), kind="stable")
+        thumbs = np.frombuffer(b"".join(cols["thumb"][i] for i in order), np.uint8)
+        return cls(
+            [str(cols["reason"][i]) for i in order], [str(cols["detail"][i]) for i in order],
+            [str(cols["bytes_sha256"][i]) for i in order],
+            [str(cols["pixels_sha256"][i]) for i in order],
+            np.asarray(cols["phash"], dtype=np.uint64)[order],
+            thumbs.reshape(len(order), integrity.THUMB**2).copy(),
         )
-    table = sorted({t for t in texts if t is not None})
+
+
+def hash_local(cfg: PreprocessConfig, items: Sequence[Item]) -> Content:
+    """The content pass in this process (small sources, unit tests)."""
+    batch = {"idx": np.arange(len(items)), "path": np.array([it.path for it in items], object)}
+    return Content.from_columns(hash_batch(batch, cfg.image.max_side, cfg.image.min_side))
+
+
+def _content_key(cfg: PreprocessConfig, items: Sequence[Item]) -> str:
+    stats = []
+    for it in items:
+        local = it.path.partition("#")[0].removeprefix(FASHION_SCHEME)
+        try:
+            st = os.stat(local) if "://" not in local else None
+        except OSError:
+            st = None
+        stats.append((it.path, st.st_size if st else None, st.st_mtime_ns if st else None))
+    return _digest({"items": stats, "image": [cfg.image.max_side, cfg.image.min_side],
+                    "hash": "sha256+phash64+thumb16/1"})
+
+
+def hash_with_ray(cfg: PreprocessConfig, items: Sequence[Item], out: Path) -> Content:
+    """The content pass as a Ray Data stage; cached in ``content.npz`` (keyed by the items'
+    paths, sizes and mtimes), so a resumed run does not hash again."""
+    import ray
+
+    cache = out / "content.npz"
+    key = _content_key(cfg, items)
+    if cache.exists():
+        with np.load(cache, allow_pickle=False) as z:
+            if str(z["key"]) == key:
+                return Content([str(x) for x in z["reason"]], [str(x) for x in z["detail"]],
+                               [str(x) for x in z["bytes_sha256"]],
+                               [str(x) for x in z["pixels_sha256"]],
+                               z["phash"].copy(), z["thumbs"].copy())
+    ds = ray.data.from_items([{"idx": i, "path": it.path} for i, it in enumerate(items)])
+    got = ds.map_batches(
+        hash_batch,  # type: ignore[arg-type]
+        batch_size=256, batch_format="numpy",
+        fn_kwargs={"max_side": cfg.image.max_side, "min_side": cfg.image.min_side},
+    ).to_pandas()
+    content = Content.from_columns({k: got[k].to_numpy() for k in got.columns})
+    tmp = out / "content.tmp.npz"
+    np.savez(tmp, key=np.array(key), reason=np.array(content.reason, dtype=str),
+             detail=np.array(content.detail, dtype=str),
+             bytes_sha256=np.array(content.bytes_sha256, dtype=str),
+             pixels_sha256=np.array(content.pixels_sha256, dtype=str),
+             phash=content.phash, thumbs=content.thumbs)
+    os.replace(tmp, cache)
+    return content
+
+
+def plan(
+    cfg: PreprocessConfig, listed: Listed | None = None, content: Content | None = None
+) -> Plan:
+    """Everything decided before the shards are written: rows (sample id, split, shard),
+    classes, the caption table, skips, and the near-duplicate / group report.
+
+    With ``dedupe`` on, ``content`` (the items' hashes) is computed here, in this process, when
+    not given (:func:`hash_with_ray` computes it in parallel for :func:`run`).
+    """
+    listed = listed or list_items(cfg)
+    items, texts, skipped = listed.items, listed.texts, list(listed.skipped)
+    keep = np.ones(len(items), dtype=bool)
+    groups: np.ndarray | None = None
+    pairs: np.ndarray | None = None
+    split_groups: dict[str, Any] | None = None
+    if items and dedupe_enabled(cfg):
+        content = content or hash_local(cfg, items)
+        for i, reason in enumerate(content.reason):
+            if reason:
+                if cfg.bad_input == "error":
+                    raise PreprocessError(f"{items[i].path}: {content.detail[i]} (bad_input=error)")
+                skipped.append(Skip(items[i].path, reason, content.detail[i]))
+                keep[i] = False
+        if cfg.dedupe.exact:
+            _drop_exact(cfg, listed, content, keep, skipped)
+        ok = np.flatnonzero(keep)
+        uf = integrity.UnionFind(len(items))
+        if cfg.dedupe.near_threshold is not None:
+            _, local_pairs = integrity.near_duplicate_groups(
+                content.phash[ok], content.thumbs[ok], cfg.dedupe.near_threshold,
+                cfg.dedupe.near_max_diff)
+            pairs = ok[local_pairs]
+            for a, b in pairs.tolist():
+                uf.union(a, b)
+        if cfg.split.group_by is not None:
+            split_groups = _group_by(cfg, items, ok, uf)
+        groups = uf.labels()
+    rows_idx = np.flatnonzero(keep)
+    if not len(rows_idx):
+        raise PreprocessError(
+            f"source {cfg.source.kind} {cfg.source.path or ''} gave no usable items: every "
+            f"item was skipped ({len(skipped)}); nothing to write"
+        )
+    table = sorted({t for i in rows_idx if (t := texts[i]) is not None})
     index = {t: i for i, t in enumerate(table)}
+    sub = [items[i] for i in rows_idx]
     splits = assign_splits(
-        [it.label for it in items], [it.official_split for it in items],
+        [it.label for it in sub], [it.official_split for it in sub],
         cfg.split.val, cfg.split.test, cfg.split.seed,
+        None if groups is None else groups[rows_idx].tolist(),
     )
+    split_of = {int(i): s for i, s in zip(rows_idx, splits, strict=True)}
     rows: list[Planned] = []
     for split in SPLITS:
-        members = [i for i, s in enumerate(splits) if s == split]
+        members = [int(i) for i, s in zip(rows_idx, splits, strict=True) if s == split]
         for k in range(0, len(members), cfg.shard_size):
             name = f"{split}-{k // cfg.shard_size:05d}"
             for i in members[k : k + cfg.shard_size]:
                 it, t = items[i], texts[i]
                 cid = -1 if t is None else index[t]
                 rows.append(Planned(i, it.path, it.label, cid, split, name))
-    return rows, listing.classes, table, skipped
+    near = None if pairs is None else _near_report(cfg, items, pairs, split_of)
+    if split_groups is not None and groups is not None:
+        split_groups["units"] = len(set(groups[rows_idx].tolist()))
+    return Plan(rows, listed.classes, table, skipped, listed.caption_notes, near, split_groups)
+
+
+def _drop_exact(
+    cfg: PreprocessConfig, listed: Listed, content: Content, keep: np.ndarray,
+    skipped: list[Skip],
+) -> None:
+    """Exact duplicates: the first copy in listing order is kept, the others are skipped as
+    ``duplicate-of`` it (``of`` names the kept copy)."""
+    items = listed.items
+    ok = np.flatnonzero(keep)
+    dropped = integrity.exact_duplicates([content.pixels_sha256[i] for i in ok])
+    for d, k in sorted(dropped.items()):
+        di, ki = int(ok[d]), int(ok[k])
+        same = ("same bytes" if content.bytes_sha256[di] == content.bytes_sha256[ki]
+                else "same pixels after decoding and resizing")
+        labels = "" if items[di].label == items[ki].label else (
+            f"; its label {_label(listed.classes, items[di].label)} differs from the kept "
+            f"copy's {_label(listed.classes, items[ki].label)}")
+        if cfg.bad_input == "error":
+            raise PreprocessError(
+                f"{items[di].path}: {same} as {items[ki].path} (bad_input=error; "
+                "dedupe.exact=false keeps exact duplicates)")
+        skipped.append(Skip(items[di].path, DUPLICATE_OF, f"{same} as {items[ki].path}{labels}",
+                            items[ki].path))
+        keep[di] = False
+
+
+def _group_by(
+    cfg: PreprocessConfig, items: list[Item], ok: np.ndarray, uf: integrity.UnionFind
+) -> dict[str, Any]:
+    """Join items sharing a ``split.group_by`` value; the manifest's ``split_groups``."""
+    first: dict[str, int] = {}
+    for i in ok.tolist():
+        g = items[i].group
+        if g is not None:
+            uf.union(first.setdefault(g, i), i)
+    count = collections.Counter(items[i].group for i in ok.tolist() if items[i].group is not None)
+    return {"column": cfg.split.group_by, "values": len(count), "items": sum(count.values()),
+            "largest": max(count.values(), default=0)}
+
+
+def _label(classes: list[str], label: int) -> str:
+    return repr(classes[label]) if 0 <= label < len(classes) else "(none)"
+
+
+def _near_report(
+    cfg: PreprocessConfig, items: list[Item], pairs: np.ndarray, split_of: dict[int, str]
+) -> dict[str, Any]:
+    """The manifest's ``near_duplicates`` section (groups from near-duplicate pairs only)."""
+    uf = integrity.UnionFind(len(items))
+    for a, b in pairs.tolist():
+        uf.union(a, b)
+    found = integrity.groups_from_roots(uf.labels())
+    found.sort(key=lambda g: (-len(g), g[0]))
+    straddle = [(a, b) for a, b in pairs.tolist() if split_of.get(a) != split_of.get(b)]
+    sizes = collections.Counter(len(g) for g in found)
+    return {
+        "method": "64-bit DCT pHash within threshold_bits, confirmed by 16x16 grey thumbnails "
+                  "within max_diff grey levels (components/data/integrity.py)",
+        "threshold_bits": cfg.dedupe.near_threshold,
+        "max_diff": cfg.dedupe.near_max_diff,
+        "pairs": len(pairs),
+        "groups": len(found),
+        "items": sum(len(g) for g in found),
+        "sizes": {str(k): sizes[k] for k in sorted(sizes)},
+        # Only official splits (kept as the source defines them) can separate a pair.
+        "straddling_splits": {
+            "pairs": len(straddle),
+            "examples": [{"a": items[a].path, "a_split": split_of.get(a),
+                          "b": items[b].path, "b_split": split_of.get(b)}
+                         for a, b in straddle[:20]],
+        },
+        "listed": min(len(found), LISTED_MAX),
+        "list": [[{"sample_id": i, "path": items[i].path, "split": split_of.get(i)} for i in g]
+                 for g in found[:LISTED_MAX]],
+    }
 
 
 def _digest(obj: Any) -> str:
@@ -206,7 +482,7 @@ def embed_captions(cfg: PreprocessConfig, texts: list[str], out: Path) -> np.nda
 
 
 def write_class_files(
-    cfg: PreprocessConfig, classes: list[str], out: Path
+    cfg: PreprocessConfig, classes: list[str], out: Path, model: Any = None
 ) -> dict[str, str]:
     """``classes.json``, and with captions the class embeddings and similarity (X-CLR)."""
     _atomic_json(out / "classes.json", classes)
@@ -218,7 +494,7 @@ def write_class_files(
         else None
     )
     texts = cap.class_texts(classes, cfg.captions.templates, desc)
-    model = cap.load_encoder(cfg.captions.model)
+    model = model if model is not None else cap.load_encoder(cfg.captions.model)
     emb = cap.class_embeddings(model, texts)
     sim = (emb.astype(np.float64) @ emb.astype(np.float64).T).astype(np.float32)
     for name, arr in (("class_embeddings", emb), ("class_similarity", sim)):
@@ -226,6 +502,43 @@ def write_class_files(
         np.save(tmp, arr)
         os.replace(tmp, out / f"{name}.npy")
     return {"class_embeddings": "class_embeddings.npy", "class_similarity": "class_similarity.npy"}
+
+
+def caption_files(
+    cfg: PreprocessConfig, plan_: Plan, out: Path, model: Any
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """``captions.json`` (texts, token counts, the encoder's window) and ``caption_index.npy``
+    (``[N, 2]`` sample id, caption id); returns the manifest's ``caption_checks`` section and
+    the files. A caption longer than the window is embedded from its first tokens only
+    (sentence-transformers truncates): each such item is counted as ``caption-truncated``."""
+    limit = int(model.max_seq_length)
+    tokens = cap.token_counts(model, plan_.texts)
+    data = {"model": cfg.captions.model, "max_seq_length": limit, "texts": plan_.texts,
+            "tokens": tokens}
+    _atomic_json(out / "captions.json", data)
+    index = np.array([(r.sample_id, r.caption_id) for r in plan_.rows], dtype=np.int64)
+    tmp = out / "caption_index.tmp.npy"
+    np.save(tmp, index.reshape(-1, 2))
+    os.replace(tmp, out / "caption_index.npy")
+    long = [r for r in plan_.rows if r.caption_id >= 0 and tokens[r.caption_id] > limit]
+    notes = list(plan_.caption_notes) + [
+        {"path": r.path, "reason": CAPTION_TRUNCATED,
+         "detail": f"{tokens[r.caption_id]} tokens; the text encoder reads the first {limit}",
+         "action": "truncated"}
+        for r in sorted(long, key=lambda r: r.sample_id)
+    ]
+    skipped = collections.Counter(
+        s.reason for s in plan_.skipped if s.reason in ("caption-encoding", "caption-empty"))
+    by_reason = collections.Counter(n["reason"] for n in notes) + skipped
+    checks = {
+        "max_seq_length": limit,
+        "by_reason": dict(sorted(by_reason.items())),
+        "skipped": dict(sorted(skipped.items())),
+        "replaced_or_truncated": len(notes),
+        "listed": min(len(notes), LISTED_MAX),
+        "items": notes[:LISTED_MAX],
+    }
+    return checks, {"captions": "captions.json", "caption_index": "caption_index.npy"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -418,7 +731,8 @@ def run(cfg: PreprocessConfig, overwrite: bool = False, echo: bool = True) -> di
     params_digest = _digest(params)
     if overwrite and out.exists():
         for name in ("shards", MANIFEST, "captions.npz", "classes.json", "class_embeddings.npy",
-                     "class_similarity.npy", *(f"{s}.beton" for s in SPLITS)):
+                     "class_similarity.npy", "captions.json", "caption_index.npy", "content.npz",
+                     *(f"{s}.beton" for s in SPLITS)):
             p = out / name
             shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
     (out / "shards").mkdir(parents=True, exist_ok=True)
@@ -459,21 +773,35 @@ def _run_locked(
             print(f"simgraph preprocess: {out} is already complete and verified")
         return done_manifest
 
-    rows, classes, texts, skipped = plan(cfg)
-    digests = {}
-    by_shard: dict[str, list[Planned]] = collections.defaultdict(list)
-    for r in rows:
-        by_shard[r.shard].append(r)
-    for name, members in by_shard.items():
-        digests[name] = _digest([params_digest, [dataclasses.astuple(m) for m in members]])
-    done = {n: s for n in by_shard if (s := _shard_done(out, n, digests[n])) is not None}
-    todo = [dataclasses.asdict(r) for r in rows if r.shard not in done]
-    if echo:
-        print(f"simgraph preprocess: {len(rows)} items in {len(by_shard)} shards "
-              f"({len(done)} already complete), {len(texts)} unique captions")
-
+    listed = list_items(cfg)
     with ray_session(cfg.num_cpus):
-        class_files = write_class_files(cfg, classes, out)
+        content = None
+        if listed.items and dedupe_enabled(cfg):
+            t0 = time.perf_counter()
+            content = hash_with_ray(cfg, listed.items, out)
+            if echo:
+                print(f"simgraph preprocess: hashed {len(listed.items)} items "
+                      f"in {time.perf_counter() - t0:.1f} s")
+        p = plan(cfg, listed, content)
+        rows, classes, texts = p.rows, p.classes, p.texts
+        digests = {}
+        by_shard: dict[str, list[Planned]] = collections.defaultdict(list)
+        for r in rows:
+            by_shard[r.shard].append(r)
+        for name, members in by_shard.items():
+            digests[name] = _digest([params_digest, [dataclasses.astuple(m) for m in members]])
+        done = {n: s for n in by_shard if (s := _shard_done(out, n, digests[n])) is not None}
+        todo = [dataclasses.asdict(r) for r in rows if r.shard not in done]
+        if echo:
+            print(f"simgraph preprocess: {len(rows)} items in {len(by_shard)} shards "
+                  f"({len(done)} already complete), {len(texts)} unique captions")
+
+        model = cap.load_encoder(cfg.captions.model) if cfg.captions.enabled else None
+        class_files = write_class_files(cfg, classes, out, model)
+        checks: dict[str, Any] | None = None
+        if model is not None:
+            checks, files = caption_files(cfg, p, out, model)
+            class_files.update(files)
         table = embed_captions(cfg, texts, out) if cfg.captions.enabled and todo else None
         if todo:
             ds = ray.data.from_items(todo).map_batches(
@@ -510,8 +838,7 @@ def _run_locked(
         if side is None:
             raise PreprocessError(f"shard {name} did not complete; re-run to continue")
         sides[name] = side
-    manifest = _assemble(cfg, out, params, params_digest, classes, texts, skipped, sides,
-                         class_files, dim)
+    manifest = _assemble(cfg, out, params, params_digest, p, sides, class_files, dim, checks)
     _cleanup(out, cfg, manifest)
     if echo:
         print(summary(manifest))
@@ -527,10 +854,11 @@ def _stored_dim(out: Path, by_shard: dict[str, list[Planned]]) -> int:
 
 
 def _assemble(
-    cfg: PreprocessConfig, out: Path, params: dict[str, Any], params_digest: str,
-    classes: list[str], texts: list[str], skipped: list[Skip],
+    cfg: PreprocessConfig, out: Path, params: dict[str, Any], params_digest: str, p: Plan,
     sides: dict[str, dict[str, Any]], class_files: dict[str, str], dim: int,
+    caption_checks: dict[str, Any] | None,
 ) -> dict[str, Any]:
+    classes, texts = p.classes, p.texts
     splits: dict[str, Any] = {}
     for split in SPLITS:
         names = sorted(n for n, s in sides.items() if s["split"] == split and s["samples"])
@@ -549,7 +877,7 @@ def _assemble(
             "sha256": shards.sha256(target) if names else None,
             "per_class": dict(sorted(per_class.items())), "shards": names,
         }
-    all_skipped = [dataclasses.asdict(s) for s in skipped]
+    all_skipped = [skip_record(s) for s in p.skipped]
     for name in sorted(sides):
         all_skipped += sides[name]["skipped"]
     if not any(s["samples"] for s in splits.values()):
@@ -593,6 +921,9 @@ def _assemble(
             "by_reason": dict(collections.Counter(s["reason"] for s in all_skipped)),
             "items": all_skipped,
         },
+        "near_duplicates": p.near_duplicates,
+        "split_groups": p.split_groups,
+        "caption_checks": caption_checks,
         "versions": versions(),
     }
     _atomic_json(out / MANIFEST, manifest)

@@ -118,10 +118,11 @@ def test_bad_images_raise_with_reason(data: bytes, reason: str) -> None:
 
 def _folder(tmp_path: Path) -> Path:
     root = tmp_path / "imgs"
-    for cls in ("cat", "dog"):
+    for c, cls in enumerate(("cat", "dog")):
         (root / cls).mkdir(parents=True)
-        for i in range(3):
-            Image.fromarray(np.full((16, 16, 3), i, np.uint8)).save(root / cls / f"{i}.png")
+        for i in range(3):  # distinct pixels: exact duplicates would be dropped
+            Image.fromarray(np.full((16, 16, 3), i + 100 * c, np.uint8)).save(
+                root / cls / f"{i}.png")
         (root / cls / "0.txt").write_text(f"a small {cls}\nsecond line\n")
     return root
 
@@ -219,12 +220,12 @@ def test_caption_policy(tmp_path: Path) -> None:
 
     with pytest.raises(PreprocessError, match="has no caption"):
         plan(cfg("error"))
-    rows, classes, texts, skipped = plan(cfg("skip"))
-    assert len(rows) == 2 and len(skipped) == 4 and texts == ["a small cat", "a small dog"]
-    rows, classes, texts, skipped = plan(cfg("from-label"))
-    assert len(rows) == 6 and not skipped
-    assert texts == ["a photo of a cat", "a photo of a dog", "a small cat", "a small dog"]
-    assert sorted(r.sample_id for r in rows) == list(range(6))
+    p = plan(cfg("skip"))
+    assert len(p.rows) == 2 and len(p.skipped) == 4 and p.texts == ["a small cat", "a small dog"]
+    p = plan(cfg("from-label"))
+    assert len(p.rows) == 6 and not p.skipped
+    assert p.texts == ["a photo of a cat", "a photo of a dog", "a small cat", "a small dog"]
+    assert sorted(r.sample_id for r in p.rows) == list(range(6))
 
 
 def test_class_texts_and_descriptions(tmp_path: Path) -> None:

@@ -98,7 +98,8 @@ def test_round_trip_skips_and_rerun(tmp_path: Path, ray_local: None) -> None:
     assert m["skipped"]["by_reason"] == {"not-an-image": 1, "corrupt-image": 1, "too-small": 1}
     assert m["splits"]["train"]["samples"] == len(made) == 6
     assert m["splits"]["train"]["per_class"] == {"cat": 3, "dog": 3}
-    assert len(m["shards"]) == 5  # 9 listed items in shards of 2 (one holds only bad items)
+    # The content pass skips the 3 bad items before the plan: 6 items in shards of 2.
+    assert len(m["shards"]) == 3
     assert m["encoder"]["dim"] == 384 and m["fields"]["caption"]["dtype"] == "float16"
     assert not list((out / "shards").glob("*.beton*"))  # merged, then removed
 
@@ -139,10 +140,76 @@ def test_round_trip_skips_and_rerun(tmp_path: Path, ray_local: None) -> None:
 
 
 @pytest.mark.slow
+def test_integrity_duplicates_captions_and_identical_rebuild(
+    tmp_path: Path, ray_local: None
+) -> None:
+    """Issue 17: an exact copy under another name and folder is dropped and names the kept copy;
+    a resized JPEG near duplicate shares its original's split; invalid UTF-8, empty and
+    too-long captions are counted; a rebuild is byte-identical."""
+    from tests.test_integrity import _collection
+
+    src = tmp_path / "src"
+    paths = _collection(src)
+    (src / "cat" / "0.txt").write_bytes(b"un chat \xe0 rayures\n")  # Latin-1
+    (src / "cat" / "1.txt").write_text(" \n")
+    (src / "cat" / "2.txt").write_text("striped " * 300 + "\n")  # > 256 tokens
+    cfg = _cfg(tmp_path, src, split={"val": 0.3, "test": 0.3, "seed": 1}, shard_size=4)
+    m = run(cfg, echo=False)
+    out = Path(cfg.output)
+
+    by_reason = m["skipped"]["by_reason"]
+    assert by_reason == {"duplicate-of": 2}, by_reason
+    dup = {s["path"]: s for s in m["skipped"]["items"]}
+    assert dup[str(paths["copy"])]["of"] == str(paths["cat3"])
+    assert dup[str(paths["bmp"])]["of"] == str(paths["cat4"])
+    total = sum(s["samples"] for s in m["splits"].values())
+    assert total == 21
+    nd = m["near_duplicates"]
+    assert nd["groups"] >= 1 and nd["straddling_splits"]["pairs"] == 0
+    group = next(g for g in nd["list"] if {x["path"] for x in g} >= {str(paths["cat5"])})
+    assert {x["path"] for x in group} == {str(paths["cat5"]), str(paths["near"])}
+    assert len({x["split"] for x in group}) == 1
+    checks = m["caption_checks"]
+    assert checks["by_reason"] == {"caption-encoding": 1, "caption-empty": 1,
+                                   "caption-truncated": 1}, checks
+    assert checks["max_seq_length"] == 256 and checks["skipped"] == {}
+    texts = json.loads((out / "captions.json").read_text())
+    assert max(texts["tokens"]) > 256 and len(texts["texts"]) == len(texts["tokens"])
+    index = np.load(out / "caption_index.npy")
+    assert index.shape == (21, 2)
+
+    # Splits hold exactly the kept items, and the near duplicate sits with its original.
+    ids = {split: {s["sample_id"] for s in read_samples(out / f"{split}.beton")}
+           for split in ("train", "val", "test") if m["splits"][split]["samples"]}
+    assert sum(len(v) for v in ids.values()) == 21
+
+    # Same source, fresh dir: byte-identical files, same manifest but for the time stamp.
+    again = run(_cfg(tmp_path, src, split={"val": 0.3, "test": 0.3, "seed": 1}, shard_size=4,
+                     output=str(tmp_path / "again")), echo=False)
+    for name in sorted(p.name for p in out.iterdir() if p.is_file() and p.name != ".lock"):
+        if name == "manifest.json":
+            continue
+        assert sha256(out / name) == sha256(tmp_path / "again" / name), name
+    assert {k: v for k, v in again.items() if k != "created"} == {
+        k: v for k, v in m.items() if k != "created"}
+
+    # simgraph inspect on the real thing: caption lengths, duplicates with thumbnails.
+    from pipelines.inspect import run as inspect
+
+    text = inspect(str(out), per_class=3).read_text()
+    for png in ("samples.png", "class_counts.png", "caption_lengths.png",
+                "class_similarity.png", "near_duplicates.png"):
+        assert (out / "inspect" / png).stat().st_size > 1000 and f"({png})" in text, png
+    assert "1 images exceed the 256-token window" in text
+    assert f"| {paths['copy']} | {paths['cat3']} |" in text
+    assert "| caption-encoding | 1 | 0 |" in text
+
+
+@pytest.mark.slow
 def test_bad_input_error_policy_and_empty_result(tmp_path: Path, ray_local: None) -> None:
     src = tmp_path / "src"
     _images(src)
-    with pytest.raises(PreprocessError, match=r"(notes|truncated)\..*bad_input=error"):
+    with pytest.raises(PreprocessError, match=r"(notes|truncated|tiny)\..*bad_input=error"):
         run(_cfg(tmp_path, src, bad_input="error"), echo=False)
     bad = tmp_path / "bad" / "x"
     bad.mkdir(parents=True)

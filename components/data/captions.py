@@ -79,6 +79,18 @@ def embed(model: Any, texts: Sequence[str], batch_size: int = 256) -> np.ndarray
     return np.asarray(out, dtype=np.float32)
 
 
+def token_counts(model: Any, texts: Sequence[str], batch_size: int = 1024) -> list[int]:
+    """Tokens per text as the encoder's tokenizer counts them (special tokens included), before
+    truncation to ``model.max_seq_length``."""
+    out: list[int] = []
+    tok = model.tokenizer
+    for s in range(0, len(texts), batch_size):
+        enc = tok(list(texts[s : s + batch_size]), add_special_tokens=True, truncation=False,
+                  verbose=False)
+        out += [len(ids) for ids in enc["input_ids"]]
+    return out
+
+
 def normalise_rows(x: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     return (x / np.maximum(norms, 1e-12)).astype(np.float32)

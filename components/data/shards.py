@@ -221,6 +221,18 @@ def atomic_copy(src: str | Path, dst: str | Path) -> None:
     os.replace(tmp, dst)
 
 
+def read_int_field(path: str | Path, name: str) -> np.ndarray:
+    """One ``IntField`` column (``label``, ``sample_id``) of every sample, from the metadata
+    alone: no image is read (fast on any size)."""
+    from ffcv.reader import Reader
+
+    r = Reader(str(path))
+    names = list(r.handlers)
+    if name not in names:
+        raise ShardError(f"{path} has no field {name!r} (it has {names})")
+    return np.asarray(r.metadata[f"f{names.index(name)}"], dtype=np.int64)
+
+
 def read_samples(path: str | Path, indices: Sequence[int] | None = None) -> list[dict]:
     """Read samples straight from a ``.beton`` file, without a Loader (no JIT, any image size).
 

@@ -39,6 +39,11 @@ DUPLICATE = "duplicate-path"
 UNKNOWN_LABEL = "unknown-label"
 MISSING_CAPTION = "missing-caption"
 MISSING_FILE = "missing-file"
+# Caption checks: a caption file or value that is not valid UTF-8, or empty / whitespace only.
+# Such an item is treated like one without a caption (``captions.missing`` decides), and
+# counted under this reason instead of missing-caption.
+CAPTION_ENCODING = "caption-encoding"
+CAPTION_EMPTY = "caption-empty"
 
 
 class SourceError(ValueError):
@@ -51,6 +56,8 @@ class Item:
     label: int = -1  # index into Listing.classes; -1 = unlabelled
     caption: str | None = None
     official_split: str | None = None  # "train" / "test" when the source defines one
+    group: str | None = None  # split.group_by value: items sharing it go to one split
+    caption_issue: str | None = None  # CAPTION_ENCODING / CAPTION_EMPTY (then caption is None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +65,15 @@ class Skip:
     path: str
     reason: str
     detail: str
+    of: str | None = None  # duplicate-of: the kept copy
+
+
+def skip_record(s: Skip) -> dict[str, str]:
+    """A skip as listed in manifest.json (``of`` only for duplicates)."""
+    d = {"path": s.path, "reason": s.reason, "detail": s.detail}
+    if s.of is not None:
+        d["of"] = s.of
+    return d
 
 
 @dataclasses.dataclass
@@ -124,24 +140,46 @@ def list_folder(
                       f"class folder {cdir.name!r} is not in source.classes")
                 continue
             cap_file = f.with_suffix(".txt")
-            caption = _first_line(cap_file) if cap_file.is_file() and cap_file != f else None
-            items.append(Item(str(f), index[cdir.name], caption))
+            caption, issue = (
+                _first_line(cap_file) if cap_file.is_file() and cap_file != f else (None, None)
+            )
+            items.append(Item(str(f), index[cdir.name], caption, caption_issue=issue))
     return Listing(items, names, skipped)
 
 
-def _first_line(path: Path) -> str | None:
-    text = path.read_text(encoding="utf-8", errors="replace").strip()
-    return text.splitlines()[0].strip() if text else None
+def decode_caption(raw: bytes | str | None) -> tuple[str | None, str | None]:
+    """``(text, issue)``: the first non-empty line, stripped, decoded as strict UTF-8 (a BOM is
+    dropped); ``issue`` is :data:`CAPTION_ENCODING` or :data:`CAPTION_EMPTY` when there is no
+    usable text. ``None`` (no caption at all) gives ``(None, None)``."""
+    if raw is None:
+        return None, None
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8-sig")
+        except UnicodeDecodeError:
+            return None, CAPTION_ENCODING
+    text = raw.strip()
+    if not text:
+        return None, CAPTION_EMPTY
+    return text.splitlines()[0].strip(), None
+
+
+def _first_line(path: Path) -> tuple[str | None, str | None]:
+    return decode_caption(path.read_bytes())
 
 
 def list_manifest(
-    path: str, classes: Sequence[str] | None = None, on_bad_input: str = "skip"
+    path: str, classes: Sequence[str] | None = None, on_bad_input: str = "skip",
+    group_by: str | None = None,
 ) -> Listing:
     """A CSV, Parquet or JSONL table with ``path`` and optional ``label`` / ``caption``.
 
     Relative paths are relative to the manifest's folder. Labels may be class names (strings)
-    or indices; with ``classes`` given, anything outside it is an unknown label.
+    or indices; with ``classes`` given, anything outside it is an unknown label. CSV captions
+    are read as bytes and decoded per row (strict UTF-8), so one bad row is counted, not fatal.
+    ``group_by``: a column whose value (any type, ``null`` = no group) becomes ``Item.group``.
     """
+    import pyarrow as pa
     import pyarrow.csv as pcsv
     import pyarrow.json as pjson
     import pyarrow.parquet as pq
@@ -152,7 +190,8 @@ def list_manifest(
     suffix = p.suffix.lower()
     try:
         if suffix == ".csv":
-            table = pcsv.read_csv(p)
+            table = pcsv.read_csv(p, convert_options=pcsv.ConvertOptions(
+                column_types={"caption": pa.binary()}))
         elif suffix == ".parquet":
             table = pq.read_table(p)
         elif suffix in (".jsonl", ".json"):
@@ -168,6 +207,10 @@ def list_manifest(
     cols = table.column_names
     if "path" not in cols:
         raise SourceError(f"manifest {path!r} has columns {cols}; a 'path' column is required")
+    if group_by is not None and group_by not in cols:
+        raise SourceError(
+            f"split.group_by={group_by!r}: manifest {path!r} has no such column (it has {cols})"
+        )
     rows = table.to_pylist()
     skipped: list[Skip] = []
     raw_labels = [r.get("label") for r in rows] if "label" in cols else [None] * len(rows)
@@ -194,8 +237,10 @@ def list_manifest(
                 continue
             label = to_index[key]
         cap = row.get("caption")
-        text = cap.strip() if isinstance(cap, str) and cap.strip() else None
-        items.append(Item(full, label, text))
+        text, issue = decode_caption(cap if isinstance(cap, bytes | str) else None)
+        group = row.get(group_by) if group_by is not None else None
+        items.append(Item(full, label, text, group=None if group is None else str(group),
+                          caption_issue=issue))
     return Listing(_dedupe(items, skipped, on_bad_input), names, skipped)
 
 
@@ -231,8 +276,8 @@ def list_tuxpaint(root: str = TUXPAINT_DIR, on_bad_input: str = "skip") -> Listi
         if category not in index:
             continue  # a PNG at the top level has no category
         txt = png.with_suffix(".txt")
-        caption = _first_line(txt) if txt.is_file() else None
-        items.append(Item(str(png), index[category], caption))
+        caption, issue = _first_line(txt) if txt.is_file() else (None, None)
+        items.append(Item(str(png), index[category], caption, caption_issue=issue))
     return Listing(items, categories, [])
 
 
@@ -241,12 +286,13 @@ def list_source(
     path: str | None,
     classes: Sequence[str] | None = None,
     on_bad_input: str = "skip",
+    group_by: str | None = None,
 ) -> Listing:
     """Dispatch on ``source.kind``; ``path`` overrides a built-in's install folder."""
     if kind == "folder":
         return list_folder(_need_path(kind, path), classes, on_bad_input)
     if kind == "manifest":
-        return list_manifest(_need_path(kind, path), classes, on_bad_input)
+        return list_manifest(_need_path(kind, path), classes, on_bad_input, group_by)
     if kind == "fashion-mnist":
         return list_fashion_mnist(path or FASHION_MNIST_DIR)
     if kind == "tuxpaint":

@@ -15,6 +15,7 @@ def assign_splits(
     val: float,
     test: float,
     seed: int,
+    groups: Sequence[int] | None = None,
 ) -> list[str]:
     """One split name per item, stratified by label, a pure function of the inputs.
 
@@ -22,11 +23,19 @@ def assign_splits(
     train part. Otherwise each class (unlabelled items form one group) is permuted with
     ``numpy.random.default_rng([seed, class])`` and cut into test / val / train with
     ``round(n * fraction)`` items, so adding a class does not reshuffle the others.
+
+    ``groups``: item i belongs to group ``groups[i]`` (any int; e.g. the index of the group's
+    first member). A group is placed whole: it is stratified by its first member's label and
+    permuted as one unit, and it joins test (then val) while that brings the split's count
+    closer to its target. With only singleton groups this is exactly the ungrouped assignment.
+    Free members of a group that also holds official items follow its first official member.
     """
     if not 0 <= val < 1 or not 0 <= test < 1 or val + test >= 1:
         raise ValueError(
             f"split.val={val} and split.test={test} must be in [0, 1) and sum to less than 1"
         )
+    if groups is not None:
+        return _assign_grouped(labels, official, val, test, seed, groups)
     n = len(labels)
     out = ["train"] * n
     lab = np.asarray(labels, dtype=np.int64)
@@ -51,4 +60,74 @@ def assign_splits(
                 out[i] = "test"
             for i in perm[n_test : n_test + n_val]:
                 out[i] = "val"
+    return out
+
+
+def _take(units: np.ndarray, sizes: dict[int, int], n_test: int, n_val: int) -> dict[int, str]:
+    """Walk the permuted units: test while that gets closer to ``n_test``, then val, else
+    train."""
+    out, got_test, got_val = {}, 0, 0
+    for u in units.tolist():
+        k = sizes[u]
+        if abs(got_test + k - n_test) < abs(got_test - n_test):
+            out[u], got_test = "test", got_test + k
+        elif abs(got_val + k - n_val) < abs(got_val - n_val):
+            out[u], got_val = "val", got_val + k
+        else:
+            out[u] = "train"
+    return out
+
+
+def _assign_grouped(
+    labels: Sequence[int],
+    official: Sequence[str | None],
+    val: float,
+    test: float,
+    seed: int,
+    groups: Sequence[int],
+) -> list[str]:
+    n = len(labels)
+    lab = np.asarray(labels, dtype=np.int64)
+    out = [str(o) if o is not None else "train" for o in official]
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(groups):
+        members.setdefault(int(g), []).append(i)
+    # A unit is a group's members that share an official split (or have none); it is named
+    # by its first member, so singleton units permute exactly like the ungrouped items.
+    units: dict[int, list[int]] = {}
+    for mem in members.values():
+        first_official = next((i for i in mem if official[i] is not None), None)
+        for key in (None, "train", "test"):
+            part = [i for i in mem if official[i] == key]
+            if not part:
+                continue
+            if key is None and first_official is not None:
+                for i in part:  # free items ride with the group's official split
+                    out[i] = str(official[first_official])
+                continue
+            units[part[0]] = part
+    by_class: dict[int, list[int]] = {}
+    for head in sorted(units):
+        by_class.setdefault(int(lab[head]), []).append(head)
+    for cls in sorted(by_class):
+        heads = np.array(by_class[cls], dtype=np.int64)
+        is_off = np.array([official[h] is not None for h in heads], dtype=bool)
+        off_train = heads[is_off & np.array([official[h] == "train" for h in heads], bool)]
+        free = heads[~is_off]
+        sizes = {int(h): len(units[int(h)]) for h in heads}
+        rng = np.random.default_rng([seed, cls + 1])
+        if len(off_train):
+            perm = rng.permutation(off_train)
+            n_items = sum(sizes[int(h)] for h in perm)
+            for h, s in _take(perm, sizes, 0, round(n_items * val)).items():
+                for i in units[h]:
+                    out[i] = s
+        if len(free):
+            perm = rng.permutation(free)
+            n_items = sum(sizes[int(h)] for h in perm)
+            placed = _take(perm, sizes, round(n_items * test), round(n_items * val))
+            for h, s in placed.items():
+                for i in units[h]:
+                    out[i] = s
+    assert len(out) == n
     return out
