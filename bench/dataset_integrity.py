@@ -24,7 +24,8 @@ def main() -> None:
     import ray
 
     from components.config import PreprocessConfig, from_dict
-    from pipelines import inspect, preprocess
+    from pipelines import inspect_dataset as inspect
+    from pipelines import preprocess
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--per-class", type=int, default=None)

@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return preprocess.main(args.config, args.overrides, overwrite=args.overwrite)
     if args.command == "inspect":
-        from pipelines import inspect
+        from pipelines import inspect_dataset as inspect
 
         return inspect.main(args.dataset, args.out, args.per_class)
     if args.command == "pretrain":

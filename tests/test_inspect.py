@@ -9,7 +9,7 @@ import numpy as np
 from PIL import Image
 
 from pipelines.cli import main as cli_main
-from pipelines.inspect import run
+from pipelines.inspect_dataset import run
 from tests.datasets import synthetic_dataset
 
 
