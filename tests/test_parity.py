@@ -151,3 +151,47 @@ def test_preview_writes_a_grid_of_the_workers_views(dataset: Path, tmp_path: Pat
     np.testing.assert_array_equal(tile, want)
     # Bad input: a rank outside the worker group.
     assert main(["preview", str(path), "--out", str(out), "--rank", "2"]) == 1
+
+
+def _view_stats(views: torch.Tensor, side: int) -> np.ndarray:
+    """Per view ``[N, 3, r, r]`` of the coordinate image (R = 4x, G = 4y, B = 128): crop area
+    fraction, aspect ratio, brightness factor, flipped — recovered from the pixels."""
+    rows = []
+    for v in views.double():
+        factor = float(v[2].mean()) / 128
+        r, g = v[0] / factor, v[1] / factor
+        w = float(r.max() - r.min()) / 4 + 1
+        h = float(g.max() - g.min()) / 4 + 1
+        rows.append((w * h / side**2, w / h, factor, float(r[:, 0].mean() > r[:, -1].mean())))
+    return np.array(rows)
+
+
+def test_reader_views_follow_torchvisions_distributions(tmp_path: Path) -> None:
+    """Random resized crop (scale, ratio), flip and brightness: the reader's views and
+    torchvision's agree in distribution (means and spreads over 512 views of an image whose
+    pixels encode their coordinates), so the pipeline trains on the augmentations it claims."""
+    from components.data.shards import page_size_for, write_shard
+
+    side, n = 64, 256
+    y, x = np.mgrid[0:side, 0:side]
+    img = np.stack([x * 4, y * 4, np.full_like(x, 128)], -1).astype(np.uint8)
+    write_shard(tmp_path / "train.beton", [img] * n, np.zeros(n, int), np.arange(n), None,
+                write_mode="raw", jpeg_quality=90, page_size=page_size_for(side, 0))
+    aug = AugmentConfig(resolution=32, scale=[0.3, 1.0], ratio=[0.6, 1.6], flip_p=0.5,
+                        jitter_p=0.8, brightness=0.4, contrast=0.0, saturation=0.0, hue=0.0,
+                        grayscale_p=0.0, mean=[0.0, 0.0, 0.0], std=[1 / 255] * 3)
+    set_jit(False)
+    loader = ViewLoader(tmp_path / "train.beton", batch_size=128, views=2, augment=aug,
+                        train=True, seed=0, num_workers=1, with_captions=False)
+    reader = _view_stats(torch.cat([b.images.flatten(0, 1) for b in loader]), side)
+    torch.manual_seed(0)
+    t = plain_transform(aug, train=True)
+    src = torch.from_numpy(img).permute(2, 0, 1)
+    plain = _view_stats(torch.stack([t(src) for _ in range(len(reader))]), side)
+    assert len(reader) == 512
+    for col, name, tol in ((0, "area", 0.03), (1, "aspect", 0.06), (2, "brightness", 0.04),
+                           (3, "flip", 0.08)):
+        assert abs(reader[:, col].mean() - plain[:, col].mean()) < tol, name
+        assert abs(reader[:, col].std() - plain[:, col].std()) < tol, name
+    # Not trivially equal: the crops do vary, and a fifth of the views keep their brightness.
+    assert reader[:, 0].std() > 0.1 and 0.1 < (abs(reader[:, 2] - 1) < 0.004).mean() < 0.35

@@ -368,9 +368,12 @@ def _seeded_loader_class() -> type:
 
         def run_pipeline(self, b_ix: int, *args: Any) -> Any:
             seed, rank = self.loader.aug_seed
-            s = int(np.random.SeedSequence([seed, rank, self.epoch, b_ix]).generate_state(1)[0])
-            np.random.seed(s)
-            numba_seed(s)
+            # Two different seeds: numba's generator is the same Mersenne Twister as numpy's,
+            # so one seed would give the crop sampler (numba) and the flip / jitter ops
+            # (numpy, when not compiled) the same stream of draws: correlated augmentations.
+            s_np, s_nb = np.random.SeedSequence([seed, rank, self.epoch, b_ix]).generate_state(2)
+            np.random.seed(int(s_np))
+            numba_seed(int(s_nb))
             return super().run_pipeline(b_ix, *args)
 
     class SeededLoader(Loader):
