@@ -94,7 +94,7 @@ def read_split(path: str | Path) -> Split:
     rows = read_samples(path)
     caps = [r["caption"] for r in rows] if rows and "caption" in rows[0] else None
     return Split(
-        images=[r["image"] for r in rows],
+        images=[np.array(r["image"]) for r in rows],  # writable copies
         labels=torch.tensor([r["label"] for r in rows], dtype=torch.long),
         sample_ids=torch.tensor([r["sample_id"] for r in rows], dtype=torch.long),
         captions=None if caps is None else torch.from_numpy(np.stack(caps).astype(np.float32)),
