@@ -1,37 +1,57 @@
-"""Scientific check: do the papers' orderings reproduce at small scale on real data?
+"""Do the papers' orderings reproduce on real data at a CPU budget where the losses converge?
 
-Fashion-MNIST (Debian ``dataset-fashion-mnist``), a fixed budget per run, several seeds:
-SimCLR, SupCon, X-CLR (class graph), SINCERE, ε-SupInfoNCE, CoNe and CE are pretrained with
-the same model, data, optimiser and epochs, each evaluated with ``simgraph evaluate``'s
-functions (weighted kNN@20/200, linear probe, SINCERE margin, kNN-graph label error), and
-reported as mean ± std over seeds in Markdown (``--out``, default docs/results.md), followed
-by which claims hold:
+Fashion-MNIST (Debian ``dataset-fashion-mnist``; ``--per-class`` images per class and official
+split), the small-data recipe (``pipelines/configs/pretrain/small_data.yaml``: ConvNet, Adam,
+constant LR) for ``--epochs`` epochs, every loss with the same model, data, optimiser and
+budget, ``--seeds`` seeds each, through ``simgraph pretrain`` and ``simgraph evaluate``'s
+functions. Per loss (mean ± std over seeds):
 
-* SupCon > SimCLR (supcon.txt), X-CLR ≥ SupCon (xclr.txt), SINCERE margin > SupCon margin
-  (sincere.txt Table 1), CoNe > CE (cone.txt) — on probe top-1 unless stated.
+* convergence: the last epoch's loss against its floor (the entropy of the loss's target over
+  random batches of the train labels: log |P(i)| for SupCon L_out, the soft-target entropy for
+  X-CLR, 0 for the others) and the online kNN's change over the last quarter of the epochs;
+* fine labels (10 classes): weighted kNN@20 and linear probe top-1 on backbone features;
+* coarse labels (tops / bottoms / shoes / bags, ``pipelines/configs/labels/
+  fashion_mnist_coarse.yaml``): the same two, without retraining (``evaluate --labels``);
+* SINCERE's target–noise margin on the normalised projector output (the embedding the loss
+  sees, sincere.txt Table 1), and the kNN-graph label error.
 
-    python bench/reproduce.py [--per-class 200] [--epochs 8] [--seeds 0 1 2] [--losses ...]
+Claims, each with a verdict: SupCon > SimCLR (kNN, probe; supcon.txt); X-CLR ≥ SupCon on coarse
+structure (xclr.txt); SINCERE margin > SupCon margin (sincere.txt Table 1); CoNe > CE (cone.txt).
+
+    python bench/reproduce.py [--per-class 200] [--epochs 30] [--seeds 0 1 2] [--losses ...]
+    python bench/reproduce.py --params best.yaml   # per-loss overrides, e.g. from sweeps
+
+``--params`` is a YAML map ``loss name -> [key=value, ...]`` (e.g. each loss's best setting from
+``simgraph sweep``), applied after the defaults below.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import platform
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from components.config import PreprocessConfig, PretrainConfig, load_config  # noqa: E402
 from pipelines import evaluate, preprocess, pretrain  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-LOSSES = {
-    "simclr": ["loss.name=simclr", "loss.tau=0.2"],
+RECIPE = ROOT / "pipelines/configs/pretrain/small_data.yaml"
+COARSE = ROOT / "pipelines/configs/labels/fashion_mnist_coarse.yaml"
+LOSSES: dict[str, list[str]] = {
+    "simclr": ["loss.name=simclr", "loss.tau=0.1"],
     "supcon": ["loss.name=supcon", "loss.tau=0.1"],
     "xclr": ["loss.name=xclr", "loss.tau=0.1", "loss.tau_s=0.1", "loss.graph=class"],
     "sincere": ["loss.name=sincere", "loss.tau=0.1"],
@@ -39,108 +59,201 @@ LOSSES = {
     "cone": ["loss.name=cone", "loss.bank_size=1024", "loss.top_n=16"],
     "ce": ["loss.name=ce"],
 }
-METRICS = {"knn20": "kNN@20", "knn200": "kNN@200", "probe": "probe", "margin": "margin",
-           "label_error": "label err"}
+# column -> (header, percent?)
+COLUMNS: dict[str, tuple[str, bool]] = {
+    "knn20": ("kNN@20", True), "probe": ("probe", True),
+    "coarse_knn20": ("coarse kNN@20", True), "coarse_probe": ("coarse probe", True),
+    "margin": ("margin (proj.)", False), "label_error": ("label err", True),
+}
 
 
-def _metrics(e: evaluate.RunEval) -> dict[str, float]:
-    k_max = max(e.knn)
-    return {"knn20": e.knn[min(20, k_max)]["top1"], "knn200": e.knn[min(200, k_max)]["top1"],
-            "probe": e.probe["top1"], "margin": e.separation["margin"],
-            "label_error": e.graph["label_error"]}
+# ---------------------------------------------------------------------------------------------
+# Loss floors: the entropy of each loss's target, over random batches of the train labels.
 
 
-def _fmt(values: list[float], pct: bool) -> str:
-    scale = 100 if pct else 1
-    m = statistics.mean(values) * scale
-    s = statistics.stdev(values) * scale if len(values) > 1 else 0.0
-    return f"{m:.1f} ± {s:.1f}" if pct else f"{m:.2e} ± {s:.1e}"
+def loss_floor(cfg: PretrainConfig, labels: np.ndarray, sim: np.ndarray | None,
+               batches: int = 20, seed: int = 0) -> float:
+    """The loss a perfect embedding would reach, averaged over ``batches`` random global
+    batches (2 views each) drawn from ``labels``: cross-entropy ≥ the entropy of its target.
+
+    SupCon L_out: the target is uniform over P(i) (2·n_y − 1 candidates) → log |P(i)|. X-CLR:
+    softmax_j(G_ij / τ_s) over the 2B − 1 others → its entropy. SimCLR, SupCon L_in, SINCERE,
+    ε-SupInfoNCE, CE, CoNe: one-hot targets or terms that reach 0 → 0.
+    """
+    loss = cfg.loss
+    if loss.name not in ("supcon", "xclr") or getattr(loss, "variant", "out") == "in":
+        return 0.0
+    rng = np.random.default_rng(seed)
+    b = cfg.data.batch_size * cfg.scaling.num_workers
+    values = []
+    for _ in range(batches):
+        y = np.repeat(rng.choice(labels, size=b, replace=False), cfg.data.views)
+        if loss.name == "supcon":
+            same = (y[:, None] == y[None]).sum(1) - 1  # |P(i)|
+            values.append(float(np.log(same).mean()))
+            continue
+        assert sim is not None
+        g = torch.as_tensor(sim[y][:, y], dtype=torch.float64) / loss.tau_s  # type: ignore[union-attr]
+        g.fill_diagonal_(-math.inf)
+        t = torch.softmax(g, dim=1)
+        values.append(float(-(t * torch.log(t.clamp_min(1e-300))).sum(1).mean()))
+    return statistics.mean(values)
+
+
+# ---------------------------------------------------------------------------------------------
+# One run.
+
+
+def measure(run_dir: Path) -> dict[str, float]:
+    fine = evaluate.evaluate_run(run_dir)
+    coarse = evaluate.evaluate_run(run_dir, labels=COARSE)
+    proj = evaluate.evaluate_run(run_dir, projector=True, probe_epochs=1)
+    return {"knn20": fine.knn[20]["top1"], "probe": fine.probe["top1"],
+            "coarse_knn20": coarse.knn[20]["top1"], "coarse_probe": coarse.probe["top1"],
+            "margin": proj.separation["margin"], "label_error": fine.graph["label_error"]}
+
+
+def convergence(history: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Final loss, and the online kNN's change over the last quarter of the epochs."""
+    knn = [(r["epoch"], r["knn_top1"]) for r in history if "knn_top1" in r]
+    last = knn[-1][1] if knn else float("nan")
+    cut = history[-1]["epoch"] * 3 / 4
+    before = [v for e, v in knn if e <= cut]
+    return {"final_loss": float(history[-1]["loss"]),
+            "knn_last_quarter": last - before[-1] if before else float("nan")}
+
+
+# ---------------------------------------------------------------------------------------------
+# Report.
+
+
+def _ms(xs: Sequence[float]) -> tuple[float, float]:
+    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def _fmt(xs: Sequence[float], pct: bool) -> str:
+    m, s = _ms(xs)
+    return f"{100 * m:.1f} ± {100 * s:.1f}" if pct else f"{m:.3f} ± {s:.3f}"
+
+
+def verdict(a: Sequence[float], b: Sequence[float], at_least: bool = False) -> str:
+    """'holds' when mean(a) > mean(b) (≥ with ``at_least``) by more than two standard errors
+    of the difference, 'holds within noise' when only the means order that way, else 'does
+    not hold' (or 'the opposite holds' beyond two standard errors)."""
+    (ma, sa), (mb, sb) = _ms(a), _ms(b)
+    se = math.sqrt(sa**2 / len(a) + sb**2 / len(b))
+    diff = ma - mb
+    if diff > 2 * se:
+        return "holds"
+    if diff > 0 or (at_least and diff == 0):
+        return "holds within noise"
+    if at_least and diff > -2 * se:
+        return "holds within noise (≥: the difference is under two standard errors)"
+    return "the opposite holds" if diff < -2 * se else "does not hold (within noise)"
+
+
+CLAIMS = [  # text, a, b, metric, at_least
+    ("SupCon > SimCLR (kNN@20)", "supcon", "simclr", "knn20", False),
+    ("SupCon > SimCLR (probe)", "supcon", "simclr", "probe", False),
+    ("X-CLR ≥ SupCon on coarse structure (coarse kNN@20)", "xclr", "supcon", "coarse_knn20", True),
+    ("X-CLR ≥ SupCon on coarse structure (coarse probe)", "xclr", "supcon", "coarse_probe", True),
+    ("SINCERE margin > SupCon margin (projector)", "sincere", "supcon", "margin", False),
+    ("CoNe > CE (kNN@20)", "cone", "ce", "knn20", False),
+    ("CoNe > CE (probe)", "cone", "ce", "probe", False),
+]
+
+
+def report(results: dict[str, list[dict[str, float]]], floors: dict[str, float],
+           args: argparse.Namespace, wall: float, failed: list[str]) -> str:
+    head = ("| loss | final loss | floor | kNN Δ last ¼ | "
+            + " | ".join(h for h, _ in COLUMNS.values()) + " |")
+    rows = [head, "|---|" + "---:|" * (3 + len(COLUMNS))]
+    for loss, runs in results.items():
+        cells = [_fmt([r["final_loss"] for r in runs], False), f"{floors[loss]:.3f}",
+                 _fmt([r["knn_last_quarter"] for r in runs], True)]
+        cells += [_fmt([r[c] for r in runs], pct) for c, (_, pct) in COLUMNS.items()]
+        rows.append(f"| {loss} | " + " | ".join(cells) + " |")
+    claims = []
+    for text, a, b, m, at_least in CLAIMS:
+        if a not in results or b not in results:
+            claims.append(f"- {text}: not run")
+            continue
+        xa, xb = [r[m] for r in results[a]], [r[m] for r in results[b]]
+        scale = 100 if COLUMNS[m][1] else 1
+        claims.append(f"- {text}: **{verdict(xa, xb, at_least)}** ({_fmt(xa, scale == 100)} "
+                      f"vs {_fmt(xb, scale == 100)})")
+    cmd = "python bench/reproduce.py " + " ".join(sys.argv[1:])
+    return f"""`{cmd}` — {datetime.date.today()}, {platform.machine()} CPU, {wall / 60:.0f} min.
+Fashion-MNIST, {args.per_class} images per class and official split (val = 10 % of train),
+28 px; `{RECIPE.relative_to(ROOT)}` for {args.epochs} epochs, the same for every loss;
+mean ± std over {len(args.seeds)} seeds. kNN@20 / probe: top-1 % on the test split, backbone
+features; coarse: the same against 4 groups; margin: SINCERE median target − noise cosine on
+the projector output; label err: % of test 10-NN edges across classes. Floor: the entropy
+of the loss's target (0 where the target is one-hot); kNN Δ last ¼: online kNN (val) change
+over the last quarter of the epochs (near 0: flattened).
+
+{chr(10).join(rows)}
+
+Claims (verdict: "holds" = by more than two standard errors):
+
+{chr(10).join(claims)}
+
+{"Failed runs: " + "; ".join(failed) if failed else "Every run finished."}
+"""
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--per-class", type=int, default=200)
-    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--losses", nargs="+", default=list(LOSSES), choices=list(LOSSES))
+    ap.add_argument("--params", help="YAML: loss name -> list of overrides (e.g. sweep bests)")
     ap.add_argument("--work", default="runs/reproduce")
-    ap.add_argument("--out", default=str(ROOT / "docs/results.md"))
+    ap.add_argument("--out", default=None, help="also write the report to this file")
     ap.add_argument("overrides", nargs="*", help="extra pretrain overrides for every run")
     args = ap.parse_args()
+    tuned: dict[str, list[str]] = {}
+    if args.params:
+        tuned = yaml.safe_load(Path(args.params).read_text()) or {}
     work = Path(args.work).resolve()
     pre = load_config(ROOT / "pipelines/configs/data/demo.yaml", PreprocessConfig, [
         f"output={work / 'data'}", f"source.max_per_class={args.per_class}"])
     results: dict[str, list[dict[str, float]]] = {}
+    floors: dict[str, float] = {}
     failed: list[str] = []
     t0 = time.perf_counter()
     with preprocess.ray_session(None):
         preprocess.run(pre, echo=False)
+        from components.data.reader import DatasetInfo
+        from components.data.shards import read_samples
+
+        info = DatasetInfo.load(pre.output)
+        labels = np.array([r["label"] for r in read_samples(info.split_file("train"))])
+        sim = info.class_similarity()
         for loss in args.losses:
             for seed in args.seeds:
-                cfg = load_config(ROOT / "pipelines/configs/pretrain/demo.yaml", PretrainConfig, [
-                    *LOSSES[loss], f"name={loss}-s{seed}", f"storage={work / 'runs'}",
-                    f"data.dataset={pre.output}", f"train.seed={seed}",
-                    f"train.epochs={args.epochs}", "knn.every_epochs=0", *args.overrides])
+                cfg = load_config(RECIPE, PretrainConfig, [
+                    *LOSSES[loss], *tuned.get(loss, []), f"name={loss}-s{seed}",
+                    f"storage={work / 'runs'}", f"data.dataset={pre.output}",
+                    f"train.seed={seed}", f"train.epochs={args.epochs}", "knn.every_epochs=1",
+                    "checkpoint.every_epochs=10", *args.overrides])
+                floors[loss] = loss_floor(cfg, labels, sim)
                 try:
-                    pretrain.run(cfg, echo=False)
-                except pretrain.PretrainError as err:  # reported, and the others still run
+                    history = pretrain.run(cfg, echo=False)
+                except pretrain.PretrainError as err:  # reported; the others still run
                     print(f"{cfg.name}: FAILED {err}", flush=True)
                     failed.append(f"{cfg.name}: {str(err).splitlines()[0]}")
                     continue
-                e = evaluate.evaluate_run(work / "runs" / cfg.name)
-                results.setdefault(loss, []).append(_metrics(e))
-                print(f"{cfg.name}: {_metrics(e)}  ({time.perf_counter() - t0:.0f} s)",
-                      flush=True)
-    Path(args.out).write_text(report(results, args, time.perf_counter() - t0, failed))
-    print(Path(args.out).read_text())
-
-
-def report(results: dict[str, list[dict[str, float]]], args: Any, wall: float,
-           failed: list[str]) -> str:
-    head = "| loss | " + " | ".join(METRICS.values()) + " |"
-    rows = [head, "|---|" + "---:|" * len(METRICS)]
-    for loss, runs in results.items():
-        cells = [_fmt([r[m] for r in runs], pct=m != "margin") for m in METRICS]
-        rows.append(f"| {loss} | " + " | ".join(cells) + " |")
-
-    def mean(loss: str, m: str) -> float | None:
-        runs = results.get(loss)
-        return statistics.mean(r[m] for r in runs) if runs else None
-
-    claims = []
-    for text, a, b, m in (("SupCon > SimCLR (probe)", "supcon", "simclr", "probe"),
-                          ("X-CLR ≥ SupCon (probe)", "xclr", "supcon", "probe"),
-                          ("SINCERE margin > SupCon margin", "sincere", "supcon", "margin"),
-                          ("CoNe > CE (probe)", "cone", "ce", "probe")):
-        x, y = mean(a, m), mean(b, m)
-        if x is None or y is None:
-            claims.append(f"- {text}: not run")
-            continue
-        holds = x >= y if "≥" in text else x > y
-        claims.append(f"- {text}: **{'holds' if holds else 'does not hold'}** here "
-                      f"({x:.4g} vs {y:.4g})")
-    return f"""# Reproduction at small scale
-
-`python bench/reproduce.py --per-class {args.per_class} --epochs {args.epochs} --seeds \
-{' '.join(map(str, args.seeds))}` on {datetime.date.today()} ({platform.machine()}, CPU,
-{wall / 60:.0f} min in all). Fashion-MNIST, {args.per_class} images per class and split (val =
-10 % of train), 28 px; the demo model (tiny CNN, 2 Ray Train workers on CPU), {args.epochs}
-epochs, SGD with warm-up and cosine, the same for every loss; mean ± std over
-{len(args.seeds)} seeds. kNN and probe: top-1 % on the test split (backbone features);
-margin: SINCERE median target − noise similarity; label err: % of test 10-NN edges across
-classes.
-
-{chr(10).join(rows)}
-
-Claims of the papers at this scale:
-
-{chr(10).join(claims)}
-
-{"Failed runs: " + "; ".join(failed) if failed else "Every run finished."}
-
-Caveat: a tiny CNN for a few epochs on a few thousand 28 px images is far from the papers'
-ResNet-50 / ImageNet budgets; differences smaller than the std are not evidence either way.
-"""
+                row = {**convergence(history), **measure(work / "runs" / cfg.name)}
+                results.setdefault(loss, []).append(row)
+                print(f"[reproduce] {cfg.name}: " + ", ".join(f"{k} {v:.4g}"
+                                                              for k, v in row.items()),
+                      f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    text = report(results, floors, args, time.perf_counter() - t0, failed)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
 
 
 if __name__ == "__main__":
