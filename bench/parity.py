@@ -17,7 +17,7 @@ as a fraction of the plain loop's) and writes it to ``--out``. The goal (issue 1
 
     python bench/parity.py                       # Fashion-MNIST subset + Tux Paint, 3 losses
     python bench/parity.py --datasets fmnist --losses simclr --seeds 0 1 2 --epochs 15
-    python bench/parity.py model.backbone=tiny    # any pretrain override applies to both loops
+    python bench/parity.py model.width=64          # any pretrain override applies to both loops
 
 ``make bench-parity`` installs what it needs first (Tux Paint stamps: apt
 ``tuxpaint-stamps-default``).

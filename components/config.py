@@ -632,15 +632,14 @@ class ModelConfig:
     """Encoder = backbone + projector (+ a linear classifier for CoNe / CE).
 
     ``backbone``: ``convnet`` (``blocks`` × conv-BN-ReLU-maxpool, ``width`` · 2^i channels:
-    the small-data default, 28–64 px), ``tiny`` (3 strided conv layers, no pooling: kept as a
-    weaker baseline), or a torchvision ResNet. ``small_images``: the ResNet CIFAR stem (3×3
-    stride-1 conv, no max-pool; SimCLR App. B.9) for 28–64 px inputs. Projector:
+    the small-data default, 28–64 px) or a torchvision ResNet. ``small_images``: the ResNet
+    CIFAR stem (3×3 stride-1 conv, no max-pool; SimCLR App. B.9) for 28–64 px inputs. Projector:
     ``projector_layers`` linear layers, ``projector_hidden`` wide, ``projector_dim`` out
     (SupCon: 2048 → 2048 → 128); ``projector_bn`` puts BatchNorm after each hidden layer.
     ``sync_bn`` and ``channels_last`` apply on GPU only.
     """
 
-    backbone: Literal["convnet", "tiny", "resnet18", "resnet34", "resnet50"] = "resnet18"
+    backbone: Literal["convnet", "resnet18", "resnet34", "resnet50"] = "resnet18"
     small_images: bool = True
     width: int = 32
     blocks: int = 4

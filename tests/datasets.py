@@ -57,7 +57,7 @@ def synthetic_dataset(
 
 
 def tiny_run_config(dataset: Path, storage: Path, **over: Any) -> dict[str, Any]:
-    """A pretrain config for the synthetic dataset: tiny CNN, 2 CPU workers, 4 epochs;
+    """A pretrain config for the synthetic dataset: a small ConvNet, 2 CPU workers, 4 epochs;
     ``a__b=v`` overrides ``cfg[a][b]``."""
     cfg: dict[str, Any] = {
         "name": "run",
@@ -65,7 +65,8 @@ def tiny_run_config(dataset: Path, storage: Path, **over: Any) -> dict[str, Any]
         # jit off: exact resume needs FFCV's augmentations on numpy's (seeded) generator.
         "data": {"dataset": str(dataset), "batch_size": 16, "num_workers": 1, "jit": False,
                  "augment": {"resolution": 16}},
-        "model": {"backbone": "tiny", "width": 8, "projector_hidden": 32, "projector_dim": 16},
+        "model": {"backbone": "convnet", "width": 8, "blocks": 2, "projector_hidden": 32,
+                  "projector_dim": 16},
         "loss": {"name": "supcon", "tau": 0.2, "bank_size": 40},
         "optim": {"name": "lars", "lr": 0.2, "warmup_epochs": 1},
         "train": {"epochs": 4},

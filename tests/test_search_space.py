@@ -312,7 +312,7 @@ def test_unknown_paths_name_the_path_and_the_allowed_keys(tmp_path: Path) -> Non
                               "xclr": {"loss.tau_s": {"loguniform": [0.01, 1.0]}},
                               "sincere": {"loss.tau_s": {"loguniform": [0.01, 1.0]}}}}))
     with pytest.raises(ConfigError, match=r"search space parameter optim\.lrr: unknown key "
-                       r"optim\.lrr for 'sgd'; allowed keys: name, lr, "):
+                       r"optim\.lrr for 'adam'; allowed keys: name, lr, "):
         load_sweep(_write(tmp_path, space={"optim.lrr": {"uniform": [0.1, 0.5]}},
                           conditional={}))
     with pytest.raises(ConfigError, match=r"search space parameter optimm\.lr: unknown key "

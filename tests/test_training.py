@@ -25,7 +25,7 @@ from components.training import (
 )
 
 C, E = 3, 6
-MODEL = ModelConfig(backbone="tiny", width=4, projector_hidden=16, projector_dim=8)
+MODEL = ModelConfig(backbone="convnet", width=4, blocks=2, projector_hidden=16, projector_dim=8)
 LOSSES: dict[str, dict[str, Any]] = {
     "simclr": {},
     "supcon": {"bank_size": 20},
