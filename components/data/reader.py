@@ -340,8 +340,8 @@ class ViewLoader:
 
 def _seeded_loader_class() -> type:
     """FFCV ``Loader`` whose random augmentations are reproducible from (seed, rank, epoch,
-    batch index): before each batch the pipeline thread seeds numpy's generator and numba's
-    (FFCV's crop sampler is always numba-compiled; numba keeps one generator per thread).
+    batch index): before each batch the pipeline thread seeds numpy's generator (ops run as
+    Python with ``data.jit: false``) and numba's (compiled ops; one generator per thread).
 
     Exact with ``jit=False`` or one decoding thread. With JIT and several threads, numba's
     parallel workers draw from their own, unseeded generators: views then vary run to run.
@@ -368,9 +368,9 @@ def _seeded_loader_class() -> type:
 
         def run_pipeline(self, b_ix: int, *args: Any) -> Any:
             seed, rank = self.loader.aug_seed
-            # Two different seeds: numba's generator is the same Mersenne Twister as numpy's,
-            # so one seed would give the crop sampler (numba) and the flip / jitter ops
-            # (numpy, when not compiled) the same stream of draws: correlated augmentations.
+            # Two seeds: compiled ops draw from numba's generator, Python ops (data.jit off)
+            # from numpy's, and both are the same Mersenne Twister; one seed would hand a
+            # pipeline that mixes the two kinds the same stream twice.
             s_np, s_nb = np.random.SeedSequence([seed, rank, self.epoch, b_ix]).generate_state(2)
             np.random.seed(int(s_np))
             numba_seed(int(s_nb))
