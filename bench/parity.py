@@ -12,8 +12,10 @@ centre view of every train (bank) and test (query) image):
 * **pipeline**: ``simgraph pretrain`` (Ray Train, FFCV reader) with the same config.
 
 It prints one Markdown table (mean ± std over seeds, and the pipeline's gain over random init
-as a fraction of the plain loop's) and writes it to ``--out``. The goal (issue 13): gain ratio
-≥ 0.95 and the pipeline's kNN@20 within one std of the plain loop's.
+as a fraction of the plain loop's) and writes it to ``--out``. Each measurement is appended to
+``<work>/parity.jsonl``; re-running the same command after an interruption reuses them.
+The goal (issue 13): gain ratio ≥ 0.95 and the pipeline's kNN@20 within one std of the plain
+loop's.
 
     python bench/parity.py                       # Fashion-MNIST subset + Tux Paint, 3 losses
     python bench/parity.py --datasets fmnist --losses simclr --seeds 0 1 2 --epochs 15
@@ -28,6 +30,8 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
+import hashlib
+import json
 import platform
 import statistics
 import sys
@@ -291,6 +295,13 @@ def main() -> None:
 
     torch.set_num_threads(2)
     work = Path(args.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    # One line per (dataset, loss, seed) measured: a re-run of the same command after an
+    # interruption measures only what is missing.
+    log_path = work / "parity.jsonl"
+    done = {}
+    if log_path.exists():
+        done = {r["config"]: r for r in map(json.loads, log_path.read_text().splitlines())}
     epochs = [f"train.epochs={args.epochs}"] if args.epochs else []
     rows: list[str] = []
     t_start = time.perf_counter()
@@ -318,28 +329,53 @@ def main() -> None:
                         f"name={name}", f"storage={work / 'runs'}", f"data.dataset={work / ds}",
                         f"train.seed={seed}", *over])
                     a = cfg.data.augment
+                    key = _digest(cfg)
+                    if key in done:  # measured by an earlier, interrupted run of this command
+                        for k, v in done[key]["scores"].items():
+                            res.setdefault(k, []).append(v)
+                        for k in times:
+                            times[k] += done[key]["seconds"][k]
+                        print(f"[parity] {name}: reused from {log_path}", flush=True)
+                        continue
                     torch.manual_seed(seed)
                     rand, _ = build_model(cfg.model, cfg.loss, c, sim, info.caption_dim)
                     t0 = time.perf_counter()
                     plain = train_plain(cfg, work / ds, c, sim, info.caption_dim)
-                    times["plain"] += time.perf_counter() - t0
+                    t_plain = time.perf_counter() - t0
                     t0 = time.perf_counter()
                     pretrain.run(cfg, echo=False)
-                    times["pipeline"] += time.perf_counter() - t0
+                    t_pipe = time.perf_counter() - t0
+                    times["plain"] += t_plain
+                    times["pipeline"] += t_pipe
                     _, state, _ = evaluate.load_run(work / "runs" / name)
                     piped = copy.deepcopy(rand)
                     piped.load_state_dict(state["model"])
                     torch.set_num_threads(2)  # pretrain imported ffcv, which sets 1
-                    for who, m in (("random", rand), ("plain", plain), ("pipeline", piped)):
-                        for k, v in score(m.encoder, train, test, a, c).items():
-                            res.setdefault(f"{who}.{k}", []).append(v)
+                    scores = {f"{who}.{k}": v
+                              for who, m in (("random", rand), ("plain", plain),
+                                             ("pipeline", piped))
+                              for k, v in score(m.encoder, train, test, a, c).items()}
+                    for k, v in scores.items():
+                        res.setdefault(k, []).append(v)
+                    with open(log_path, "a") as f:
+                        f.write(json.dumps({"name": name, "config": key, "scores": scores,
+                                            "seconds": {"plain": t_plain,
+                                                        "pipeline": t_pipe}}) + "\n")
                     print(f"[parity] {name}: " + ", ".join(
-                        f"{k} {100 * v[-1]:.1f}" for k, v in res.items()), flush=True)
+                        f"{k} {100 * v:.1f}" for k, v in scores.items()), flush=True)
                 rows.append(_row(ds, loss, res, times))
     table = _table(rows, args, cfg_path=args.config, minutes=(time.perf_counter() - t_start) / 60)
     print(table)
     if args.out:
         Path(args.out).write_text(table + "\n")
+
+
+def _digest(cfg: PretrainConfig) -> str:
+    """What identifies one measurement: the resolved pretrain config."""
+    from components.config import to_dict
+
+    text = json.dumps(to_dict(cfg), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _row(ds: str, loss: str, res: dict[str, list[float]], times: dict[str, float]) -> str:
