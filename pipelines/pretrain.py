@@ -165,10 +165,21 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _with_defaults(d: dict[str, Any]) -> dict[str, Any]:
+    """A stored config with the keys added since it was written filled in at their defaults
+    (which keep the old behaviour), so an older run still resumes and evaluates; a config
+    that no longer loads is compared as it is."""
+    try:
+        return to_dict(from_dict(PretrainConfig, d))
+    except (ConfigError, TypeError):
+        return d
+
+
 def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Dotted keys whose values differ between two config dicts (either side may lack a key),
-    ignoring :data:`RESUMABLE_CHANGES`: what makes two configs different runs."""
-    a, b = _flatten(old), _flatten(new)
+    """Dotted keys whose values differ between two config dicts (either side may lack a key;
+    keys added to the config classes later count as their defaults), ignoring
+    :data:`RESUMABLE_CHANGES`: what makes two configs different runs."""
+    a, b = _flatten(_with_defaults(old)), _flatten(_with_defaults(new))
     return sorted(k for k in set(a) | set(b)
                   if a.get(k) != b.get(k) and not k.startswith(RESUMABLE_CHANGES))
 

@@ -109,3 +109,19 @@ def test_only_the_loss_section_switches_kind_by_name() -> None:
     out = apply_overrides(data, ["name=b", "optim.name=lars", "loss.name=sincere"])
     assert out == {"name": "b", "optim": {"name": "lars", "lr": 0.5},
                    "loss": {"name": "sincere"}}
+
+
+def test_config_diff_treats_keys_added_later_as_their_defaults() -> None:
+    """A run stored before model.blocks / model.projector_bn / optim.schedule existed still
+    resumes and evaluates; a real change is still a difference."""
+    from components.config import PretrainConfig, from_dict, to_dict
+    from pipelines.pretrain import config_diff
+
+    new = to_dict(from_dict(PretrainConfig, {"name": "r", "data": {"dataset": "d"}}))
+    old = {k: dict(v) if isinstance(v, dict) else v for k, v in new.items()}
+    del old["model"]["blocks"], old["model"]["projector_bn"], old["optim"]["schedule"]
+    assert config_diff(old, new) == []
+    old["optim"]["lr"] = 0.9
+    assert config_diff(old, new) == ["optim.lr"]
+    old["model"]["backbone"] = "tiny"  # no longer loads: compared as stored
+    assert "model.backbone" in config_diff(old, new)
