@@ -135,8 +135,10 @@ def plain_transform(a: AugmentConfig, train: bool) -> nn.Module:
         if a.grayscale_p > 0:
             ops.append(v2.RandomGrayscale(a.grayscale_p))
         if a.blur_p > 0:
-            k = max(3, int(0.1 * a.resolution) // 2 * 2 + 1)
-            ops.append(v2.RandomApply([v2.GaussianBlur(k, tuple(a.blur_sigma))], p=a.blur_p))
+            from components.data.augment import blur_kernel_size
+
+            ops.append(v2.RandomApply([v2.GaussianBlur(blur_kernel_size(a.resolution),
+                                                       tuple(a.blur_sigma))], p=a.blur_p))
     else:
         ops = [_CentreSquare(), v2.Resize(size, antialias=True)]
     return v2.Compose([*ops, v2.ToDtype(torch.float32, scale=True),
