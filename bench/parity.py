@@ -192,7 +192,7 @@ def train_plain(cfg: PretrainConfig, dataset: str | Path, num_classes: int,
                 sim: Tensor | None, caption_dim: int) -> PretrainModel:
     """The plain loop on ``cfg`` (single process, global batch = ``batch_size × workers``)."""
     from components.data.reader import DatasetInfo
-    from components.optim import build_optimizer, build_scheduler, scaled_lr
+    from components.optim import build_for_run
 
     info = DatasetInfo.load(dataset)
     torch.manual_seed(cfg.train.seed)  # the pipeline's initial weights
@@ -207,12 +207,7 @@ def train_plain(cfg: PretrainConfig, dataset: str | Path, num_classes: int,
     if cfg.train.steps_per_epoch is not None:
         steps = min(steps, cfg.train.steps_per_epoch)
     total = steps * cfg.train.epochs
-    o = cfg.optim
-    opt = build_optimizer(model, o.name, scaled_lr(o.lr, batch, o.lr_scaling, o.reference_batch),
-                          o.momentum, o.weight_decay, betas=(o.betas[0], o.betas[1]),
-                          trust_coefficient=o.trust_coefficient)
-    sched = build_scheduler(opt, total, min(total, round(o.warmup_epochs * steps)),
-                            o.final_lr_fraction, o.schedule)
+    opt, sched = build_for_run(model, cfg.optim, batch, steps, cfg.train.epochs)
     model.train()
     step = 0
     for _ in range(cfg.train.epochs):

@@ -19,11 +19,14 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
+
+if TYPE_CHECKING:
+    from components.config import OptimConfig
 
 OptimizerName = Literal["sgd", "lars", "adam", "adamw"]
 ScheduleName = Literal["cosine", "constant"]
@@ -394,3 +397,26 @@ def build_optimizer(
         weight_decay=weight_decay,
         trust_coefficient=trust_coefficient,
     )
+
+
+def build_for_run(
+    model: nn.Module, cfg: OptimConfig, global_batch: int, steps_per_epoch: int, epochs: int
+) -> tuple[torch.optim.Optimizer, LambdaLR]:
+    """The optimiser and schedule ``cfg`` asks for: the LR scaled from
+    ``cfg.reference_batch`` to ``global_batch``, ``cfg.warmup_epochs`` of warm-up (at most
+    the whole run), then ``cfg.schedule`` over ``steps_per_epoch × epochs`` steps. The one
+    place a run's optimisation is assembled (the pretraining workers and bench/parity.py's
+    plain loop both call it).
+
+    Raises:
+        ValueError: as :func:`build_optimizer` and :func:`build_scheduler`.
+    """
+    total = steps_per_epoch * epochs
+    lr = scaled_lr(cfg.lr, global_batch, cfg.lr_scaling, cfg.reference_batch)
+    optimizer = build_optimizer(model, cfg.name, lr, cfg.momentum, cfg.weight_decay,
+                                betas=(cfg.betas[0], cfg.betas[1]),
+                                trust_coefficient=cfg.trust_coefficient)
+    warmup = min(total, round(cfg.warmup_epochs * steps_per_epoch))
+    return optimizer, build_scheduler(optimizer, total, warmup, cfg.final_lr_fraction,
+                                      cfg.schedule)
+

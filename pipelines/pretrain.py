@@ -366,7 +366,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     from components.checkpoint import load_state, save_state
     from components.data.reader import DatasetInfo, ViewLoader, set_jit
     from components.data.staging import local_dataset
-    from components.optim import build_optimizer, build_scheduler, scaled_lr
+    from components.optim import build_for_run
     from components.training import (
         StepState,
         build_model,
@@ -412,14 +412,8 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     train_loader = train_views(cfg, info, rank, world, device, facts["needs_captions"])
     steps_per_epoch = len(train_loader)
     total_steps = steps_per_epoch * cfg.train.epochs
-    warmup = min(total_steps, round(cfg.optim.warmup_epochs * steps_per_epoch))
-    o = cfg.optim
-    lr = scaled_lr(o.lr, d.batch_size * world, o.lr_scaling, o.reference_batch)
-    optimizer = build_optimizer(model, o.name, lr, o.momentum, o.weight_decay,
-                                betas=(o.betas[0], o.betas[1]),
-                                trust_coefficient=o.trust_coefficient)
-    scheduler = build_scheduler(optimizer, total_steps, warmup, o.final_lr_fraction,
-                                o.schedule)
+    optimizer, scheduler = build_for_run(model, cfg.optim, d.batch_size * world,
+                                         steps_per_epoch, cfg.train.epochs)
     scaler = torch.amp.GradScaler("cuda") if cfg.train.amp == "fp16" else None
 
     start_epoch, step, history = 0, 0, []

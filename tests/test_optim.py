@@ -399,3 +399,27 @@ def test_build_optimizer_errors() -> None:
         build_optimizer(net, "adamw", lr=0.1, momentum=0.9, weight_decay=0.0, betas=(0.9, 1.0))
     with pytest.raises(ValueError, match="weight_decay=-1"):
         build_optimizer(net, "adamw", lr=0.1, momentum=0.9, weight_decay=-1)
+
+
+def test_build_for_run_scales_warms_up_and_schedules() -> None:
+    from components.config import OptimConfig
+    from components.optim import build_for_run
+
+    net = _small_net()
+    cfg = OptimConfig(name="lars", lr=0.3, lr_scaling="linear", reference_batch=256,
+                      warmup_epochs=2.0, final_lr_fraction=0.1)
+    opt, sched = build_for_run(net, cfg, global_batch=512, steps_per_epoch=3, epochs=4)
+    assert type(opt) is LARS and opt.defaults["lr"] == pytest.approx(0.6)
+    want = [0.6 * warmup_cosine(s, 12, 6, 0.1) for s in range(12)]
+    got = []
+    for _ in range(12):
+        got.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    # warm-up longer than the run is clamped to it; a constant schedule holds the peak
+    cfg = OptimConfig(name="adam", lr=1e-3, lr_scaling="none", warmup_epochs=10.0,
+                      schedule="constant")
+    opt, sched = build_for_run(net, cfg, global_batch=64, steps_per_epoch=2, epochs=2)
+    assert type(opt) is torch.optim.Adam
+    assert [sched.lr_lambdas[0](s) for s in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]

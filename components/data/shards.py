@@ -278,11 +278,7 @@ def rows_of(path: str | Path, sample_ids: Sequence[int]) -> list[int]:
     Raises:
         ShardError: an id that is not in the file.
     """
-    from ffcv.reader import Reader
-
-    r = Reader(str(path))
-    column = r.metadata[f"f{list(r.handlers).index(SAMPLE_ID)}"]
-    where = {int(sid): row for row, sid in enumerate(column)}
+    where = {int(sid): row for row, sid in enumerate(read_int_field(path, SAMPLE_ID))}
     missing = [i for i in sample_ids if int(i) not in where]
     if missing:
         raise ShardError(f"{path} holds no sample id {missing[0]} ({len(missing)} missing)")
