@@ -20,15 +20,23 @@ structure (xclr.txt); SINCERE margin > SupCon margin (sincere.txt Table 1); CoNe
 
     python bench/reproduce.py [--per-class 200] [--epochs 30] [--seeds 0 1 2] [--losses ...]
     python bench/reproduce.py --params best.yaml   # per-loss overrides, e.g. from sweeps
+    python bench/reproduce.py --tune 6 --tune-epochs 10   # sweep each loss first
 
 ``--params`` is a YAML map ``loss name -> [key=value, ...]`` (e.g. each loss's best setting from
-``simgraph sweep``), applied after the defaults below.
+``simgraph sweep``), applied after the defaults below. ``--tune N`` first runs each loss's
+``search_spaces/small_data/<loss>.yaml`` sweep (``simgraph sweep``'s own code: Ray Tune +
+Optuna TPE, N trials each, the same budget for every loss, scored by the online kNN on the val
+split) on the same data, then trains the seeds at each sweep's best setting. A finished sweep
+in ``--work`` is read back instead of run again.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import dataclasses
 import datetime
+import json
 import math
 import platform
 import statistics
@@ -46,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from components.config import PreprocessConfig, PretrainConfig, load_config  # noqa: E402
-from pipelines import evaluate, preprocess, pretrain  # noqa: E402
+from pipelines import evaluate, preprocess, pretrain, sweep  # noqa: E402
 
 RECIPE = ROOT / "pipelines/configs/pretrain/small_data.yaml"
 COARSE = ROOT / "pipelines/configs/labels/fashion_mnist_coarse.yaml"
@@ -98,6 +106,34 @@ def loss_floor(cfg: PretrainConfig, labels: np.ndarray, sim: np.ndarray | None,
         t = torch.softmax(g, dim=1)
         values.append(float(-(t * torch.log(t.clamp_min(1e-300))).sum(1).mean()))
     return statistics.mean(values)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tuning: each loss's own sweep, the same trial budget for every loss.
+
+SPACES = ROOT / "search_spaces/small_data"
+
+
+def tune(loss: str, trials: int, epochs: int, dataset: Path, work: Path) -> list[str]:
+    """Run (or read back) ``search_spaces/small_data/<loss>.yaml`` on ``dataset`` with
+    ``trials`` trials of ``epochs`` epochs; the best trial's parameters as overrides."""
+    path = SPACES / f"{loss}.yaml"
+    if not path.exists():
+        raise SystemExit(f"--tune: no sweep for {loss!r} in {SPACES.relative_to(ROOT)}; "
+                         f"there are: {', '.join(sorted(p.stem for p in SPACES.glob('*.yaml')))}")
+    own = yaml.safe_load(path.read_text()).get("overrides", [])
+    overrides = [f"num_samples={trials}", f"storage={work / 'sweeps'}",
+                 "overrides=[" + ", ".join([*own, f"data.dataset={dataset}",
+                                            f"train.epochs={epochs}"]) + "]"]
+    table = work / "sweeps" / f"small-{loss}" / "trials.csv"
+    if table.exists():
+        rows = list(csv.DictReader(table.open()))
+        params = {k: yaml.safe_load(v) for k, v in rows[0].items()
+                  if k.startswith(("loss.", "optim."))}
+    else:
+        params = sweep.run(str(path), overrides, echo=False)[0]["params"]
+    return [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in sorted(params.items())]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,7 +200,8 @@ CLAIMS = [  # text, a, b, metric, at_least
 
 
 def report(results: dict[str, list[dict[str, float]]], floors: dict[str, float],
-           args: argparse.Namespace, wall: float, failed: list[str]) -> str:
+           args: argparse.Namespace, wall: float, failed: list[str],
+           tuned: dict[str, list[str]]) -> str:
     head = ("| loss | final loss | floor | kNN Δ last ¼ | "
             + " | ".join(h for h, _ in COLUMNS.values()) + " |")
     rows = [head, "|---|" + "---:|" * (3 + len(COLUMNS))]
@@ -182,6 +219,10 @@ def report(results: dict[str, list[dict[str, float]]], floors: dict[str, float],
         scale = 100 if COLUMNS[m][1] else 1
         claims.append(f"- {text}: **{verdict(xa, xb, at_least)}** ({_fmt(xa, scale == 100)} "
                       f"vs {_fmt(xb, scale == 100)})")
+    how = ("each loss at its sweep's best setting (`search_spaces/small_data/<loss>.yaml`, "
+           f"{args.tune} trials of {args.tune_epochs} epochs)" if args.tune else "settings")
+    settings = [f"- {loss}: `{' '.join([*LOSSES[loss], *tuned.get(loss, [])])}`"
+                for loss in results]
     cmd = "python bench/reproduce.py " + " ".join(sys.argv[1:])
     return f"""`{cmd}` — {datetime.date.today()}, {platform.machine()} CPU, {wall / 60:.0f} min.
 Fashion-MNIST, {args.per_class} images per class and official split (val = 10 % of train),
@@ -193,6 +234,10 @@ of the loss's target (0 where the target is one-hot); kNN Δ last ¼: online kNN
 over the last quarter of the epochs (near 0: flattened).
 
 {chr(10).join(rows)}
+
+Per loss, {how}:
+
+{chr(10).join(settings)}
 
 Claims (verdict: "holds" = by more than two standard errors):
 
@@ -209,6 +254,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--losses", nargs="+", default=list(LOSSES), choices=list(LOSSES))
     ap.add_argument("--params", help="YAML: loss name -> list of overrides (e.g. sweep bests)")
+    ap.add_argument("--tune", type=int, default=0, metavar="N",
+                    help="sweep each loss first (N trials each) and train at its best setting")
+    ap.add_argument("--tune-epochs", type=int, default=10)
     ap.add_argument("--work", default="runs/reproduce")
     ap.add_argument("--out", default=None, help="also write the report to this file")
     ap.add_argument("overrides", nargs="*", help="extra pretrain overrides for every run")
@@ -217,6 +265,13 @@ def main() -> None:
     if args.params:
         tuned = yaml.safe_load(Path(args.params).read_text()) or {}
     work = Path(args.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    # One line per run measured, keyed by its whole config: re-running the same command after
+    # an interruption trains only what is missing.
+    log_path = work / "reproduce.jsonl"
+    done = {}
+    if log_path.exists():
+        done = {r["config"]: r["row"] for r in map(json.loads, log_path.read_text().splitlines())}
     pre = load_config(ROOT / "pipelines/configs/data/demo.yaml", PreprocessConfig, [
         f"output={work / 'data'}", f"source.max_per_class={args.per_class}"])
     results: dict[str, list[dict[str, float]]] = {}
@@ -232,6 +287,9 @@ def main() -> None:
         labels = np.array([r["label"] for r in read_samples(info.split_file("train"))])
         sim = info.class_similarity()
         for loss in args.losses:
+            if args.tune:
+                tuned[loss] = tune(loss, args.tune, args.tune_epochs, pre.output, work)
+                print(f"[reproduce] {loss} tuned: {' '.join(tuned[loss])}", flush=True)
             for seed in args.seeds:
                 cfg = load_config(RECIPE, PretrainConfig, [
                     *LOSSES[loss], *tuned.get(loss, []), f"name={loss}-s{seed}",
@@ -239,6 +297,10 @@ def main() -> None:
                     f"train.seed={seed}", f"train.epochs={args.epochs}", "knn.every_epochs=1",
                     "checkpoint.every_epochs=10", *args.overrides])
                 floors[loss] = loss_floor(cfg, labels, sim)
+                key = json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str)
+                if key in done:
+                    results.setdefault(loss, []).append(done[key])
+                    continue
                 try:
                     history = pretrain.run(cfg, echo=False)
                 except pretrain.PretrainError as err:  # reported; the others still run
@@ -247,10 +309,12 @@ def main() -> None:
                     continue
                 row = {**convergence(history), **measure(work / "runs" / cfg.name)}
                 results.setdefault(loss, []).append(row)
+                with log_path.open("a") as f:
+                    f.write(json.dumps({"config": key, "row": row}) + "\n")
                 print(f"[reproduce] {cfg.name}: " + ", ".join(f"{k} {v:.4g}"
                                                               for k, v in row.items()),
                       f"({time.perf_counter() - t0:.0f} s)", flush=True)
-    text = report(results, floors, args, time.perf_counter() - t0, failed)
+    text = report(results, floors, args, time.perf_counter() - t0, failed, tuned)
     print(text)
     if args.out:
         Path(args.out).write_text(text)

@@ -13,9 +13,11 @@ from typing import Any
 
 import pytest
 import yaml
+from ray.train import WorkerGroupError
 
 from components.config import PretrainConfig, load_config
 from components.search_space import load_sweep
+from components.training import NonFiniteLossError
 from pipelines.sweep import markdown, trial_rows
 from tests.datasets import synthetic_dataset, tiny_run_config
 from tests.procs import kill_session, session_pids
@@ -99,7 +101,8 @@ def test_failed_trials_are_reported_failed_never_with_a_value(tmp_path: Path) ->
                            metrics={"trial_id": "a"}, path="x/a",
                            metrics_dataframe=_df([0.5, 0.7]))
     bad = SimpleNamespace(config={"loss.name": "xclr", "optim.lr": 0.3, "loss.tau_s": 0.1},
-                          error=RuntimeError("NonFiniteLossError: epoch 1 step 3: the loss is nan"),
+                          error=WorkerGroupError("rank 0 failed", {0: NonFiniteLossError(
+                              "epoch 1 step 3: the loss is nan")}),
                           metrics={"trial_id": "b"}, path="x/b", metrics_dataframe=_df([0.9]))
     rows = trial_rows([bad, good], sweep)
     assert [r["trial"] for r in rows] == ["a", "b"]
@@ -107,7 +110,8 @@ def test_failed_trials_are_reported_failed_never_with_a_value(tmp_path: Path) ->
     assert rows[1]["status"] == "failed" and rows[1]["best_knn_top1"] is None
     assert rows[1]["knn_top1"] is None and "NonFiniteLossError" in rows[1]["error"]
     table = markdown(rows, sweep)
-    assert "| b | failed (NonFiniteLossError" in table and "0.9" not in table
+    assert "| b | failed (NonFiniteLossError: epoch 1 step 3: the loss is nan)" in table
+    assert "0.9" not in table
 
 
 def _df(values: list[float]) -> Any:
@@ -117,6 +121,6 @@ def _df(values: list[float]) -> Any:
 
 
 def test_every_shipped_search_space_validates() -> None:
-    for path in sorted((ROOT / "search_spaces").glob("*.yaml")):
+    for path in sorted((ROOT / "search_spaces").rglob("*.yaml")):
         sweep = load_sweep(path)
         assert sweep.num_samples >= 1, path
