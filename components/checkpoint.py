@@ -16,9 +16,7 @@ objective incl. memory bank), ``ema``, ``optimizer``, ``scheduler``, ``scaler``,
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,45 +24,31 @@ from typing import Any
 
 import torch
 
+from components.errors import SimgraphError
+from components.files import replacing, sha256_file, write_json
+
 FORMAT = "simgraph-checkpoint/1"
 STATE, META = "state.pt", "meta.json"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(SimgraphError, RuntimeError):
     """A checkpoint is incomplete, corrupted or from another format."""
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _replace(tmp: Path, dst: Path) -> None:
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, dst)
 
 
 def save_state(directory: str | Path, state: dict[str, Any]) -> Path:
     """Write ``state`` into ``directory`` (created) atomically; returns the directory."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    tmp = d / (STATE + ".tmp")
-    torch.save(state, tmp)
-    _replace(tmp, d / STATE)
+    with replacing(d / STATE) as tmp:
+        torch.save(state, tmp)
     meta = {
         "format": FORMAT,
         "epoch": int(state.get("epoch", 0)),
         "step": int(state.get("step", 0)),
-        "sha256": _sha256(d / STATE),
+        "sha256": sha256_file(d / STATE),
         "bytes": (d / STATE).stat().st_size,
     }
-    tmp = d / (META + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=1))
-    _replace(tmp, d / META)
+    write_json(d / META, meta)  # written last: its presence marks the checkpoint complete
     return d
 
 
@@ -93,7 +77,7 @@ def is_complete(directory: str | Path) -> bool:
     try:
         meta = read_meta(directory)
         f = Path(directory) / STATE
-        return f.stat().st_size == meta["bytes"] and _sha256(f) == meta["sha256"]
+        return f.stat().st_size == meta["bytes"] and sha256_file(f) == meta["sha256"]
     except (CheckpointError, OSError, KeyError):
         return False
 
@@ -108,7 +92,7 @@ def load_state(directory: str | Path, map_location: str | torch.device = "cpu") 
     d = Path(directory)
     meta = read_meta(d)
     f = d / STATE
-    if not f.exists() or f.stat().st_size != meta["bytes"] or _sha256(f) != meta["sha256"]:
+    if not f.exists() or f.stat().st_size != meta["bytes"] or sha256_file(f) != meta["sha256"]:
         raise CheckpointError(
             f"{f} does not match its {META} (size or sha256): the checkpoint is corrupted or "
             "was partly overwritten; resume from an earlier one or start a new run"

@@ -272,7 +272,8 @@ def test_merge_equals_concatenation(tmp_path: Path) -> None:
         np.testing.assert_array_equal(s["image"], images[i])
         assert s["sample_id"] == ids[i]
         np.testing.assert_array_equal(s["caption"], allcaps[i])
-    assert not (tmp_path / "all.beton.tmp").exists()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["0.beton", "1.beton", "2.beton", "all.beton"]  # no temporary left
 
 
 def test_merged_file_reads_through_ffcv_loader(tmp_path: Path) -> None:

@@ -15,14 +15,14 @@ renumbers the allocation table's sample ids. Same fields and page size are requi
 
 from __future__ import annotations
 
-import hashlib
 import math
-import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
+from components.errors import SimgraphError
+from components.files import atomic_open
 
 # Stored field names, in file order. `caption` exists only when captions are embedded.
 IMAGE, LABEL, SAMPLE_ID, CAPTION = "image", "label", "sample_id", "caption"
@@ -31,7 +31,7 @@ F16_BITS = np.dtype(np.int16)
 MIN_PAGE_SIZE = 1 << 21
 
 
-class ShardError(ValueError):
+class ShardError(SimgraphError, ValueError):
     """A shard cannot be written or merged (mismatched fields, bad layout)."""
 
 
@@ -105,14 +105,6 @@ def write_shard(
     writer.from_indexed_dataset(_Rows(images, labels, sample_ids, captions), chunksize=256)
 
 
-def sha256(path: str | Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _pointer_columns(handlers: Sequence[object]) -> list[tuple[str, str | None]]:
     """(metadata column, sub-field or None) for every pointer into the data region."""
     from ffcv.fields import BytesField, FloatField, IntField, JSONField, NDArrayField, RGBImageField
@@ -132,7 +124,7 @@ def _pointer_columns(handlers: Sequence[object]) -> list[tuple[str, str | None]]
 
 
 def merge_shards(parts: Sequence[str | Path], out: str | Path) -> int:
-    """Concatenate FFCV files into ``out`` (written to ``out.tmp`` then renamed).
+    """Concatenate FFCV files into ``out``, written whole or not at all (atomic_open).
 
     Returns the number of samples. Sample order is the parts' order, then each part's order.
 
@@ -158,9 +150,8 @@ def merge_shards(parts: Sequence[str | Path], out: str | Path) -> int:
     meta_start = HeaderType.itemsize + first.field_descriptors.nbytes
     data_start = align_to_page(meta_start + total * first.metadata_type.itemsize, page)
 
-    tmp = Path(str(out) + ".tmp")
     metas, allocs = [], []
-    with open(tmp, "wb") as f:
+    with atomic_open(out, "wb") as f:
         f.truncate(data_start)
         f.seek(data_start)
         offset, cursor = 0, data_start
@@ -209,16 +200,9 @@ def merge_shards(parts: Sequence[str | Path], out: str | Path) -> int:
                 merged[name][start : start + len(meta)] = meta[name]
             start += len(meta)
         f.write(merged.tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, out)
     return total
 
 
-def atomic_copy(src: str | Path, dst: str | Path) -> None:
-    tmp = Path(str(dst) + ".tmp")
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
 
 
 def read_int_field(path: str | Path, name: str) -> np.ndarray:

@@ -42,6 +42,7 @@ from typing import Any
 
 from components import storage
 from components.data.reader import FORMAT, MANIFEST, DatasetError
+from components.files import atomic_open, write_json
 
 STAGE_ENV = "SIMGRAPH_STAGE_DIR"
 MARKER = ".staged"
@@ -119,12 +120,12 @@ def _read_manifest(src: str) -> tuple[bytes, dict[str, Any]]:
     shown = storage.display(path)
     try:
         raw = storage.read_bytes(path)
+    except storage.StorageNotFoundError:
+        raise DatasetError(
+            f"{storage.display(src)} has no {MANIFEST}: run `simgraph preprocess` for it "
+            "first (or let an interrupted run finish)"
+        ) from None
     except storage.StorageError as e:
-        if "not found" in str(e):
-            raise DatasetError(
-                f"{storage.display(src)} has no {MANIFEST}: run `simgraph preprocess` for it "
-                "first (or let an interrupted run finish)"
-            ) from None
         raise DatasetError(f"cannot read {shown}: {e}") from None
     try:
         manifest = json.loads(raw)
@@ -202,12 +203,7 @@ def _copy(src: str, dest: Path, files: dict[str, str | None]) -> dict[str, int]:
 
 
 def _write_marker(dest: Path, data: dict[str, Any]) -> None:
-    tmp = dest / f"{MARKER}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, dest / MARKER)
+    write_json(dest / MARKER, data)
 
 
 def dataset_info(src: str | Path) -> Any:
@@ -230,9 +226,8 @@ def dataset_info(src: str | Path) -> Any:
     _files(manifest)  # refuses file names outside the dataset dir
     for name in manifest.get("class_files", {}).values():
         storage.download_file(storage.join(src, str(name)), dest / str(name))
-    tmp = dest / f".{MANIFEST}.{os.getpid()}.tmp"  # other processes may be reading it
-    tmp.write_bytes(raw)
-    os.replace(tmp, dest / MANIFEST)
+    with atomic_open(dest / MANIFEST, "wb") as f:  # other processes may be reading it
+        f.write(raw)
     return DatasetInfo.load(dest)
 
 
