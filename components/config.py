@@ -26,11 +26,17 @@ from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 
+from components.errors import SimgraphError
+
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
-    """A configuration value is missing, unknown, of the wrong type or out of range."""
+class ConfigError(SimgraphError, ValueError):
+    """A configuration value is missing, unknown, of the wrong type or out of range, or the
+    file cannot be read or parsed. ``simgraph`` exits 2 on it."""
+
+    exit_code = 2
+    headline = "invalid config: "
 
 
 # ---------------------------------------------------------------------------------------------
@@ -373,8 +379,12 @@ def _deep_copy(data: Mapping[str, Any]) -> dict[str, Any]:
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping with ``yaml.safe_load`` (never executes tags)."""
-    text = Path(path).read_text()
-    data = yaml.safe_load(text)
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {e}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -43,7 +43,6 @@ import hashlib
 import os
 import shutil
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -52,6 +51,8 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 import pyarrow
 import pyarrow.fs as pafs
 
+from components.errors import SimgraphError
+from components.files import atomic_open, replacing
 from components.paths import is_uri
 
 SCHEMES = ("s3", "gs", "gcs", "file")
@@ -61,8 +62,12 @@ _CHUNK = 8 << 20  # streaming block for reads, writes and hashing
 _COPY_CHUNK = 64 << 20  # pyarrow.fs.copy_files block (Ray Train uses the same)
 
 
-class StorageError(ValueError):
+class StorageError(SimgraphError, ValueError):
     """A path or URI that cannot be used, or an operation on it that failed."""
+
+
+class StorageNotFoundError(StorageError):
+    """Nothing exists at the path or URI."""
 
 
 def display(path: str) -> str:
@@ -121,7 +126,8 @@ def _errors(path: str, action: str) -> Iterator[None]:
     except StorageError:
         raise
     except FileNotFoundError:
-        raise StorageError(f"{display(path)} not found (while trying to {action} it)") from None
+        raise StorageNotFoundError(
+            f"{display(path)} not found (while trying to {action} it)") from None
     except (OSError, pyarrow.ArrowException) as e:
         raise StorageError(f"cannot {action} {display(path)}: {e}") from None
 
@@ -177,7 +183,8 @@ def read_bytes(path: str | Path) -> bytes:
     """The whole file.
 
     Raises:
-        StorageError: not found (message ends in "not found ..."), a directory, or unreadable.
+        StorageNotFoundError: nothing at ``path``.
+        StorageError: a directory, or unreadable.
     """
     fs, p = resolve(path)
     with _errors(str(path), "read"):
@@ -192,37 +199,14 @@ def read_text(path: str | Path, encoding: str = "utf-8") -> str:
     return read_bytes(path).decode(encoding)
 
 
-def _tmp_name(target: str) -> str:
-    """A unique sibling name for ``target`` (same directory, so ``os.replace`` is atomic)."""
-    d, name = os.path.split(target)
-    return os.path.join(d, f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-
-
-@contextlib.contextmanager
-def _replacing(target: str) -> Iterator[str]:
-    """A temporary sibling of the local file ``target`` to write; renamed over ``target`` when
-    the block succeeds, removed otherwise (a killed write never leaves a partial file under
-    the final name). Parent directories are created."""
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    tmp = _tmp_name(target)
-    try:
-        yield tmp
-        os.replace(tmp, target)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-
-
 def write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` whole: local via a temporary file + ``os.replace``, object stores as one
     object (a single PUT for small data). Parent directories are created."""
     fs, p = resolve(path)
     with _errors(str(path), "write"):
         if _is_local(fs):
-            with _replacing(p) as tmp, open(tmp, "wb") as f:
+            with atomic_open(p, "wb") as f:
                 f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
             return
         with fs.open_output_stream(p) as out:
             out.write(data)
@@ -311,13 +295,11 @@ def download_file(src: str | Path, local_path: str | Path) -> str:
     fs, p = resolve(src)
     target = os.path.abspath(os.path.expanduser(str(local_path)))
     h = hashlib.sha256()
-    with (_replacing(target) as tmp, _errors(str(src), "download"),
-          fs.open_input_stream(p) as f, open(tmp, "wb") as out):
+    with (_errors(str(src), "download"), atomic_open(target, "wb") as out,
+          fs.open_input_stream(p) as f):
         while block := f.read(_CHUNK):
             h.update(block)
             out.write(block)
-        out.flush()
-        os.fsync(out.fileno())
     return h.hexdigest()
 
 
@@ -332,7 +314,7 @@ def upload_file(local_path: str | Path, dest: str | Path) -> None:
     is written under a temporary name and renamed into place."""
     fs, p = resolve(dest)
     if _is_local(fs):
-        with _replacing(p) as tmp:
+        with replacing(p) as tmp:
             shutil.copyfile(local_path, tmp)
         return
     with _errors(str(dest), "upload"):

@@ -21,13 +21,14 @@ from torch import Tensor, nn
 
 from components import distributed
 from components.config import LossConfig, ModelConfig, TrainConfig
+from components.errors import NonFiniteError, SimgraphError
 from components.evaluation.knn import knn_correct
 from components.memory import EMA, cosine_momentum
 from components.models import Encoder, build_backbone, projector
 from components.objectives import ContrastiveBatch, Metrics, Objective, build_objective
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(SimgraphError, RuntimeError):
     """The loss became NaN/inf: the run stops, keeping its last good checkpoint."""
 
 
@@ -178,10 +179,8 @@ def train_step(
         try:
             loss, metrics = model(batch.images, batch.labels, batch.sample_ids, batch.captions,
                                   ema)
-        except ValueError as e:
-            if "non-finite" in str(e):
-                raise NonFiniteLossError(f"{where}: {e}") from None
-            raise
+        except NonFiniteError as e:
+            raise NonFiniteLossError(f"{where}: {e}") from None
     value = metrics["loss"]
     if not math.isfinite(value):
         raise NonFiniteLossError(

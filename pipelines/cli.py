@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from components.config import ConfigError, LossSection, load_config, to_dict
+from components.config import LossSection, load_config, to_dict
 
 
 def config_class(config: str) -> type:
@@ -64,13 +64,13 @@ def config_class(config: str) -> type:
 
 
 def validate(config: str, overrides: Sequence[str]) -> int:
-    try:
+    from components.errors import run_command
+
+    def body() -> None:
         cfg: Any = load_config(config, config_class(config), overrides)
-    except (ConfigError, OSError) as e:
-        print(f"simgraph: invalid config: {e}", file=sys.stderr)
-        return 2
-    print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
-    return 0
+        print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+
+    return run_command("validate", body)
 
 
 def build_parser() -> argparse.ArgumentParser:

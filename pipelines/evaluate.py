@@ -34,6 +34,7 @@ import numpy as np
 import yaml
 
 from components.config import PretrainConfig, from_dict
+from components.errors import SimgraphError, run_command
 
 KS = (1, 5, 10, 20, 50, 100, 200)
 # Hyperparameters worth a column in the comparison table, when the loss has them.
@@ -41,7 +42,7 @@ KEY_PARAMS = ("tau", "tau_s", "graph", "epsilon", "variant", "lambda_sup", "lamb
               "tau_sup", "tau_dc", "bank_size", "top_n")
 
 
-class EvaluateError(RuntimeError):
+class EvaluateError(SimgraphError, RuntimeError):
     """A run cannot be evaluated; the message says why and what to do."""
 
 
@@ -410,14 +411,16 @@ def main(run_dirs: Sequence[str], checkpoint: str | None = None, projector: bool
     run_dirs = [resolve_path(d) for d in run_dirs]  # relative: against $SIMGRAPH_BASE_DIR
     out = resolve_path(out) if out else None
     evals = []
-    try:
+
+    def each() -> None:
         for d in run_dirs:
             e = evaluate_run(d, checkpoint, projector=projector, labels=labels)
             print(f"{write_report(e)}")
             evals.append(e)
-    except EvaluateError as err:
-        print(f"simgraph evaluate: {err}", file=sys.stderr)
-        return 1
+
+    code = run_command("evaluate", each)
+    if code:
+        return code
     print(comparison_table(evals))
     if len(evals) > 1:
         from components.storage import join, parent

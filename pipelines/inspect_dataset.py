@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +28,13 @@ import numpy as np
 
 from components.data import shards
 from components.data.reader import DatasetError, DatasetInfo
+from components.errors import SimgraphError
 
 SPLIT_ORDER = ("train", "val", "test")
 PAIRS_SAMPLE = 4000  # captions compared for nearest pairs (all of them when fewer)
 
 
-class InspectError(RuntimeError):
+class InspectError(SimgraphError, RuntimeError):
     """The dataset dir cannot be inspected (the message says why)."""
 
 
@@ -358,10 +358,7 @@ def run(dataset: str, out: str | None = None, per_class: int = 8, seed: int = 0)
 
 
 def main(dataset: str, out: str | None = None, per_class: int = 8) -> int:
-    try:
-        report = run(dataset, out, per_class)
-    except InspectError as e:
-        print(f"simgraph inspect: {e}", file=sys.stderr)
-        return 1
-    print(f"simgraph inspect: wrote {report}")
-    return 0
+    from components.errors import run_command
+
+    return run_command("inspect", lambda: print(f"simgraph inspect: wrote "
+                                                f"{run(dataset, out, per_class)}"))

@@ -36,7 +36,6 @@ import json
 import os
 import platform
 import shutil
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -61,6 +60,8 @@ from components.data.sources import (
     skip_record,
 )
 from components.data.splits import SPLITS, assign_splits
+from components.errors import SimgraphError, root_cause
+from components.files import remove_temporaries, replacing, sha256_file, write_json
 
 FORMAT = "simgraph-dataset/1"
 MANIFEST = "manifest.json"
@@ -69,7 +70,7 @@ CAPTION_TRUNCATED = "caption-truncated"
 LISTED_MAX = 1000  # near-duplicate groups / truncated captions listed in full in the manifest
 
 
-class PreprocessError(RuntimeError):
+class PreprocessError(SimgraphError, RuntimeError):
     """Preprocessing cannot produce a usable dataset (the message says why and what to do)."""
 
 
@@ -277,13 +278,12 @@ def hash_with_ray(cfg: PreprocessConfig, items: Sequence[Item], out: Path) -> Co
         fn_kwargs={"max_side": cfg.image.max_side, "min_side": cfg.image.min_side},
     ).to_pandas()
     content = Content.from_columns({k: got[k].to_numpy() for k in got.columns})
-    tmp = out / "content.tmp.npz"
-    np.savez(tmp, key=np.array(key), reason=np.array(content.reason, dtype=str),
-             detail=np.array(content.detail, dtype=str),
-             bytes_sha256=np.array(content.bytes_sha256, dtype=str),
-             pixels_sha256=np.array(content.pixels_sha256, dtype=str),
-             phash=content.phash, thumbs=content.thumbs)
-    os.replace(tmp, cache)
+    with replacing(cache) as tmp:
+        np.savez(tmp, key=np.array(key), reason=np.array(content.reason, dtype=str),
+                 detail=np.array(content.detail, dtype=str),
+                 bytes_sha256=np.array(content.bytes_sha256, dtype=str),
+                 pixels_sha256=np.array(content.pixels_sha256, dtype=str),
+                 phash=content.phash, thumbs=content.thumbs)
     return content
 
 
@@ -442,7 +442,7 @@ def _params(cfg: PreprocessConfig) -> dict[str, Any]:
     p["captions"].pop("actors")
     p["captions"].pop("batch_size")
     if cfg.captions.class_descriptions:
-        p["captions"]["class_descriptions_sha256"] = shards.sha256(cfg.captions.class_descriptions)
+        p["captions"]["class_descriptions_sha256"] = sha256_file(cfg.captions.class_descriptions)
     p["format"] = FORMAT
     return p
 
@@ -475,9 +475,8 @@ def embed_captions(cfg: PreprocessConfig, texts: list[str], out: Path) -> np.nda
     got = ds.to_pandas()
     emb = np.zeros((len(texts), len(got["embedding"].iloc[0])), dtype=np.float32)
     emb[got["caption_id"].to_numpy()] = np.stack(got["embedding"].to_numpy())
-    tmp = out / "captions.tmp.npz"
-    np.savez(tmp, key=np.array(key), embeddings=emb)
-    os.replace(tmp, cache)
+    with replacing(cache) as tmp:
+        np.savez(tmp, key=np.array(key), embeddings=emb)
     return emb
 
 
@@ -485,7 +484,7 @@ def write_class_files(
     cfg: PreprocessConfig, classes: list[str], out: Path, model: Any = None
 ) -> dict[str, str]:
     """``classes.json``, and with captions the class embeddings and similarity (X-CLR)."""
-    _atomic_json(out / "classes.json", classes)
+    write_json(out / "classes.json", classes)
     if not cfg.captions.enabled or not classes:
         return {}
     desc = (
@@ -498,9 +497,8 @@ def write_class_files(
     emb = cap.class_embeddings(model, texts)
     sim = (emb.astype(np.float64) @ emb.astype(np.float64).T).astype(np.float32)
     for name, arr in (("class_embeddings", emb), ("class_similarity", sim)):
-        tmp = out / f"{name}.tmp.npy"
-        np.save(tmp, arr)
-        os.replace(tmp, out / f"{name}.npy")
+        with replacing(out / f"{name}.npy") as tmp:
+            np.save(tmp, arr)
     return {"class_embeddings": "class_embeddings.npy", "class_similarity": "class_similarity.npy"}
 
 
@@ -515,11 +513,10 @@ def caption_files(
     tokens = cap.token_counts(model, plan_.texts)
     data = {"model": cfg.captions.model, "max_seq_length": limit, "texts": plan_.texts,
             "tokens": tokens}
-    _atomic_json(out / "captions.json", data)
+    write_json(out / "captions.json", data)
     index = np.array([(r.sample_id, r.caption_id) for r in plan_.rows], dtype=np.int64)
-    tmp = out / "caption_index.tmp.npy"
-    np.save(tmp, index.reshape(-1, 2))
-    os.replace(tmp, out / "caption_index.npy")
+    with replacing(out / "caption_index.npy") as tmp:
+        np.save(tmp, index.reshape(-1, 2))
     long = [r for r in plan_.rows if r.caption_id >= 0 and tokens[r.caption_id] > limit]
     notes = list(plan_.caption_notes) + [
         {"path": r.path, "reason": CAPTION_TRUNCATED,
@@ -608,29 +605,22 @@ def write_group(
         captions = None
         if table is not None:
             captions = table[group["caption_id"][ok]].astype(caption_dtype)
-        tmp = target.with_suffix(".beton.tmp")
-        shards.write_shard(
-            tmp, images, group["label"][ok], group["sample_id"][ok], captions,
-            write_mode=image_cfg["write_mode"], jpeg_quality=image_cfg["jpeg_quality"],
-            page_size=shards.page_size_for(
-                image_cfg["max_side"], 0 if captions is None else captions[0].nbytes),
-        )
-        info["sha256"] = shards.sha256(tmp)
+        with replacing(target) as tmp:
+            shards.write_shard(
+                tmp, images, group["label"][ok], group["sample_id"][ok], captions,
+                write_mode=image_cfg["write_mode"], jpeg_quality=image_cfg["jpeg_quality"],
+                page_size=shards.page_size_for(
+                    image_cfg["max_side"], 0 if captions is None else captions[0].nbytes),
+            )
+            info["sha256"] = sha256_file(tmp)
         info["labels"] = {str(k): int(v) for k, v in collections.Counter(
             group["label"][ok].tolist()).items()}
-        os.replace(tmp, target)
-    _atomic_json(target.with_suffix(".json"), info)  # the sidecar marks the shard complete
+    write_json(target.with_suffix(".json"), info)  # the sidecar marks the shard complete
     return {"shard": np.array([name]), "samples": np.array([len(ok)])}
 
 
 # ---------------------------------------------------------------------------------------------
 # Driver.
-
-
-def _atomic_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
-    os.replace(tmp, path)
 
 
 def _read_json(path: Path) -> Any:
@@ -648,7 +638,7 @@ def _shard_done(out: Path, name: str, digest: str) -> dict[str, Any] | None:
     if side["samples"] == 0:
         return side
     beton = out / "shards" / f"{name}.beton"
-    if beton.exists() and shards.sha256(beton) == side.get("sha256"):
+    if beton.exists() and sha256_file(beton) == side.get("sha256"):
         return side
     return None
 
@@ -691,7 +681,7 @@ def _verified_manifest(out: Path, params_digest: str) -> dict[str, Any] | None:
         return None
     for split in m["splits"].values():
         f = out / split["file"]
-        if split["samples"] and (not f.exists() or shards.sha256(f) != split["sha256"]):
+        if split["samples"] and (not f.exists() or sha256_file(f) != split["sha256"]):
             return None
     return m
 
@@ -766,6 +756,8 @@ def _run_locked(
             f"{out} holds a dataset built with other parameters; choose another output or "
             "pass --overwrite to rebuild it"
         )
+    for d in (out, out / "shards"):  # left by a killed run; under the lock nobody else writes
+        remove_temporaries(d)
     done_manifest = _verified_manifest(out, params_digest)
     if done_manifest is not None:
         _cleanup(out, cfg, done_manifest)
@@ -826,7 +818,7 @@ def _run_locked(
             try:
                 ds.materialize()
             except Exception as e:  # a task's PreprocessError arrives wrapped by Ray
-                cause = getattr(e, "cause", None)
+                cause = root_cause(e)
                 if isinstance(cause, PreprocessError):
                     raise PreprocessError(str(cause)) from None
                 raise
@@ -874,7 +866,7 @@ def _assemble(
             target.unlink(missing_ok=True)
         splits[split] = {
             "file": target.name, "samples": count,
-            "sha256": shards.sha256(target) if names else None,
+            "sha256": sha256_file(target) if names else None,
             "per_class": dict(sorted(per_class.items())), "shards": names,
         }
     all_skipped = [skip_record(s) for s in p.skipped]
@@ -926,7 +918,7 @@ def _assemble(
         "caption_checks": caption_checks,
         "versions": versions(),
     }
-    _atomic_json(out / MANIFEST, manifest)
+    write_json(out / MANIFEST, manifest)
     return manifest
 
 
@@ -950,19 +942,11 @@ def summary(manifest: dict[str, Any]) -> str:
 
 
 def main(config: str, overrides: Sequence[str], overwrite: bool = False) -> int:
-    from components.config import ConfigError, load_config
+    from components.config import load_config
+    from components.errors import run_command
 
-    try:
-        cfg = load_config(config, PreprocessConfig, overrides)
-    except (ConfigError, OSError) as e:
-        print(f"simgraph preprocess: invalid config: {e}", file=sys.stderr)
-        return 2
-    try:
-        run(cfg, overwrite=overwrite)
-    except (PreprocessError, cap.CaptionError, shards.ShardError) as e:
-        print(f"simgraph preprocess: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return run_command("preprocess", lambda: run(load_config(config, PreprocessConfig, overrides),
+                                                 overwrite=overwrite))
 
 
 __all__ = ["run", "plan", "main", "PreprocessError", "UNKNOWN_LABEL"]

@@ -27,7 +27,6 @@ import json
 import math
 import os
 import socket
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -43,6 +42,8 @@ from components.config import (
     load_config,
     to_dict,
 )
+from components.errors import SimgraphError, describe, run_command
+from components.files import atomic_open
 
 RUN_CONFIG = "config.yaml"
 # Fault injection for the resume tests: every rank sleeps before this global step, once.
@@ -56,7 +57,7 @@ RESUMABLE_CHANGES = (
 )
 
 
-class PretrainError(RuntimeError):
+class PretrainError(SimgraphError, RuntimeError):
     """The run cannot start or did not finish; the message says why and what to do."""
 
 
@@ -273,7 +274,7 @@ def run(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, Any]]:
             result = trainer.fit()
         except Exception as e:  # noqa: BLE001 - Ray wraps the worker's error
             raise PretrainError(
-                f"training {cfg.name!r} failed: {_root_cause(e)}\n"
+                f"training {cfg.name!r} failed: {describe(e)}\n"
                 f"completed checkpoints stay in {display(run_dir)}; re-run the same command to "
                 "resume"
             ) from None
@@ -303,14 +304,6 @@ def latest_complete(run_dir: str | Path) -> tuple[int, str] | None:
     return None
 
 
-def _root_cause(e: BaseException) -> str:
-    text = str(e)
-    for marker in ("NonFiniteLossError:", "CheckpointError:", "DatasetError:"):
-        if marker in text:
-            return text[text.index(marker):].splitlines()[0]
-    return text.strip().splitlines()[-1] if text.strip() else type(e).__name__
-
-
 def table(history: Sequence[dict[str, Any]]) -> str:
     cols = ["epoch", "loss", "lr", "knn_top1", "samples_per_s", "data_wait", "time_s"]
     lines = [" ".join(f"{c:>13}" for c in cols)]
@@ -324,17 +317,7 @@ def table(history: Sequence[dict[str, Any]]) -> str:
 
 
 def main(config: str, overrides: Sequence[str]) -> int:
-    try:
-        cfg = load_config(config, PretrainConfig, overrides)
-    except (ConfigError, OSError) as e:
-        print(f"simgraph: invalid config: {e}", file=sys.stderr)
-        return 2
-    try:
-        run(cfg)
-    except PretrainError as e:
-        print(f"simgraph pretrain: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return run_command("pretrain", lambda: run(load_config(config, PretrainConfig, overrides)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -542,12 +525,10 @@ class _RunLog:
         keys: list[str] = []
         for row in history:
             keys += [k for k in row if k not in keys]
-        tmp = self.mirror.local / (METRICS_CSV + ".tmp")
-        with open(tmp, "w", newline="") as f:
+        with atomic_open(self.mirror.local / METRICS_CSV, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=keys)
             w.writeheader()
             w.writerows(history)
-        os.replace(tmp, self.mirror.local / METRICS_CSV)
         row = history[-1]
         for k, v in row.items():
             if k != "epoch" and isinstance(v, int | float):

@@ -14,20 +14,20 @@ a pretraining worker would receive them, and write a PNG grid.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from components.config import ConfigError, PretrainConfig, load_config
+from components.config import PretrainConfig, load_config
+from components.errors import SimgraphError, run_command
 
 HEADER = 14  # px of the title strip above the grid
 GAP = 2  # px between tiles
 
 
-class PreviewError(RuntimeError):
+class PreviewError(SimgraphError, RuntimeError):
     """The preview cannot be drawn (missing dataset, too few images); the message says why."""
 
 
@@ -131,23 +131,18 @@ def preview(cfg: PretrainConfig, out: str | Path, images: int = 16, epoch: int =
 
 def main(config: str, overrides: Sequence[str], out: str | None, images: int, epoch: int,
          rank: int, tile: int) -> int:
-    try:
+    def body() -> None:
         cfg = load_config(config, PretrainConfig, overrides)
-    except (ConfigError, OSError) as e:
-        print(f"simgraph: invalid config: {e}", file=sys.stderr)
-        return 2
-    try:
         path = preview(cfg, out or f"preview-{cfg.name}.png", images, epoch, rank, tile)
-    except PreviewError as e:
-        print(f"simgraph preview: {e}", file=sys.stderr)
-        return 1
-    a = cfg.data.augment
-    print(f"{path}: {images} training images of rank {rank}, epoch {epoch + 1}: stored, then "
-          f"{cfg.data.views} views at {a.resolution} px (crop scale {a.scale}, ratio "
-          f"{[round(r, 3) for r in a.ratio]}, flip {a.flip_p}, jitter p={a.jitter_p} "
-          f"b/c/s/h={a.brightness}/{a.contrast}/{a.saturation}/{a.hue}, grayscale "
-          f"{a.grayscale_p}, blur {a.blur_p})")
-    return 0
+        a = cfg.data.augment
+        print(f"{path}: {images} training images of rank {rank}, epoch {epoch + 1}: stored, "
+              f"then {cfg.data.views} views at {a.resolution} px (crop scale {a.scale}, ratio "
+              f"{[round(r, 3) for r in a.ratio]}, flip {a.flip_p}, jitter p={a.jitter_p} "
+              f"b/c/s/h={a.brightness}/{a.contrast}/{a.saturation}/{a.hue}, grayscale "
+              f"{a.grayscale_p}, blur {a.blur_p})")
+
+    return run_command("preview", body)
+
 
 
 __all__ = ["PreviewError", "grid", "main", "preview", "views_to_uint8"]

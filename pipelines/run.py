@@ -10,14 +10,12 @@ comparison table — the demo (``make demo``) and any "same data, several losses
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from components.config import (
-    ConfigError,
     PipelineConfig,
     PreprocessConfig,
     PretrainConfig,
@@ -77,17 +75,10 @@ def summary(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def main(config: str, overrides: Sequence[str]) -> int:
-    from pipelines.preprocess import PreprocessError
-    from pipelines.pretrain import PretrainError
+    from components.errors import run_command
 
-    try:
-        plan(config, overrides)
-    except (ConfigError, OSError) as e:
-        print(f"simgraph: invalid config: {e}", file=sys.stderr)
-        return 2
-    try:
+    def body() -> None:
+        plan(config, overrides)  # every config checked before anything runs
         run(config, overrides)
-    except (PreprocessError, PretrainError) as e:
-        print(f"simgraph run: {e}", file=sys.stderr)
-        return 1
-    return 0
+
+    return run_command("run", body)

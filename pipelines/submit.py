@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 
 from components.config import ConfigError
+from components.errors import SimgraphError
 from components.paths import BASE_ENV, is_relative, is_uri, project_root
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
@@ -53,7 +54,7 @@ TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 SUBMITTABLE = ("validate", "preprocess", "pretrain", "run", "evaluate", "sweep")
 
 
-class SubmitError(RuntimeError):
+class SubmitError(SimgraphError, RuntimeError):
     """The command cannot be sent as it is; the message says what to change."""
 
 

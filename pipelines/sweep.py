@@ -30,11 +30,12 @@ from typing import Any, Literal
 
 import yaml
 
-from components.config import ConfigError, to_dict
+from components.config import to_dict
+from components.errors import SimgraphError
 from components.paths import base_dir, portable
 
 
-class SweepError(RuntimeError):
+class SweepError(SimgraphError, RuntimeError):
     """The sweep cannot start or its results cannot be read."""
 
 
@@ -202,11 +203,9 @@ def trial_rows(results: Any, sweep: Any) -> list[dict[str, Any]]:
 
 
 def _short(err: Any) -> str:
-    text = str(err).strip().splitlines()
-    for line in text:
-        if "Error:" in line and "Traceback" not in line:
-            return line.strip()[:300]
-    return (text[-1] if text else type(err).__name__)[:300]
+    from components.errors import describe
+
+    return describe(err)[:300] if isinstance(err, BaseException) else str(err)[:300]
 
 
 def markdown(rows: Sequence[dict[str, Any]], sweep: Any) -> str:
@@ -366,16 +365,6 @@ def export_study(sweep: Any, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def main(space: str, overrides: Sequence[str], resume: bool = False) -> int:
-    from components.search_space import load_sweep
+    from components.errors import run_command
 
-    try:
-        load_sweep(space, overrides)
-    except (ConfigError, OSError) as e:
-        print(f"simgraph: invalid search space: {e}", file=sys.stderr)
-        return 2
-    try:
-        run(space, overrides, resume=resume)
-    except SweepError as e:
-        print(f"simgraph sweep: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return run_command("sweep", lambda: run(space, overrides, resume=resume))

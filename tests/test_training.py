@@ -3,6 +3,7 @@ losses stop with a location, checkpoints round-trip and reject interrupted write
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Any
@@ -64,13 +65,29 @@ def test_every_loss_trains_through_one_step_function(name: str) -> None:
     assert (ema is not None) == bool({"ema_z", "ema_logits"} & needs)
     assert (model.encoder.classifier is not None) == ("logits" in needs)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    losses = []
-    for step in range(3):
-        m = train_step(model, ema, opt, sched, None, _batch(seed=step % 2),
-                       train_cfg=TrainConfig(), device=torch.device("cpu"), step=step,
-                       total_steps=10, ema_momentum=0.99, where=f"step {step}")
-        assert math.isfinite(m["loss"]) and m["lr"] > 0
-        losses.append(m["loss"])
+    # The loss a step reports is the objective of the model *before* that step: a forward of
+    # an untouched copy (its BN statistics and bank change, not the original's) gives it.
+    twin = copy.deepcopy(model)
+    torch.manual_seed(0)
+    b0 = _batch(seed=0)
+    want0 = float(twin(b0.images, b0.labels, b0.sample_ids, b0.captions,
+                       copy.deepcopy(ema))[0].detach())
+
+    def three_steps(model: torch.nn.Module, ema: Any, opt: Any, sched: Any) -> list[float]:
+        torch.manual_seed(0)  # CoNe's and others' random choices, the same in both runs
+        losses = []
+        for step in range(3):
+            m = train_step(model, ema, opt, sched, None, _batch(seed=step % 2),
+                           train_cfg=TrainConfig(), device=torch.device("cpu"), step=step,
+                           total_steps=10, ema_momentum=0.99, where=f"step {step}")
+            assert math.isfinite(m["loss"]) and m["lr"] > 0
+            losses.append(m["loss"])
+        return losses
+
+    losses = three_steps(model, ema, opt, sched)
+    assert losses[0] == pytest.approx(want0, rel=1e-5, abs=1e-6)
+    assert three_steps(*_setup(name)) == losses  # the same seed, data and steps: bit-identical
+    assert losses[1] != losses[0]  # the weights moved (and the next batch differs)
     changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
     assert any("backbone" in k for k in changed)
     if getattr(model.objective, "bank", None) is not None:

@@ -20,10 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from components.errors import SimgraphError
+
 DEFAULT_MODEL = "default"
 
 
-class CaptionError(ValueError):
+class CaptionError(SimgraphError, ValueError):
     """The text encoder or the class descriptions cannot be used."""
 
 

@@ -21,6 +21,8 @@ import warnings
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from components.errors import SimgraphError
+
 # Reasons an item is skipped; manifest.json counts skips by these codes.
 NOT_AN_IMAGE = "not-an-image"
 CORRUPT = "corrupt-image"
@@ -28,12 +30,15 @@ TOO_SMALL = "too-small"
 TOO_LARGE = "too-large"
 
 
-class ImageError(ValueError):
+class ImageError(SimgraphError, ValueError):
     """An item cannot become a training image; ``reason`` is one of the codes above."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # pickled across Ray processes
+        return type(self), (self.reason, str(self))
 
 
 def _to_uint8_grey(arr: np.ndarray, mode: str) -> np.ndarray:

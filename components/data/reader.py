@@ -36,12 +36,13 @@ import torch
 
 from components.config import AugmentConfig
 from components.data.shards import F16_BITS
+from components.errors import SimgraphError
 
 MANIFEST = "manifest.json"
 FORMAT = "simgraph-dataset/1"
 
 
-class DatasetError(ValueError):
+class DatasetError(SimgraphError, ValueError):
     """The dataset dir is missing, incomplete or lacks what the run needs."""
 
 

@@ -25,6 +25,8 @@ from typing import Literal
 
 import numpy as np
 
+from components.errors import SimgraphError
+
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 TUXPAINT_DIR = "/usr/share/tuxpaint/stamps"
 FASHION_MNIST_CLASSES = [
@@ -46,7 +48,7 @@ CAPTION_ENCODING = "caption-encoding"
 CAPTION_EMPTY = "caption-empty"
 
 
-class SourceError(ValueError):
+class SourceError(SimgraphError, ValueError):
     """The source cannot be listed at all (missing package, unreadable manifest, no items)."""
 
 

@@ -13,6 +13,8 @@ import operator
 import torch
 from torch import Tensor
 
+from components.errors import NonFiniteError
+
 __all__ = [
     "as_float",
     "as_int",
@@ -101,7 +103,8 @@ def check_features(
         raise ValueError(f"{name} has 0 rows; {empty_reason}")
     if not bool(torch.isfinite(x).all()):
         bad = int((~torch.isfinite(x)).sum())
-        raise ValueError(f"{name} has {bad} non-finite value(s) (NaN or inf); all must be finite")
+        raise NonFiniteError(f"{name} has {bad} non-finite value(s) (NaN or inf); all must be "
+                             "finite")
     return x
 
 

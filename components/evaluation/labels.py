@@ -15,8 +15,10 @@ import torch
 import yaml
 from torch import Tensor
 
+from components.errors import SimgraphError
 
-class LabelMapError(ValueError):
+
+class LabelMapError(SimgraphError, ValueError):
     """The label map does not fit the dataset's classes; the message says which."""
 
 

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from components import distributed
+from components.errors import NonFiniteError
 from components.memory import MemoryBank
 
 Metrics = dict[str, float]
@@ -35,7 +36,8 @@ def _check(cond: bool, message: str) -> None:
 def _finite(name: str, x: Tensor | None) -> None:
     if x is not None and x.is_floating_point() and not bool(torch.isfinite(x).all()):
         bad = int((~torch.isfinite(x)).sum())
-        raise ValueError(f"{name} has {bad} non-finite value(s) (NaN or inf); fix the model/input")
+        raise NonFiniteError(f"{name} has {bad} non-finite value(s) (NaN or inf); fix the "
+                             "model/input")
 
 
 @dataclasses.dataclass

@@ -1,0 +1,99 @@
+"""One base for the errors simgraph raises on purpose, and how entry points report them.
+
+Every error a user can act on (a bad config value, a missing dataset, a corrupted checkpoint,
+a non-finite loss) is a :class:`SimgraphError` subclass defined next to the code that raises
+it (``ConfigError`` in :mod:`components.config`, ``DatasetError`` in
+:mod:`components.data.reader`, ...). Each also derives from the builtin it refines
+(``ValueError`` for bad input, ``RuntimeError`` for a failed operation), so ``except
+ValueError`` keeps working. Callers dispatch on the type, never on the message text:
+
+* :func:`root_cause` finds the simgraph error inside what Ray hands back (a Train
+  ``WorkerGroupError``'s ``worker_failures``, a task's ``RayTaskError.cause``, chained
+  ``__cause__``);
+* :func:`run_command` is the one ``main()`` wrapper: a config error exits 2, any other
+  :class:`SimgraphError` exits 1, each as one line on stderr; anything else is a bug and keeps
+  its traceback.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+
+
+class SimgraphError(Exception):
+    """Base of the errors simgraph raises for input or state the user can fix; the message
+    says what is wrong and how to fix it. ``exit_code`` is what ``simgraph`` exits with."""
+
+    exit_code = 1
+    headline = ""  # printed before the message, e.g. "invalid config: "
+
+
+class NonFiniteError(SimgraphError, ValueError):
+    """NaN or inf where an objective needs finite numbers (its embeddings, captions or bank)."""
+
+
+def _children(e: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    failures = getattr(e, "worker_failures", None)  # ray.train.WorkerGroupError: rank -> error
+    if isinstance(failures, dict):
+        out += [failures[r] for r in sorted(failures)]
+    cause = getattr(e, "cause", None)  # ray.exceptions.RayTaskError: the task's own exception
+    if isinstance(cause, BaseException):
+        out.append(cause)
+    for chained in (e.__cause__, e.__context__):
+        if chained is not None:
+            out.append(chained)
+    return out
+
+
+def root_cause(e: BaseException) -> BaseException:
+    """The first :class:`SimgraphError` in ``e`` or what it wraps (breadth first, lowest rank
+    first), else the innermost exception on the first path."""
+    seen: set[int] = set()
+    queue = [e]
+    innermost = e
+    while queue:
+        x = queue.pop(0)
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, SimgraphError):
+            return x
+        kids = _children(x)
+        if kids and x is innermost:
+            innermost = kids[0]
+        queue += kids
+    return innermost
+
+
+def describe(e: BaseException) -> str:
+    """One line for a user: ``TypeName: first line of the message`` of :func:`root_cause`."""
+    cause = root_cause(e)
+    lines = str(cause).strip().splitlines()
+    # A Ray wrapper's message starts with its own headline; the error itself is on its last line.
+    text = lines[0] if isinstance(cause, SimgraphError) or len(lines) < 2 else lines[-1]
+    name = type(cause).__name__
+    if not text:
+        return name
+    # A wrapper's last line already names the error ("KeyError: 'x'"): keep it as it is.
+    return text if re.match(r"^[\w.]*(Error|Exception)\b", text) else f"{name}: {text}"
+
+
+def run_command(command: str, body: Callable[[], object]) -> int:
+    """Run a ``simgraph <command>`` body; returns its exit code. A :class:`SimgraphError`
+    becomes one ``simgraph <command>: ...`` line on stderr and its ``exit_code`` (2 for config
+    errors, 1 otherwise); any other exception is a bug and keeps its traceback.
+
+    Example::
+
+        def main(config: str) -> int:
+            return run_command("pretrain", lambda: run(load_config(config, PretrainConfig)))
+    """
+    try:
+        body()
+    except SimgraphError as e:
+        print(f"simgraph {command}: {e.headline}{e}", file=sys.stderr)
+        return e.exit_code
+    return 0
