@@ -288,6 +288,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from components.data.reader import DatasetInfo
+    from components.session import ray_session
     from pipelines import evaluate, preprocess, pretrain
 
     torch.set_num_threads(2)
@@ -302,7 +303,7 @@ def main() -> None:
     epochs = [f"train.epochs={args.epochs}"] if args.epochs else []
     rows: list[str] = []
     t_start = time.perf_counter()
-    with preprocess.ray_session(None):
+    with ray_session(None):
         for ds in args.datasets:
             pre_path, pre_over, ds_over = DATASETS[ds]
             pre = load_config(ROOT / pre_path, PreprocessConfig, [

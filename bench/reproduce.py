@@ -54,6 +54,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from components.config import PreprocessConfig, PretrainConfig, load_config  # noqa: E402
+from components.errors import SimgraphError  # noqa: E402
+from components.session import ray_session  # noqa: E402
 from pipelines import evaluate, preprocess, pretrain, sweep  # noqa: E402
 
 RECIPE = ROOT / "pipelines/configs/pretrain/small_data.yaml"
@@ -278,7 +280,7 @@ def main() -> None:
     floors: dict[str, float] = {}
     failed: list[str] = []
     t0 = time.perf_counter()
-    with preprocess.ray_session(None):
+    with ray_session(None):
         preprocess.run(pre, echo=False)
         from components.data.reader import DatasetInfo
         from components.data.shards import read_samples
@@ -303,7 +305,7 @@ def main() -> None:
                     continue
                 try:
                     history = pretrain.run(cfg, echo=False)
-                except pretrain.PretrainError as err:  # reported; the others still run
+                except SimgraphError as err:  # reported; the others still run
                     print(f"{cfg.name}: FAILED {err}", flush=True)
                     failed.append(f"{cfg.name}: {str(err).splitlines()[0]}")
                     continue

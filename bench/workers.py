@@ -19,8 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.config import PretrainConfig, load_config  # noqa: E402
+from components.session import ray_session  # noqa: E402
 from pipelines import pretrain  # noqa: E402
-from pipelines.preprocess import ray_session  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

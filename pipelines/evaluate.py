@@ -88,7 +88,7 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None
     """
     from components import storage
     from components.checkpoint import CheckpointError, load_state, local_copy
-    from pipelines.pretrain import RUN_CONFIG, config_diff, latest_complete
+    from components.run_dir import RUN_CONFIG, config_diff, latest_complete
 
     run_dir = str(run_dir)
     shown = storage.display(run_dir)
@@ -121,8 +121,8 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None
 def _dataset(cfg: PretrainConfig, state: dict[str, Any]) -> Any:
     from components.data.reader import DatasetError, DatasetInfo
     from components.data.staging import local_dataset
+    from components.run_dir import dataset_identity
     from components.storage import StorageError
-    from pipelines.pretrain import dataset_identity
 
     try:  # a URI (or data.stage): a verified node-local copy
         info = DatasetInfo.load(local_dataset(cfg.data.dataset, cfg.data.stage,

@@ -62,6 +62,7 @@ from components.data.sources import (
 from components.data.splits import SPLITS, assign_splits
 from components.errors import SimgraphError, root_cause
 from components.files import remove_temporaries, replacing, sha256_file, write_json
+from components.session import ray_session
 
 FORMAT = "simgraph-dataset/1"
 MANIFEST = "manifest.json"
@@ -641,26 +642,6 @@ def _shard_done(out: Path, name: str, digest: str) -> dict[str, Any] | None:
     if beton.exists() and sha256_file(beton) == side.get("sha256"):
         return side
     return None
-
-
-@contextlib.contextmanager
-def ray_session(num_cpus: int | None) -> Iterator[None]:
-    """Use the running Ray / the ``RAY_ADDRESS`` cluster, or start (and stop) a local one."""
-    import ray
-
-    if ray.is_initialized():
-        yield
-        return
-    kwargs: dict[str, Any] = {"log_to_driver": True}
-    if not os.environ.get("RAY_ADDRESS"):
-        # "local": never attach to some other Ray found on this machine by accident.
-        # A small explicit object store: Ray would otherwise claim ~7 GB of /dev/shm.
-        kwargs.update(address="local", num_cpus=num_cpus, object_store_memory=1 << 30)
-    ray.init(**kwargs)
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 def versions() -> dict[str, str]:

@@ -43,11 +43,12 @@ def plan(config: str, overrides: Sequence[str]) -> tuple[PreprocessConfig,
 
 
 def run(config: str, overrides: Sequence[str] = (), echo: bool = True) -> list[dict[str, Any]]:
+    from components.session import ray_session
     from pipelines import preprocess, pretrain
 
     pre, runs = plan(config, overrides)
     rows = []
-    with preprocess.ray_session(pre.num_cpus):
+    with ray_session(pre.num_cpus):
         preprocess.run(pre, echo=echo)
         for name, cfg in runs.items():
             if echo:

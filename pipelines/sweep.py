@@ -5,7 +5,7 @@ Top to bottom:
 1. Load the search space (``components/search_space.py``): every parameter path is checked
    against the config dataclasses, per conditional branch, before any trial starts.
 2. Tune, wired as Ray 2.60 needs it (RAY-NOTES.md): each trial is a function trainable that
-   builds its own Train V2 ``TorchTrainer`` (``pipelines/pretrain.py``) with Tune's
+   builds its own Train V2 ``TorchTrainer`` (``components/recipe.py``) with Tune's
    ``TuneReportCallback``; ``OptunaSearch`` with the space as a define-by-run function
    (conditional parameters per loss), behind a ``ConcurrencyLimiter``; ASHA on the reported
    ``epoch`` (Tune's own iteration counter restarts after a restore) or FIFO. Each trial's
@@ -60,15 +60,10 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
 
     from components.checkpoint import load_state, local_copy
     from components.paths import localize
+    from components.recipe import make_trainer
+    from components.run_dir import absolute_paths, check_dataset, latest_complete, prepare_run_dir
     from components.search_space import load_sweep, trial_config
     from components.storage import join
-    from pipelines.pretrain import (
-        absolute_paths,
-        check_dataset,
-        latest_complete,
-        make_trainer,
-        prepare_run_dir,
-    )
 
     sweep = load_sweep(localize(sweep_path), sweep_overrides)
     trial_id = tune.get_context().get_trial_id()
@@ -153,8 +148,8 @@ def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
         echo: bool = True) -> list[dict[str, Any]]:
     """Run (or resume) a sweep; returns one row per trial (see :func:`trial_rows`)."""
     from components.search_space import load_sweep
+    from components.session import ray_session
     from components.storage import display
-    from pipelines.preprocess import ray_session
 
     sweep = load_sweep(sweep_path, overrides)
     with ray_session(None):

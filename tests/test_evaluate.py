@@ -17,9 +17,9 @@ from components.data.reader import DatasetInfo, set_jit
 from components.evaluation.graph import graph_metrics, target_noise_separation
 from components.evaluation.knn import knn_top1
 from components.evaluation.probe import linear_probe
+from components.run_dir import check_dataset, prepare_run_dir
 from components.training import build_model
 from pipelines.evaluate import EvaluateError, evaluate_run, load_run, main
-from pipelines.pretrain import check_dataset, prepare_run_dir
 from tests.datasets import synthetic_dataset, tiny_run_config
 
 
@@ -42,10 +42,10 @@ def _run(dataset: Path, storage: Path, name: str, **over: Any) -> Path:
     facts = check_dataset(cfg)
     torch.manual_seed(0)
     sim = torch.as_tensor(DatasetInfo.load(dataset).class_similarity(), dtype=torch.float32)
-    model, _ = build_model(cfg.model, cfg.loss, facts["num_classes"], sim, facts["caption_dim"])
+    model, _ = build_model(cfg.model, cfg.loss, facts.num_classes, sim, facts.caption_dim)
     save_state(run_dir / "epoch_00001", {"model": model.state_dict(), "epoch": 1, "step": 4,
                                          "history": [], "config": to_dict(cfg),
-                                         "dataset": facts["dataset"]})
+                                         "dataset": facts.dataset})
     return run_dir
 
 

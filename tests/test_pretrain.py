@@ -19,13 +19,8 @@ import yaml
 
 from components.checkpoint import load_state
 from components.config import PretrainConfig, from_dict
-from pipelines.pretrain import (
-    PAUSE_ENV,
-    PretrainError,
-    check_dataset,
-    latest_complete,
-    prepare_run_dir,
-)
+from components.recipe import PAUSE_ENV
+from components.run_dir import RunError, check_dataset, latest_complete, prepare_run_dir
 from tests.datasets import synthetic_dataset, tiny_run_config
 from tests.procs import kill_session, session_pids
 
@@ -153,7 +148,7 @@ def test_rerun_with_another_config_is_refused(dataset: Path, tmp_path: Path) -> 
     prepare_run_dir(from_dict(PretrainConfig, tiny_run_config(dataset, tmp_path, train__epochs=8,
                                                       scaling__num_workers=1)))
     other = from_dict(PretrainConfig, tiny_run_config(dataset, tmp_path, optim__lr=0.5))
-    with pytest.raises(PretrainError, match=r"optim\.lr differ"):
+    with pytest.raises(RunError, match=r"optim\.lr differ"):
         prepare_run_dir(other)
 
 
@@ -169,11 +164,11 @@ def test_rerun_with_another_config_is_refused(dataset: Path, tmp_path: Path) -> 
 def test_dataset_checks(dataset: Path, tmp_path: Path, loss: dict, error: str | None) -> None:
     cfg = from_dict(PretrainConfig, tiny_run_config(dataset, tmp_path, loss=loss))
     if error is not None:
-        with pytest.raises(PretrainError, match=error):
+        with pytest.raises(RunError, match=error):
             check_dataset(cfg)
         return
     facts = check_dataset(cfg)
-    assert facts["num_classes"] == 4 and facts["knn"] and facts["caption_dim"] == 8
+    assert facts.num_classes == 4 and facts.knn and facts.caption_dim == 8
 
 
 def test_dataset_without_captions_or_enough_samples(tmp_path: Path) -> None:
@@ -183,12 +178,12 @@ def test_dataset_without_captions_or_enough_samples(tmp_path: Path) -> None:
     (ds / "manifest.json").write_text(json.dumps(manifest))
     cfg = from_dict(PretrainConfig, tiny_run_config(ds, tmp_path, loss={"name": "xclr",
                                                                  "graph": "caption"}))
-    with pytest.raises(PretrainError, match="needs caption embeddings"):
+    with pytest.raises(RunError, match="needs caption embeddings"):
         check_dataset(cfg)
     cfg = from_dict(PretrainConfig, tiny_run_config(ds, tmp_path))  # 8 samples < 2 × 16
-    with pytest.raises(PretrainError, match="fewer than one global batch"):
+    with pytest.raises(RunError, match="fewer than one global batch"):
         check_dataset(cfg)
-    with pytest.raises(PretrainError, match="no manifest.json"):
+    with pytest.raises(RunError, match="no manifest.json"):
         check_dataset(from_dict(PretrainConfig, tiny_run_config(tmp_path / "missing", tmp_path)))
 
 

@@ -1,0 +1,408 @@
+"""Pretraining as a recipe over the library, run by Ray Train on every worker.
+
+:func:`make_trainer` builds the Ray Train V2 ``TorchTrainer`` (gloo on CPU, NCCL on GPU; the
+same run name + storage resumes); each worker runs :func:`train_loop`, i.e.
+:class:`PretrainRecipe`: setup (device, FFCV reader for this rank's share, model in DDP,
+optimiser and schedule, restore) → per epoch train_epoch → evaluate_epoch (online kNN) → save
+(``metrics.csv`` / TensorBoard by rank 0, full-state checkpoints every
+``checkpoint.every_epochs`` and at the end, metrics reported to Ray, which Tune/ASHA read).
+``simgraph pretrain`` (:mod:`pipelines.pretrain`) and each ``simgraph sweep`` trial drive it;
+``simgraph preview`` draws batches from :func:`train_views`, the workers' own loader.
+
+Fault injection for the resume tests: :data:`PAUSE_ENV` (``SIMGRAPH_PAUSE_AT_STEP=N``) in the
+environment of the process that builds the trainer makes every rank sleep once before global
+step N (a flag file in ``workers/`` stops it repeating after a restart); read once by
+:func:`make_trainer`, never inside the step loop.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from components.config import PretrainConfig, from_dict, to_dict
+from components.files import atomic_open
+from components.run_dir import METRICS_CSV, RunError, RunFacts
+
+PAUSE_ENV = "SIMGRAPH_PAUSE_AT_STEP"
+
+
+def make_trainer(cfg: PretrainConfig, run_dir: str, facts: RunFacts,
+                 callbacks: Sequence[Any] = (), pause_at_step: int | None = None) -> Any:
+    """The Ray Train V2 ``TorchTrainer`` for this run (same name + storage = resume).
+    ``callbacks``: Ray Train callbacks, e.g. Tune's ``TuneReportCallback`` in a sweep trial.
+    ``pause_at_step``: fault injection for tests (see :data:`PAUSE_ENV`; default: read it)."""
+    if pause_at_step is None:
+        pause_at_step = int(os.environ.get(PAUSE_ENV, "0") or 0)
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    s = cfg.scaling
+    resources: dict[str, float] = {"CPU": s.cpus_per_worker}
+    if s.use_gpu:
+        resources["GPU"] = s.gpus_per_worker
+    return TorchTrainer(
+        train_loop,
+        train_loop_config={"config": to_dict(cfg), "run_dir": run_dir, "facts": facts.to_dict(),
+                           "pause_at_step": pause_at_step},
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=s.num_workers, use_gpu=s.use_gpu, resources_per_worker=resources,
+            placement_strategy=s.placement_strategy,
+        ),
+        run_config=ray.train.RunConfig(
+            name=cfg.name,
+            storage_path=cfg.storage,  # a path or URI, resolved by pyarrow as ours are
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
+            failure_config=ray.train.FailureConfig(max_failures=s.max_failures),
+            callbacks=list(callbacks),
+        ),
+    )
+
+
+def train_views(cfg: PretrainConfig, info: Any, rank: int, world: int, device: Any,
+                with_captions: bool) -> Any:
+    """The training ``ViewLoader`` of one rank: what every worker reads (``simgraph preview``
+    draws its batches from this same function)."""
+    from components.data.reader import ViewLoader
+
+    d = cfg.data
+    return ViewLoader(
+        info.split_file("train"), batch_size=d.batch_size, views=d.views, augment=d.augment,
+        train=True, seed=cfg.train.seed, rank=rank, world_size=world, device=device,
+        num_workers=d.num_workers, drop_last=True, os_cache=d.os_cache,
+        with_captions=with_captions, max_batches=cfg.train.steps_per_epoch,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The recipe: what one Ray Train worker does.
+
+
+class PretrainRecipe:
+    """One worker's pretraining, in the order it runs: :meth:`setup` (device, data, model,
+    optimiser, restore from Ray's checkpoint), then per epoch :meth:`train_epoch` →
+    :meth:`evaluate_epoch` (online kNN) → :meth:`save` (metrics, checkpoint, report to Ray),
+    then :meth:`cleanup`. :func:`train_loop` is ``PretrainRecipe(loop_config).run()``.
+
+    ``loop_config``: ``config`` (a :class:`PretrainConfig` as a dict), ``run_dir``, ``facts``
+    (a :class:`RunFacts` as a dict), ``pause_at_step`` (test fault injection; 0 = off).
+    """
+
+    def __init__(self, loop_config: dict[str, Any]) -> None:
+        self.cfg = from_dict(PretrainConfig, loop_config["config"])
+        self.run_dir = str(loop_config["run_dir"])
+        self.facts = RunFacts(**loop_config["facts"])
+        self.pause_at_step = int(loop_config.get("pause_at_step", 0))
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        import ray.train
+        import ray.train.torch
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+
+        from components.data.reader import DatasetInfo, set_jit
+        from components.data.staging import local_dataset
+        from components.optim import build_for_run
+        from components.training import build_model, uses_projector
+
+        cfg, facts = self.cfg, self.facts
+        ctx = ray.train.get_context()
+        self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
+        device = self.device = ray.train.torch.get_device()
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # before the first collective on NCCL
+        set_jit(cfg.data.jit)  # imports ffcv, which sets torch threads to 1
+        torch.set_num_threads(max(1, math.floor(cfg.scaling.cpus_per_worker)))
+        _worker_info(self.run_dir, self.rank, self.world, device)
+
+        # A URI, or data.stage: read a node-local copy (made once per node, verified).
+        self.info = DatasetInfo.load(local_dataset(cfg.data.dataset, cfg.data.stage,
+                                                   cfg.data.stage_dir))
+        sim = self.info.class_similarity()
+        torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
+        model, ema = build_model(
+            cfg.model, cfg.loss, facts.num_classes,
+            None if sim is None else torch.as_tensor(sim, dtype=torch.float32),
+            facts.caption_dim,
+        )
+        on_gpu = device.type == "cuda"
+        model.channels_last = on_gpu and cfg.model.channels_last
+        if on_gpu and cfg.model.sync_bn and self.world > 1:
+            model.encoder = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model.encoder)
+        model.to(device)
+        if model.channels_last:
+            model.to(memory_format=torch.channels_last)
+        if ema is not None:
+            ema.to(device)
+        self.model, self.ema = model, ema
+
+        self.train_loader = train_views(cfg, self.info, self.rank, self.world, device,
+                                        facts.needs_captions)
+        self.steps_per_epoch = len(self.train_loader)
+        self.total_steps = self.steps_per_epoch * cfg.train.epochs
+        self.optimizer, self.scheduler = build_for_run(
+            model, cfg.optim, cfg.data.batch_size * self.world, self.steps_per_epoch,
+            cfg.train.epochs)
+        self.scaler = torch.amp.GradScaler("cuda") if cfg.train.amp == "fp16" else None
+
+        self.start_epoch, self.step = 0, 0
+        self.history: list[dict[str, Any]] = []
+        self.restore(ray.train.get_checkpoint())
+
+        self.ddp: torch.nn.Module = model
+        if self.world > 1:
+            self.ddp = DistributedDataParallel(
+                model, find_unused_parameters=not uses_projector(model.objective),
+                # BN statistics are averaged before eval / saving; the memory bank is identical
+                # on every rank: no per-step buffer broadcast.
+                forward_sync_buffers=False,
+            )
+        self.knn_loaders: tuple[Any, Any] | None = None
+        self.log = _RunLog(self.run_dir, self.start_epoch) if self.rank == 0 else None
+
+    def restore(self, checkpoint: Any) -> None:
+        """Load the full state of Ray's latest checkpoint (``None``: a fresh start)."""
+        from components.checkpoint import load_state
+
+        if checkpoint is None:
+            return
+        with checkpoint.as_directory() as ckpt_dir:
+            state = load_state(ckpt_dir, map_location=self.device)
+        self.model.load_state_dict(state["model"])
+        if self.ema is not None:
+            self.ema.load_state_dict(state["ema"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.start_epoch, self.step = int(state["epoch"]), int(state["step"])
+        self.history = state["history"]
+        if self.rank == 0:
+            print(f"[simgraph] resumed {self.cfg.name!r} after epoch {self.start_epoch} "
+                  f"(step {self.step})")
+        if self.step > self.total_steps:
+            raise RunError(f"the checkpoint is at step {self.step}, past this run's "
+                           f"{self.total_steps}")
+
+    # -- one epoch -----------------------------------------------------------------------------
+
+    def train_epoch(self, epoch: int) -> dict[str, Any]:
+        """Every step of ``epoch`` (0-based); its metrics row (loss parts, lr, throughput,
+        data-wait fraction)."""
+        import torch
+
+        from components import distributed
+        from components.training import StepState, seed_everything, sync_buffers, train_step
+
+        cfg, n = self.cfg, self.steps_per_epoch
+        seed_everything(cfg.train.seed, epoch, self.rank)
+        self.train_loader.set_epoch(epoch)
+        self.model.train()
+        acc, wait, t0 = StepState(), 0.0, time.perf_counter()
+        last_lr = float(self.optimizer.param_groups[0]["lr"])
+        batches = iter(self.train_loader)
+        for i in range(n):
+            if self.step + 1 == self.pause_at_step:
+                _pause_once(self.run_dir, self.rank, self.step + 1)
+            t = time.perf_counter()
+            batch = next(batches)
+            wait += time.perf_counter() - t
+            metrics = train_step(
+                self.ddp, self.ema, self.optimizer, self.scheduler, self.scaler, batch,
+                train_cfg=cfg.train, device=self.device, step=self.step,
+                total_steps=self.total_steps,
+                ema_momentum=getattr(cfg.loss, "ema_momentum", 0.996),
+                where=f"epoch {epoch + 1} step {i + 1}/{n} (global step {self.step + 1}) of "
+                      f"run {cfg.name!r}",
+            )
+            self.step += 1
+            last_lr = metrics.pop("lr")
+            acc.add(metrics)
+            if self.rank == 0 and self.step % cfg.train.log_every_steps == 0:
+                print(f"[simgraph] epoch {epoch + 1} step {i + 1}/{n} "
+                      f"loss {metrics['loss']:.4f} lr {last_lr:.4g}")
+        for _ in batches:  # let FFCV finish the epoch's order (nothing left: exact count)
+            pass
+        elapsed = time.perf_counter() - t0
+        sync_buffers(self.model)
+        if self.ema is not None:  # its BN statistics are copies of this rank's, before the sync
+            sync_buffers(self.ema)
+        row: dict[str, Any] = {"epoch": epoch + 1, "step": self.step, **acc.summary()}
+        row["lr"] = last_lr  # of the epoch's last step
+        row["samples_per_s"] = n * cfg.data.batch_size * self.world / elapsed
+        row["data_wait"] = distributed.mean_over_ranks(torch.tensor([wait / elapsed]))
+        row["time_s"] = elapsed
+        return row
+
+    def evaluate_epoch(self, epoch: int, row: dict[str, Any]) -> None:
+        """The online kNN top-1 (``knn_top1`` in ``row``) on the epochs ``knn.every_epochs``
+        names and the last one, when the dataset allows it (:attr:`RunFacts.knn`)."""
+        from components.data.reader import ViewLoader
+        from components.training import distributed_knn_top1, extract_features
+
+        cfg, d = self.cfg, self.cfg.data
+        if not self.facts.knn or not ((epoch + 1) % cfg.knn.every_epochs == 0
+                                      or epoch + 1 == cfg.train.epochs):
+            return
+        if self.knn_loaders is None:
+            self.knn_loaders = tuple(  # type: ignore[assignment]
+                ViewLoader(self.info.split_file(s), batch_size=d.batch_size, views=1,
+                           augment=d.augment, train=False, rank=self.rank,
+                           world_size=self.world, device=self.device,
+                           num_workers=d.num_workers, drop_last=False, os_cache=d.os_cache,
+                           with_captions=False)
+                for s in (cfg.knn.bank_split, cfg.knn.query_split)
+            )
+        assert self.knn_loaders is not None
+        encoder = self.model.encoder
+        bank = extract_features(encoder, self.knn_loaders[0], self.device, cfg.train.amp)
+        queries = extract_features(encoder, self.knn_loaders[1], self.device, cfg.train.amp)
+        row["knn_top1"] = distributed_knn_top1(
+            bank, queries, k=cfg.knn.k, num_classes=self.facts.num_classes,
+            temperature=cfg.knn.temperature)
+
+    def save(self, epoch: int, row: dict[str, Any]) -> None:
+        """Append ``row`` to the history and metrics; report it to Ray, with a full-state
+        checkpoint every ``checkpoint.every_epochs`` epochs and after the last."""
+        import ray.train
+
+        from components.checkpoint import save_state
+
+        cfg = self.cfg
+        self.history.append(row)
+        if self.log is not None:
+            self.log.write(self.history)
+        last = epoch + 1 == cfg.train.epochs
+        if not ((epoch + 1) % cfg.checkpoint.every_epochs == 0 or last):
+            ray.train.report(row)
+            return
+        with tempfile.TemporaryDirectory(prefix="simgraph-ckpt-") as tmp:
+            ckpt = None
+            if self.rank == 0:
+                save_state(tmp, {
+                    "model": self.model.state_dict(),
+                    "ema": None if self.ema is None else self.ema.state_dict(),
+                    "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict(),
+                    "scaler": None if self.scaler is None else self.scaler.state_dict(),
+                    "epoch": epoch + 1, "step": self.step, "history": self.history,
+                    "seed": cfg.train.seed, "config": to_dict(cfg),
+                    "dataset": self.facts.dataset,
+                })
+                ckpt = ray.train.Checkpoint.from_directory(tmp)
+            ray.train.report(row, checkpoint=ckpt, checkpoint_dir_name=f"epoch_{epoch + 1:05d}")
+
+    def cleanup(self) -> None:
+        if self.log is not None:
+            self.log.close()
+
+    def run(self) -> None:
+        self.setup()
+        for epoch in range(self.start_epoch, self.cfg.train.epochs):
+            row = self.train_epoch(epoch)
+            self.evaluate_epoch(epoch, row)
+            self.save(epoch, row)
+        self.cleanup()
+
+
+def train_loop(loop_config: dict[str, Any]) -> None:
+    """Ray Train's per-worker function: :class:`PretrainRecipe` ``(loop_config).run()``."""
+    PretrainRecipe(loop_config).run()
+
+
+class _RunLog:
+    """Rank 0's ``metrics.csv`` (rewritten from the history, so a resumed run never keeps rows
+    of epochs it redid) and TensorBoard events (purged from the resume epoch on), written
+    locally and published to a URI run dir after every epoch (:class:`LocalMirror`)."""
+
+    def __init__(self, run_dir: str, start_epoch: int) -> None:
+        from tensorboardX import SummaryWriter
+
+        from components.storage import LocalMirror
+
+        self.mirror = LocalMirror(run_dir)
+        self.tb = SummaryWriter(str(self.mirror.local / "tb"), purge_step=start_epoch + 1)
+
+    def write(self, history: list[dict[str, Any]]) -> None:
+        keys: list[str] = []
+        for row in history:
+            keys += [k for k in row if k not in keys]
+        with atomic_open(self.mirror.local / METRICS_CSV, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            w.writerows(history)
+        row = history[-1]
+        for k, v in row.items():
+            if k != "epoch" and isinstance(v, int | float):
+                self.tb.add_scalar(k, v, row["epoch"])
+        self.tb.flush()
+        self.mirror.sync()
+
+    def close(self) -> None:
+        self.tb.close()
+        self.mirror.close()
+
+
+def _pause_once(run_dir: str, rank: int, step: int, seconds: float = 300.0) -> None:
+    from components import storage
+
+    flag = storage.join(run_dir, "workers", f"paused-rank{rank}-step{step}")
+    if not storage.exists(flag):
+        storage.write_text(flag, "")
+        time.sleep(seconds)
+
+
+def _worker_info(run_dir: str, rank: int, world: int, device: Any) -> dict[str, Any]:
+    """``workers/rank<r>.json``: where each rank runs (pid, node, device) — for operators and
+    for tests that kill a worker or check placement.
+
+    The node / local ranks are computed from Ray node ids (:func:`~components.distributed.
+    node_layout`), not taken from Ray Train, which ranks nodes by IP: nodes sharing an IP
+    would all be node 0. The device is Ray's (``ray.train.torch.get_device``: this worker's
+    GPU ids within ``CUDA_VISIBLE_DEVICES``, by node id), checked against what this node has.
+
+    Raises:
+        RunError: the device index Ray gave does not exist on this node.
+    """
+    import ray
+    import ray.train
+    import torch
+
+    from components import distributed
+    from components.paths import project_root
+
+    node_id = ray.get_runtime_context().get_node_id()
+    layout = distributed.node_layout(distributed.all_node_ids(node_id), rank)
+    ctx = ray.train.get_context()
+    info = {
+        "rank": rank, "world_size": world, "pid": os.getpid(), "host": socket.gethostname(),
+        "node_id": node_id, **layout,
+        "ray_node_rank": ctx.get_node_rank(), "ray_local_rank": ctx.get_local_rank(),
+        "device": str(device), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "code": str(project_root()),  # which copy of the project runs (a job's working_dir)
+        "started": time.time(),
+    }
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise RunError(
+            f"rank {rank} on node {node_id} was given {device} but sees "
+            f"{torch.cuda.device_count()} GPUs (CUDA_VISIBLE_DEVICES="
+            f"{info['cuda_visible_devices']!r}); do not set CUDA_VISIBLE_DEVICES yourself")
+    if (info["ray_node_rank"], info["ray_local_rank"]) != (layout["node_rank"],
+                                                           layout["local_rank"]):
+        print(f"[simgraph] rank {rank}: Ray Train says node_rank {info['ray_node_rank']} / "
+              f"local_rank {info['ray_local_rank']} (it ranks nodes by IP), node ids say "
+              f"{layout['node_rank']} / {layout['local_rank']}")
+    from components import storage
+
+    storage.write_text(storage.join(run_dir, "workers", f"rank{rank}.json"), json.dumps(info))
+    return info

@@ -1,0 +1,211 @@
+"""The run-dir format: ``<storage>/<name>/`` holds ``config.yaml`` (the run's whole config,
+written on the first start; a re-run must match it except :data:`RESUMABLE_CHANGES`),
+``epoch_NNNNN/`` checkpoints (:mod:`components.checkpoint`; the newest complete one resumes),
+``metrics.csv`` and ``tb/`` (rank 0's per-epoch metrics) and ``workers/rank<r>.json``; plus the
+driver-side checks a run passes before any Ray work (:func:`check_dataset` → :class:`RunFacts`).
+Read by ``simgraph pretrain`` (write, resume), ``sweep`` (one run dir per trial) and
+``evaluate`` (read back)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from components.config import ConfigError, PretrainConfig, from_dict, to_dict
+from components.errors import SimgraphError
+
+RUN_CONFIG = "config.yaml"
+METRICS_CSV = "metrics.csv"
+# Keys that may differ when a run is resumed (longer training, other hardware, logging).
+RESUMABLE_CHANGES = (
+    "train.epochs", "train.log_every_steps", "scaling.", "checkpoint.keep",
+    "knn.every_epochs", "data.num_workers", "data.os_cache", "data.jit", "data.stage",
+    "storage",
+)
+
+
+class RunError(SimgraphError, RuntimeError):
+    """The run cannot start or did not finish; the message says why and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFacts:
+    """What the driver learnt about the dataset that every worker needs (passed to them as a
+    dict: :meth:`to_dict` / ``RunFacts(**d)``)."""
+
+    num_classes: int
+    caption_dim: int  # 0: the dataset stores no caption embeddings
+    dataset: dict[str, Any]  # :func:`dataset_identity`, stored in every checkpoint
+    knn: bool  # the online kNN monitor runs
+    knn_note: str  # why it does not, when it does not
+    needs_captions: bool  # the objective reads caption embeddings
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def check_dataset(cfg: PretrainConfig) -> RunFacts:
+    """Check the dataset dir against the loss and batch; returns what the workers need.
+
+    Raises:
+        RunError: missing dataset, no labels for a supervised loss, no class graph or
+            captions for X-CLR / CLIP, fewer training samples than one global batch.
+    """
+    from components.data.reader import DatasetError
+    from components.data.staging import dataset_info
+    from components.storage import StorageError
+    from components.training import build_model
+
+    try:
+        info = dataset_info(cfg.data.dataset)  # a URI: only the manifest and class files
+        train_n = info.splits.get("train", 0)
+        info.split_file("train")
+    except (DatasetError, StorageError) as e:
+        raise RunError(str(e)) from None
+    where = cfg.data.dataset
+    sim = info.class_similarity()
+    import torch
+
+    try:  # builds the objective on CPU: the same checks the workers will hit, now
+        model, _ = build_model(
+            cfg.model, cfg.loss, len(info.classes),
+            None if sim is None else torch.as_tensor(sim, dtype=torch.float32),
+            info.caption_dim,
+        )
+    except ValueError as e:
+        raise RunError(f"loss {cfg.loss.name!r} cannot train on {where}: {e}") from None
+    needs = model.objective.requires
+    if "labels" in needs and not info.classes:
+        raise RunError(
+            f"loss {cfg.loss.name!r} needs labels but {where} has none (no classes in its "
+            "manifest); use simclr or xclr with graph=caption"
+        )
+    if "captions" in needs and info.caption_dim == 0:
+        raise RunError(
+            f"loss {cfg.loss.name!r} needs caption embeddings but {where} has no caption "
+            "field; preprocess with captions.enabled=true"
+        )
+    want = getattr(cfg.loss, "caption_dim", None)
+    if want is not None and info.caption_dim and want != info.caption_dim:
+        raise RunError(
+            f"loss.caption_dim={want} but {where} stores {info.caption_dim}-d caption "
+            f"embeddings; set loss.caption_dim={info.caption_dim}"
+        )
+    global_batch = cfg.data.batch_size * cfg.scaling.num_workers
+    if train_n < global_batch:
+        raise RunError(
+            f"{where} has {train_n} training samples, fewer than one global batch "
+            f"({cfg.scaling.num_workers} workers × data.batch_size={cfg.data.batch_size}); "
+            "lower data.batch_size"
+        )
+    knn = cfg.knn.every_epochs > 0
+    knn_note = ""
+    if knn and not info.classes:
+        knn, knn_note = False, "no labels"
+    elif knn and (info.splits.get(cfg.knn.query_split, 0) == 0
+                  or info.splits.get(cfg.knn.bank_split, 0) == 0):
+        knn, knn_note = False, (f"split {cfg.knn.query_split!r} or {cfg.knn.bank_split!r} is "
+                                "empty")
+    return RunFacts(num_classes=len(info.classes), caption_dim=info.caption_dim,
+                    dataset=dataset_identity(info.manifest), knn=knn, knn_note=knn_note,
+                    needs_captions="captions" in needs)
+
+
+def absolute_paths(cfg: PretrainConfig, base: str | Path | None = None) -> PretrainConfig:
+    """Local dataset and storage paths made absolute, relative ones against ``base`` (default:
+    :func:`components.paths.base_dir`): Ray Train workers and Tune trials run in other working
+    directories. URIs (``s3://`` …) are left as they are."""
+    from components.paths import resolve_path
+
+    return dataclasses.replace(
+        cfg, storage=resolve_path(cfg.storage, base),
+        data=dataclasses.replace(cfg.data, dataset=resolve_path(cfg.data.dataset, base)),
+    )
+
+
+def dataset_identity(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What identifies a dataset dir's content: stored in checkpoints, so evaluation can refuse
+    a dataset other than the one a run trained on."""
+    return {
+        "params_digest": manifest.get("params_digest"),
+        "splits": {k: v.get("sha256") for k, v in manifest.get("splits", {}).items()},
+        "classes": list(manifest.get("classes", [])),
+    }
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _with_defaults(d: dict[str, Any]) -> dict[str, Any]:
+    """A stored config with the keys added since it was written filled in at their defaults
+    (which keep the old behaviour), so an older run still resumes and evaluates; a config
+    that no longer loads is compared as it is."""
+    try:
+        return to_dict(from_dict(PretrainConfig, d))
+    except (ConfigError, TypeError):
+        return d
+
+
+def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Dotted keys whose values differ between two config dicts (either side may lack a key;
+    keys added to the config classes later count as their defaults), ignoring
+    :data:`RESUMABLE_CHANGES`: what makes two configs different runs."""
+    a, b = _flatten(_with_defaults(old)), _flatten(_with_defaults(new))
+    return sorted(k for k in set(a) | set(b)
+                  if a.get(k) != b.get(k) and not k.startswith(RESUMABLE_CHANGES))
+
+
+def prepare_run_dir(cfg: PretrainConfig) -> str:
+    """Create ``storage/name`` (a path or URI) with ``config.yaml``, or check a re-run
+    against it; returns the run dir.
+
+    Raises:
+        RunError: the run dir holds another run's config (names the differing keys), or
+            the storage cannot be written.
+    """
+    from components import storage
+
+    run_dir = storage.join(cfg.storage, cfg.name)
+    path = storage.join(run_dir, RUN_CONFIG)
+    new = to_dict(cfg)
+    try:
+        storage.makedirs(run_dir)
+        if storage.exists(path):
+            diff = config_diff(yaml.safe_load(storage.read_text(path)) or {}, new)
+            if diff:
+                raise RunError(
+                    f"run {cfg.name!r} in {storage.display(cfg.storage)} was started with a "
+                    f"different config ({', '.join(diff[:6])} differ); re-running a name "
+                    "resumes it, so choose a new name= or restore those values"
+                )
+        storage.write_text(path, yaml.safe_dump(new, sort_keys=False))
+    except storage.StorageError as e:
+        raise RunError(f"cannot use storage {storage.display(cfg.storage)}: {e}") from None
+    return run_dir
+
+
+def latest_complete(run_dir: str | Path) -> tuple[int, str] | None:
+    """(epochs, dir) of the newest checkpoint ``epoch_NNNNN`` in ``run_dir`` (a path or URI)
+    whose write completed; dirs left by an interrupted write fail
+    :func:`~components.checkpoint.is_complete_at` and are skipped."""
+    from components import storage
+    from components.checkpoint import is_complete_at
+
+    epochs = {int(n[6:]): n for n in storage.list_dir(str(run_dir))
+              if n.startswith("epoch_") and n[6:].isdigit()}
+    for epoch in sorted(epochs, reverse=True):
+        d = storage.join(str(run_dir), epochs[epoch])
+        if is_complete_at(d):
+            return epoch, d
+    return None

@@ -1,0 +1,29 @@
+"""The Ray session every entry point runs in: the cluster at ``RAY_ADDRESS``, the Ray this
+process already joined, or a local one started for the command and stopped after it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+
+@contextlib.contextmanager
+def ray_session(num_cpus: int | None) -> Iterator[None]:
+    """Use the running Ray / the ``RAY_ADDRESS`` cluster, or start (and stop) a local one."""
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    kwargs: dict[str, Any] = {"log_to_driver": True}
+    if not os.environ.get("RAY_ADDRESS"):
+        # "local": never attach to some other Ray found on this machine by accident.
+        # A small explicit object store: Ray would otherwise claim ~7 GB of /dev/shm.
+        kwargs.update(address="local", num_cpus=num_cpus, object_store_memory=1 << 30)
+    ray.init(**kwargs)
+    try:
+        yield
+    finally:
+        ray.shutdown()
