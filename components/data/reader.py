@@ -273,8 +273,8 @@ class ViewLoader:
                                          saturation=a.saturation, hue=a.hue, p=a.jitter_p))
         if a.grayscale_p > 0:
             ops.append(RandomGrayscale(p=a.grayscale_p))
-        # Blur runs as a batched torch op after the loader (see _cpu_blur): the compiled
-        # RandomGaussianBlur stalled FFCV's worker threads at 8 px here (open issue).
+        # Blur runs as a batched torch op after the loader (see _cpu_blur): a numba blur inside
+        # the compiled pipeline stalled FFCV's worker threads at 8 px, so there is none.
         return ops
 
     def _gpu_augment(self) -> torch.nn.Module:
