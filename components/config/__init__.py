@@ -1,0 +1,116 @@
+"""Typed configuration: dataclasses loaded from YAML with dotted overrides.
+
+Every config section is a dataclass. :func:`from_dict` turns a plain mapping (from
+``yaml.safe_load``) into that dataclass, checking every key and type on the way; each
+dataclass's ``__post_init__`` checks ranges. Every failure raises :class:`ConfigError`
+naming the dotted key, the bad value and what is allowed, before any Ray work starts.
+
+Loss sections are tagged unions: ``loss: {name: xclr, tau: 0.1, tau_s: 0.1}`` picks
+:class:`XCLRConfig` by ``name``, so a parameter that the chosen loss does not have
+(``epsilon`` for SupCon, say) is an error instead of being silently ignored.
+
+Modules: :mod:`.checks` (``ConfigError``, range checks), :mod:`.loading` (YAML → dataclasses,
+overrides), :mod:`.losses` (one dataclass per loss), :mod:`.preprocess` and :mod:`.pretrain`
+(the sections of each command's file). Import from the package: ``from components.config
+import PretrainConfig, load_config``.
+
+Example::
+
+    cfg = load_config("run.yaml", LossSection, overrides=["loss.tau_s=0.2"])
+"""
+
+from components.config.checks import (
+    ConfigError,
+    check_at_least,
+    check_in_range,
+    check_non_negative,
+    check_positive,
+)
+from components.config.loading import (
+    TAGGED_SECTIONS,
+    apply_overrides,
+    from_dict,
+    load_config,
+    load_yaml,
+    to_dict,
+)
+from components.config.losses import (
+    LOSS_CONFIGS,
+    CEConfig,
+    CLIPConfig,
+    CoNeConfig,
+    ContrastiveConfig,
+    EpsSupInfoNCEConfig,
+    LossConfig,
+    LossSection,
+    SimCLRConfig,
+    SINCEREConfig,
+    SupConConfig,
+    XCLRConfig,
+)
+from components.config.preprocess import (
+    CaptionConfig,
+    DedupeConfig,
+    ImageConfig,
+    PreprocessConfig,
+    SourceConfig,
+    SplitConfig,
+)
+from components.config.pretrain import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    AugmentConfig,
+    CheckpointSection,
+    DataConfig,
+    KNNConfig,
+    ModelConfig,
+    OptimConfig,
+    PipelineConfig,
+    PretrainConfig,
+    ScalingSection,
+    TrainConfig,
+)
+
+__all__ = [
+    "AugmentConfig",
+    "CEConfig",
+    "CLIPConfig",
+    "CaptionConfig",
+    "CheckpointSection",
+    "CoNeConfig",
+    "ConfigError",
+    "ContrastiveConfig",
+    "DataConfig",
+    "DedupeConfig",
+    "EpsSupInfoNCEConfig",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "ImageConfig",
+    "KNNConfig",
+    "LOSS_CONFIGS",
+    "LossConfig",
+    "LossSection",
+    "ModelConfig",
+    "OptimConfig",
+    "PipelineConfig",
+    "PreprocessConfig",
+    "PretrainConfig",
+    "SINCEREConfig",
+    "ScalingSection",
+    "SimCLRConfig",
+    "SourceConfig",
+    "SplitConfig",
+    "SupConConfig",
+    "TAGGED_SECTIONS",
+    "TrainConfig",
+    "XCLRConfig",
+    "apply_overrides",
+    "check_at_least",
+    "check_in_range",
+    "check_non_negative",
+    "check_positive",
+    "from_dict",
+    "load_config",
+    "load_yaml",
+    "to_dict",
+]

@@ -1,0 +1,203 @@
+"""Loading: YAML → dataclasses with every key and type checked, dotted overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+
+import yaml
+
+from components.config.checks import ConfigError
+
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading.
+
+
+def _type_name(tp: Any) -> str:
+    if get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    if isinstance(tp, type):
+        return tp.__name__
+    return str(tp).replace("typing.", "")
+
+
+def _convert(key: str, value: Any, tp: Any, tagged: Mapping[str, Mapping[str, type]]) -> Any:
+    """Check ``value`` against the annotation ``tp`` and convert nested mappings."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if origin is Literal:
+        if value not in get_args(tp):
+            allowed = ", ".join(repr(a) for a in get_args(tp))
+            raise ConfigError(f"{key}={value!r} is not allowed: choose one of {allowed}")
+        return value
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        leaf = key.rsplit(".", 1)[-1]
+        if leaf in tagged:
+            return _from_tagged(key, value, tagged[leaf])
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(key, value, arg, tagged)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{key}={value!r} matches none of {_type_name(tp)}: {'; '.join(errors)}")
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key} must be a mapping of {tp.__name__} fields, got {value!r}")
+        return _build(tp, value, key)
+    if origin in (list, tuple, Sequence):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key}={value!r} must be a list")
+        (item_tp, *_) = get_args(tp) or (Any,)
+        items = [_convert(f"{key}[{i}]", v, item_tp, tagged) for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}={value!r} must be a mapping")
+        return dict(value)
+    if tp is float:
+        # YAML reads `1e-3` as a string (YAML 1.1); accept it, and ints, as floats.
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r} must be a number, not a boolean")
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise ConfigError(f"{key}={value!r} must be a number") from None
+        if isinstance(value, int | float):
+            return float(value)
+        raise ConfigError(f"{key}={value!r} must be a number")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}={value!r} must be an integer")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r} must be true or false")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}={value!r} must be a string")
+        return value
+    if isinstance(tp, type) and not isinstance(value, tp):
+        raise ConfigError(f"{key}={value!r} must be of type {_type_name(tp)}")
+    return value
+
+
+def _from_tagged(key: str, value: Any, choices: Mapping[str, type]) -> Any:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{key} must be a mapping with a 'name', got {value!r}")
+    name = value.get("name")
+    if not isinstance(name, str) or name not in choices:
+        raise ConfigError(
+            f"{key}.name={name!r} is not allowed: choose one of {', '.join(sorted(choices))}"
+        )
+    return _build(choices[name], value, key)
+
+
+def _build(cls: type[T], data: Mapping[str, Any], prefix: str) -> T:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    tagged = getattr(cls, "tagged_unions", {})
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        what = f"'{data['name']}'" if "name" in fields and "name" in data else cls.__name__
+        raise ConfigError(
+            f"unknown key {where}{unknown[0]} for {what}; allowed keys: {', '.join(fields)}"
+        )
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{prefix}.{name}" if prefix else name
+        kwargs[name] = _convert(key, value, hints[name], tagged)
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # a required field is missing
+        raise ConfigError(f"{prefix or cls.__name__}: {e}") from None
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any] | None) -> T:
+    """Build the dataclass ``cls`` from a plain mapping, validating every key."""
+    return _build(cls, data or {}, "")
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """The inverse of :func:`from_dict`: plain data, safe for ``yaml.safe_dump``."""
+    return dataclasses.asdict(cfg)
+
+
+# Sections whose ``name`` picks a dataclass (see ``tagged_unions``).
+TAGGED_SECTIONS = frozenset({"loss"})
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Return a copy of ``data`` with ``a.b.c=value`` overrides applied.
+
+    Values are parsed with ``yaml.safe_load`` (``0.2`` is a float, ``true`` a bool, ``[1,2]`` a
+    list). Switching a tagged section's ``name`` (``loss.name=sincere``) keeps only the keys
+    given after it for that section, so the old loss's parameters do not leak into the new one.
+    """
+    out: dict[str, Any] = _deep_copy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.path=value")
+        path, raw = item.split("=", 1)
+        keys = path.strip().split(".")
+        if not all(keys):
+            raise ConfigError(f"override {item!r} has an empty key in {path!r}")
+        value = yaml.safe_load(raw) if raw.strip() else ""
+        node = out
+        for k in keys[:-1]:
+            child = node.get(k)
+            if child is None:
+                child = node[k] = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {k!r} is a value, not a section")
+            node = child
+        # Only a tagged section (``loss``) switches kind by name; ``name=`` of a run or
+        # ``optim.name=`` keep their siblings.
+        if (keys[-1] == "name" and len(keys) > 1 and keys[-2] in TAGGED_SECTIONS
+                and node.get("name") not in (None, value)):
+            node.clear()
+        node[keys[-1]] = value
+    return out
+
+
+def _deep_copy(data: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping with ``yaml.safe_load`` (never executes tags)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def load_config(path: str | Path, cls: type[T], overrides: Sequence[str] = ()) -> T:
+    """Load ``path`` as ``cls`` after applying dotted ``overrides``."""
+    try:
+        return from_dict(cls, apply_overrides(load_yaml(path), overrides))
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None

