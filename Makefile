@@ -45,6 +45,8 @@ $(STAMP): pyproject.toml
 
 # The suite runs inside a loopback-only network namespace: Ray stays on 127.0.0.1 and
 # anything that tries to download at run time fails.
+PYTEST_ARGS ?= --durations=25
+
 test: setup lint
 	@unshare -n true 2>/dev/null || { echo "make test: cannot create a network namespace (unshare -n); run as root or with CAP_SYS_ADMIN" >&2; exit 1; }
 	unshare -n bash -c 'ip link set lo up && HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)'
