@@ -69,7 +69,9 @@ def root_cause(e: BaseException) -> BaseException:
 
 
 def describe(e: BaseException) -> str:
-    """One line for a user: ``TypeName: first line of the message`` of :func:`root_cause`."""
+    """One line for a user about :func:`root_cause`: ``TypeName: message`` — the message's
+    first line for a simgraph error, its last line otherwise (a Ray wrapper's text ends with the
+    wrapped error's own ``Name: message`` line, which is kept as it is)."""
     cause = root_cause(e)
     lines = str(cause).strip().splitlines()
     # A Ray wrapper's message starts with its own headline; the error itself is on its last line.

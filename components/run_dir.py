@@ -209,3 +209,17 @@ def latest_complete(run_dir: str | Path) -> tuple[int, str] | None:
         if is_complete_at(d):
             return epoch, d
     return None
+
+
+def finished_history(run_dir: str | Path, epochs: int) -> list[dict[str, Any]] | None:
+    """The per-epoch metrics history of a run whose newest complete checkpoint has trained at
+    least ``epochs`` epochs (nothing left to train: ``simgraph pretrain`` prints it, a sweep
+    trial replays it to Tune); ``None`` when there is training left."""
+    from components.checkpoint import load_state, local_copy
+
+    done = latest_complete(run_dir)
+    if done is None or done[0] < epochs:
+        return None
+    with local_copy(done[1]) as d:
+        history: list[dict[str, Any]] = load_state(d)["history"]
+    return history

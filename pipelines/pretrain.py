@@ -27,7 +27,7 @@ from components.run_dir import (
     RunError,
     absolute_paths,
     check_dataset,
-    latest_complete,
+    finished_history,
     prepare_run_dir,
 )
 
@@ -45,20 +45,17 @@ def run(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, Any]]:
         PretrainError: training failed (the message says where; the last good checkpoint
             stays in the run dir).
     """
-    from components.checkpoint import load_state, local_copy
+    from components.checkpoint import load_state
     from components.session import ray_session
     from components.storage import display
 
     cfg = absolute_paths(cfg)
     facts = check_dataset(cfg)
     run_dir = prepare_run_dir(cfg)
-    done = latest_complete(run_dir)
-    history: list[dict[str, Any]]
-    if done is not None and done[0] >= cfg.train.epochs:
-        with local_copy(done[1]) as d:
-            history = load_state(d)["history"]
+    history = finished_history(run_dir, cfg.train.epochs)
+    if history is not None:
         if echo:
-            print(f"simgraph: run {cfg.name!r} is already complete ({done[0]} epochs)")
+            print(f"simgraph: run {cfg.name!r} is already complete ({len(history)} epochs)")
             print(table(history))
         return history
     if echo and facts.knn_note:

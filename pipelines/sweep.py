@@ -58,10 +58,14 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from components.checkpoint import load_state, local_copy
     from components.paths import localize
     from components.recipe import make_trainer
-    from components.run_dir import absolute_paths, check_dataset, latest_complete, prepare_run_dir
+    from components.run_dir import (
+        absolute_paths,
+        check_dataset,
+        finished_history,
+        prepare_run_dir,
+    )
     from components.search_space import load_sweep, trial_config
     from components.storage import join
 
@@ -73,12 +77,10 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
                                       storage=join(sweep_dir(sweep, cwd), "trials")), base=cwd)
     facts = check_dataset(cfg)
     run_dir = prepare_run_dir(cfg)
-    done = latest_complete(run_dir)
-    if done is not None and done[0] >= cfg.train.epochs:
+    history = finished_history(run_dir, cfg.train.epochs)
+    if history is not None:
         # Trained to the end before the sweep driver died, but Tune never recorded it: replay
         # its per-epoch results instead of training again.
-        with local_copy(done[1]) as d:
-            history = load_state(d)["history"]
         for row in history:
             tune.report(row)
         return

@@ -203,8 +203,6 @@ def merge_shards(parts: Sequence[str | Path], out: str | Path) -> int:
     return total
 
 
-
-
 def read_int_field(path: str | Path, name: str) -> np.ndarray:
     """One ``IntField`` column (``label``, ``sample_id``) of every sample, from the metadata
     alone: no image is read (fast on any size)."""
