@@ -10,6 +10,7 @@ that bank-based losses are checked with a non-empty bank too.
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -115,12 +116,18 @@ def _slices(world: int) -> list[slice]:
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
+    # Loopback interface by name: gloo otherwise resolves the machine's hostname, which fails
+    # (or names an unreachable address) inside the test suite's network namespace.
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
     try:
         results = {name: _run(name, _slices(world), rank) for name in CASES}
         torch.save(results, Path(out) / f"rank{rank}.pt")
+        # No rank tears its gloo pairs down while a peer may still be reading from them: rank 0
+        # also hosts the TCP store, and leaving first aborted the process once in CI (SIGABRT).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
