@@ -1,17 +1,22 @@
 """Do the papers' orderings reproduce on real data at a CPU budget where the losses converge?
 
 Fashion-MNIST (Debian ``dataset-fashion-mnist``; ``--per-class`` images per class and official
-split), the small-data recipe (``pipelines/configs/pretrain/small_data.yaml``: ConvNet, Adam,
-constant LR) for ``--epochs`` epochs, every loss with the same model, data, optimiser and
-budget, ``--seeds`` seeds each, through ``simgraph pretrain`` and ``simgraph evaluate``'s
-functions. Per loss (mean ± std over seeds):
+split) or, with ``--data tuxpaint``, Tux Paint stamps (``tuxpaint-stamps-default``: fine labels
+are the sub-category folders, coarse ones the top-level categories, X-CLR trains on each
+stamp's caption embedding — xclr.txt's per-sample caption graph), the small-data recipe
+(``pipelines/configs/pretrain/small_data.yaml``: ConvNet, Adam, constant LR) for ``--epochs``
+epochs, every loss with the same model, data, optimiser and budget, ``--seeds`` seeds each,
+through ``simgraph pretrain`` and ``simgraph evaluate``'s functions. Per loss (mean ± std over
+seeds):
 
 * convergence: the last epoch's loss against its floor (the entropy of the loss's target over
   random batches of the train labels: log |P(i)| for SupCon L_out, the soft-target entropy for
   X-CLR, 0 for the others) and the online kNN's change over the last quarter of the epochs;
-* fine labels (10 classes): weighted kNN@20 and linear probe top-1 on backbone features;
+* fine labels (Fashion-MNIST's 10 classes; Tux Paint's sub-categories): weighted kNN@20 and
+  linear probe top-1 on backbone features;
 * coarse labels (tops / bottoms / shoes / bags, ``pipelines/configs/labels/
-  fashion_mnist_coarse.yaml``): the same two, without retraining (``evaluate --labels``);
+  fashion_mnist_coarse.yaml``; Tux Paint: ``depth:1``): the same two, without retraining
+  (``evaluate --labels``);
 * SINCERE's target–noise margin on the normalised projector output (the embedding the loss
   sees, sincere.txt Table 1), and the kNN-graph label error.
 
@@ -59,11 +64,42 @@ from components.session import ray_session  # noqa: E402
 from pipelines import evaluate, preprocess, pretrain, sweep  # noqa: E402
 
 RECIPE = ROOT / "pipelines/configs/pretrain/small_data.yaml"
-COARSE = ROOT / "pipelines/configs/labels/fashion_mnist_coarse.yaml"
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+    """One dataset of the bench: how to build it, how to train on it, its coarse labels."""
+
+    preprocess: str  # a preprocess config, relative to the repo
+    build: list[str]  # its overrides ("{per_class}" is filled in)
+    train: list[str]  # pretrain overrides for every run on it
+    coarse: str  # evaluate --labels: a label map, or depth:N
+    xclr_graph: str  # X-CLR's graph: class captions, or each sample's own caption
+    about: str  # one sentence for the report ("{per_class}" is filled in)
+
+
+DATA: dict[str, Data] = {
+    "fmnist": Data(
+        "pipelines/configs/data/demo.yaml", ["source.max_per_class={per_class}"], [],
+        str(ROOT / "pipelines/configs/labels/fashion_mnist_coarse.yaml"), "class",
+        "Fashion-MNIST, {per_class} images per class and official split (val = 10 % of "
+        "train), 28 px; coarse: tops / bottoms / shoes / bags"),
+    # Fine labels: Tux Paint's sub-categories (animals/birds, ~70 classes, many with a handful
+    # of stamps); coarse: its 16 top-level categories. X-CLR learns from each stamp's caption.
+    "tuxpaint": Data(
+        "pipelines/configs/data/tuxpaint.yaml",
+        ["source.label_depth=2", "split.val=0.1", "split.test=0.25"],
+        ["data.augment.resolution=32", "data.augment.mean=[0.5,0.5,0.5]",
+         "data.augment.std=[0.25,0.25,0.25]"],
+        "depth:1", "caption",
+        "Tux Paint stamps (fine labels: sub-category folders; val 10 %, test 25 %), 64 px "
+        "stored, 32 px views; coarse: the 16 top-level categories; X-CLR on per-stamp "
+        "caption embeddings"),
+}
 LOSSES: dict[str, list[str]] = {
     "simclr": ["loss.name=simclr", "loss.tau=0.1"],
     "supcon": ["loss.name=supcon", "loss.tau=0.1"],
-    "xclr": ["loss.name=xclr", "loss.tau=0.1", "loss.tau_s=0.1", "loss.graph=class"],
+    "xclr": ["loss.name=xclr", "loss.tau=0.1", "loss.tau_s=0.1"],  # graph: per dataset
     "sincere": ["loss.name=sincere", "loss.tau=0.1"],
     "eps_supinfonce": ["loss.name=eps_supinfonce", "loss.tau=0.1", "loss.epsilon=0.1"],
     "cone": ["loss.name=cone", "loss.bank_size=1024", "loss.top_n=16"],
@@ -116,16 +152,18 @@ def loss_floor(cfg: PretrainConfig, labels: np.ndarray, sim: np.ndarray | None,
 SPACES = ROOT / "search_spaces/small_data"
 
 
-def tune(loss: str, trials: int, epochs: int, dataset: Path, work: Path) -> list[str]:
+def tune(loss: str, trials: int, epochs: int, dataset: Path, work: Path,
+         extra: Sequence[str] = ()) -> list[str]:
     """Run (or read back) ``search_spaces/small_data/<loss>.yaml`` on ``dataset`` with
-    ``trials`` trials of ``epochs`` epochs; the best trial's parameters as overrides."""
+    ``trials`` trials of ``epochs`` epochs (``extra``: the dataset's pretrain overrides, after
+    the space's own); the best trial's parameters as overrides."""
     path = SPACES / f"{loss}.yaml"
     if not path.exists():
         raise SystemExit(f"--tune: no sweep for {loss!r} in {SPACES.relative_to(ROOT)}; "
                          f"there are: {', '.join(sorted(p.stem for p in SPACES.glob('*.yaml')))}")
     own = yaml.safe_load(path.read_text()).get("overrides", [])
     overrides = [f"num_samples={trials}", f"storage={work / 'sweeps'}",
-                 "overrides=[" + ", ".join([*own, f"data.dataset={dataset}",
+                 "overrides=[" + ", ".join([*own, *extra, f"data.dataset={dataset}",
                                             f"train.epochs={epochs}"]) + "]"]
     table = work / "sweeps" / f"small-{loss}" / "trials.csv"
     if table.exists():
@@ -142,9 +180,9 @@ def tune(loss: str, trials: int, epochs: int, dataset: Path, work: Path) -> list
 # One run.
 
 
-def measure(run_dir: Path) -> dict[str, float]:
+def measure(run_dir: Path, coarse_labels: str) -> dict[str, float]:
     fine = evaluate.evaluate_run(run_dir)
-    coarse = evaluate.evaluate_run(run_dir, labels=COARSE)
+    coarse = evaluate.evaluate_run(run_dir, labels=coarse_labels)
     proj = evaluate.evaluate_run(run_dir, projector=True, probe_epochs=1)
     return {"knn20": fine.knn[20]["top1"], "probe": fine.probe["top1"],
             "coarse_knn20": coarse.knn[20]["top1"], "coarse_probe": coarse.probe["top1"],
@@ -223,15 +261,17 @@ def report(results: dict[str, list[dict[str, float]]], floors: dict[str, float],
                       f"vs {_fmt(xb, scale == 100)})")
     how = ("each loss at its sweep's best setting (`search_spaces/small_data/<loss>.yaml`, "
            f"{args.tune} trials of {args.tune_epochs} epochs)" if args.tune else "settings")
-    settings = [f"- {loss}: `{' '.join([*LOSSES[loss], *tuned.get(loss, [])])}`"
-                for loss in results]
+    graph = {"xclr": [f"loss.graph={DATA[args.data].xclr_graph}"]}
+    settings = [
+        f"- {loss}: `{' '.join([*LOSSES[loss], *graph.get(loss, []), *tuned.get(loss, [])])}`"
+        for loss in results]
     cmd = "python bench/reproduce.py " + " ".join(sys.argv[1:])
+    about = DATA[args.data].about.format(per_class=args.per_class)
     return f"""`{cmd}` — {datetime.date.today()}, {platform.machine()} CPU, {wall / 60:.0f} min.
-Fashion-MNIST, {args.per_class} images per class and official split (val = 10 % of train),
-28 px; `{RECIPE.relative_to(ROOT)}` for {args.epochs} epochs, the same for every loss;
+{about}; `{RECIPE.relative_to(ROOT)}` for {args.epochs} epochs, the same for every loss;
 mean ± std over {len(args.seeds)} seeds. kNN@20 / probe: top-1 % on the test split, backbone
-features; coarse: the same against 4 groups; margin: SINCERE median target − noise cosine on
-the projector output; label err: % of test 10-NN edges across classes. Floor: the entropy
+features; coarse: the same against the coarse groups; margin: SINCERE median target − noise
+cosine on the projector output; label err: % of test 10-NN edges across classes. Floor: the entropy
 of the loss's target (0 where the target is one-hot); kNN Δ last ¼: online kNN (val) change
 over the last quarter of the epochs (near 0: flattened).
 
@@ -251,7 +291,8 @@ Claims (verdict: "holds" = by more than two standard errors):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--per-class", type=int, default=200)
+    ap.add_argument("--data", default="fmnist", choices=list(DATA))
+    ap.add_argument("--per-class", type=int, default=200, help="fmnist: images per class")
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--losses", nargs="+", default=list(LOSSES), choices=list(LOSSES))
@@ -274,8 +315,9 @@ def main() -> None:
     done = {}
     if log_path.exists():
         done = {r["config"]: r["row"] for r in map(json.loads, log_path.read_text().splitlines())}
-    pre = load_config(ROOT / "pipelines/configs/data/demo.yaml", PreprocessConfig, [
-        f"output={work / 'data'}", f"source.max_per_class={args.per_class}"])
+    data = DATA[args.data]
+    pre = load_config(ROOT / data.preprocess, PreprocessConfig, [
+        f"output={work / 'data'}", *[o.format(per_class=args.per_class) for o in data.build]])
     results: dict[str, list[dict[str, float]]] = {}
     floors: dict[str, float] = {}
     failed: list[str] = []
@@ -286,19 +328,27 @@ def main() -> None:
         from components.data.shards import read_samples
 
         info = DatasetInfo.load(pre.output)
-        labels = np.array([r["label"] for r in read_samples(info.split_file("train"))])
+        rows = read_samples(info.split_file("train"))
+        labels = np.array([r["label"] for r in rows])
         sim = info.class_similarity()
         for loss in args.losses:
+            own = [*data.train, *([f"loss.graph={data.xclr_graph}"] if loss == "xclr" else [])]
+            if loss == "xclr" and data.xclr_graph == "caption":
+                # The target over samples: each sample its own "class", the caption cosines.
+                caps = np.stack([r["caption"] for r in rows]).astype(np.float64)
+                floor_labels, floor_sim = np.arange(len(rows)), caps @ caps.T
+            else:
+                floor_labels, floor_sim = labels, sim
             if args.tune:
-                tuned[loss] = tune(loss, args.tune, args.tune_epochs, pre.output, work)
+                tuned[loss] = tune(loss, args.tune, args.tune_epochs, pre.output, work, own)
                 print(f"[reproduce] {loss} tuned: {' '.join(tuned[loss])}", flush=True)
             for seed in args.seeds:
                 cfg = load_config(RECIPE, PretrainConfig, [
-                    *LOSSES[loss], *tuned.get(loss, []), f"name={loss}-s{seed}",
+                    *LOSSES[loss], *own, *tuned.get(loss, []), f"name={loss}-s{seed}",
                     f"storage={work / 'runs'}", f"data.dataset={pre.output}",
                     f"train.seed={seed}", f"train.epochs={args.epochs}", "knn.every_epochs=1",
                     "checkpoint.every_epochs=10", *args.overrides])
-                floors[loss] = loss_floor(cfg, labels, sim)
+                floors[loss] = loss_floor(cfg, floor_labels, floor_sim)
                 key = json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str)
                 if key in done:
                     results.setdefault(loss, []).append(done[key])
@@ -309,7 +359,7 @@ def main() -> None:
                     print(f"{cfg.name}: FAILED {err}", flush=True)
                     failed.append(f"{cfg.name}: {str(err).splitlines()[0]}")
                     continue
-                row = {**convergence(history), **measure(work / "runs" / cfg.name)}
+                row = {**convergence(history), **measure(work / "runs" / cfg.name, data.coarse)}
                 results.setdefault(loss, []).append(row)
                 with log_path.open("a") as f:
                     f.write(json.dumps({"config": key, "row": row}) + "\n")

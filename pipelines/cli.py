@@ -110,7 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="where the comparison of several runs goes")
     p.add_argument("--labels", help="score against groups of the classes: a YAML map "
                                     "'class: group' (e.g. pipelines/configs/labels/"
-                                    "fashion_mnist_coarse.yaml); report in <run>/eval-<name>")
+                                    "fashion_mnist_coarse.yaml), or depth:N to group "
+                                    "folder classes (source.label_depth) by their first N "
+                                    "folders; report in <run>/eval-<name>")
     p = commands.add_parser("sweep", help="Ray Tune + Optuna sweep over pretraining")
     p.add_argument("space", help="search space YAML (see search_spaces/)")
     p.add_argument("overrides", nargs="*", help="overrides of the sweep file, e.g. num_samples=8")

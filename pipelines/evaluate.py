@@ -313,8 +313,9 @@ def comparison_table(evals: Sequence[RunEval]) -> str:
 
 
 def eval_dir_name(label_set: str | None) -> str:
-    """``eval``, or ``eval-<label map stem>`` for a report against another label set."""
-    return "eval" if label_set is None else f"eval-{Path(label_set).stem}"
+    """``eval``, or ``eval-<label map stem>`` for a report against another label set
+    (``eval-depth1`` for ``--labels depth:1``)."""
+    return "eval" if label_set is None else f"eval-{Path(label_set).stem.replace(':', '')}"
 
 
 def write_report(e: RunEval) -> str:

@@ -176,7 +176,7 @@ def list_items(cfg: PreprocessConfig) -> Listed:
     source = resolve_path(cfg.source.path) if cfg.source.path else None
     try:
         listing = list_source(cfg.source.kind, source, cfg.source.classes, cfg.bad_input,
-                              cfg.split.group_by)
+                              cfg.split.group_by, cfg.source.label_depth)
     except SourceError as e:
         raise PreprocessError(str(e)) from None
     skipped = list(listing.skipped)
@@ -442,6 +442,8 @@ def _params(cfg: PreprocessConfig) -> dict[str, Any]:
         p.pop(k)
     p["captions"].pop("actors")
     p["captions"].pop("batch_size")
+    if cfg.source.label_depth == 1:
+        p["source"].pop("label_depth")  # the default: datasets built before it existed stay valid
     if cfg.captions.class_descriptions:
         p["captions"]["class_descriptions_sha256"] = sha256_file(cfg.captions.class_descriptions)
     p["format"] = FORMAT

@@ -144,6 +144,57 @@ def test_folder_class_outside_list_is_skipped_or_error(tmp_path: Path) -> None:
         list_folder(str(root), classes=["cat"], on_bad_input="error")
 
 
+def _tree(root: Path, files: list[str]) -> Path:
+    for i, rel in enumerate(files):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((16, 16, 3), i, np.uint8)).save(root / rel)
+        (root / rel).with_suffix(".txt").write_text(f"stamp {i}\n")
+    return root
+
+
+TREE = ["animals/birds/owl.png", "animals/birds/sparrow/one.png", "animals/fish/cod.png",
+        "medical/pill.png", "top.png"]
+
+
+@pytest.mark.parametrize("kind", ["folder", "tuxpaint"])
+def test_label_depth_names_classes_by_folder_path(tmp_path: Path, kind: str) -> None:
+    """Depth 1: the top-level folder; depth 2: two levels (deeper files take their first two,
+    shallower ones what they have); a file at the root has no class."""
+    from components.evaluation.labels import load_label_map
+
+    root = _tree(tmp_path / "src", TREE)
+    labels = {}
+    for depth in (1, 2, 3):
+        lst = list_source(kind, str(root), label_depth=depth)
+        labels[depth] = {Path(i.path).name: lst.classes[i.label] for i in lst.items}
+        assert all(i.caption and i.caption.startswith("stamp") for i in lst.items)
+    assert labels[1] == {"owl.png": "animals", "one.png": "animals", "cod.png": "animals",
+                         "pill.png": "medical"}
+    assert labels[2] == {"owl.png": "animals/birds", "one.png": "animals/birds",
+                         "cod.png": "animals/fish", "pill.png": "medical"}
+    assert labels[3]["one.png"] == "animals/birds/sparrow"
+    fine = list_source(kind, str(root), label_depth=2)
+    assert fine.classes == ["animals/birds", "animals/fish", "medical"]
+    groups, index = load_label_map("depth:1", fine.classes)  # evaluate --labels depth:1
+    assert groups == ["animals", "medical"] and index.tolist() == [0, 0, 1]
+
+
+def test_label_depth_errors(tmp_path: Path) -> None:
+    from components.config import ConfigError, SourceConfig
+    from components.evaluation.labels import LabelMapError, load_label_map
+
+    with pytest.raises(ConfigError, match="source.label_depth=2 applies to folder and tuxpaint"):
+        SourceConfig(kind="fashion-mnist", label_depth=2)
+    with pytest.raises(ConfigError, match="source.label_depth"):
+        SourceConfig(kind="folder", path="x", label_depth=0)
+    with pytest.raises(SourceError, match="label_depth=2 applies to folder and tuxpaint"):
+        list_source("manifest", str(tmp_path / "m.csv"), label_depth=2)
+    with pytest.raises(LabelMapError, match="whole number >= 1"):
+        load_label_map("depth:x", ["a/b", "c/d"])
+    with pytest.raises(LabelMapError, match="gives 2 groups.*deeper source.label_depth"):
+        load_label_map("depth:1", ["a", "c"])  # depth-1 classes: nothing to group
+
+
 @pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
 def test_manifest_formats_labels_duplicates(tmp_path: Path, fmt: str) -> None:
     import pyarrow as pa

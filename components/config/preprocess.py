@@ -15,16 +15,25 @@ from components.config.checks import ConfigError, check_at_least, check_in_range
 class SourceConfig:
     """Where the images are. ``path``: the folder / manifest; for built-ins an optional
     override of the Debian package's install folder. ``classes``: the allowed class list in
-    label order (default: every class found, sorted)."""
+    label order (default: every class found, sorted). ``label_depth`` (folder, tuxpaint): the
+    folder level that names the class — 1: the top-level folder; 2: ``animals/birds``, so a
+    fine-label run can be scored against the top level with ``evaluate --labels depth:1``."""
 
     kind: Literal["folder", "manifest", "fashion-mnist", "tuxpaint"] = "folder"
     path: str | None = None
     classes: list[str] | None = None
     max_per_class: int | None = None  # a deterministic subset (demos, tests); None = all
+    label_depth: int = 1
 
     def __post_init__(self) -> None:
         if self.kind in ("folder", "manifest") and not self.path:
             raise ConfigError(f"source.path is required for source.kind={self.kind!r}")
+        check_at_least("source.label_depth", self.label_depth, 1)
+        if self.label_depth != 1 and self.kind not in ("folder", "tuxpaint"):
+            raise ConfigError(
+                f"source.label_depth={self.label_depth} applies to folder and tuxpaint sources "
+                f"only; source.kind={self.kind!r} takes its labels from the data (remove it)"
+            )
         if self.max_per_class is not None:
             check_at_least("source.max_per_class", self.max_per_class, 1)
 

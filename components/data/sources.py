@@ -113,10 +113,21 @@ def _check_classes(classes: Sequence[str] | None, found: Sequence[str]) -> list[
     return list(classes) if classes else sorted(set(found))
 
 
+def folder_label(rel_dir: Sequence[str], depth: int) -> str | None:
+    """The class of an item whose folder, relative to the source root, is ``rel_dir``: its
+    first ``depth`` folder names joined by ``/`` (``animals/birds`` at depth 2); an item
+    fewer folders deep takes what there is (``medical``). ``None`` at the root."""
+    return "/".join(rel_dir[:depth]) if rel_dir else None
+
+
 def list_folder(
-    root: str, classes: Sequence[str] | None = None, on_bad_input: str = "skip"
+    root: str, classes: Sequence[str] | None = None, on_bad_input: str = "skip",
+    label_depth: int = 1,
 ) -> Listing:
-    """``root/<class>/**/<file>``: one class per top-level sub-folder.
+    """``root/<class>/**/<file>``: one class per top-level sub-folder, or with ``label_depth``
+    d > 1 one per folder d levels down (:func:`folder_label`: ``root/animals/birds/x.png`` is
+    ``animals/birds`` at depth 2), so ``evaluate --labels depth:1`` can score the same run
+    against the top-level groups.
 
     A ``name.txt`` next to ``name.<image suffix>`` is that image's caption. Every other file is
     an item; files that are not images are skipped (counted) at decode time.
@@ -127,25 +138,30 @@ def list_folder(
     class_dirs = sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not class_dirs:
         raise SourceError(f"source.path={root!r} has no class sub-folders (root/<class>/<image>)")
-    names = _check_classes(classes, [p.name for p in class_dirs])
+    files: list[tuple[Path, str]] = []  # (file, its class name)
+    for cdir in class_dirs:
+        found = sorted(p for p in cdir.rglob("*") if p.is_file() and not p.name.startswith("."))
+        stems_with_image = {p.with_suffix("") for p in found if p.suffix.lower() in IMAGE_SUFFIXES}
+        for f in found:
+            if f.suffix.lower() == ".txt" and f.with_suffix("") in stems_with_image:
+                continue  # a caption sidecar
+            files.append((f, folder_label(f.parent.relative_to(base).parts, label_depth) or ""))
+    # Depth 1 keeps an empty class folder as a class (its name is the folder's).
+    names = _check_classes(classes, [p.name for p in class_dirs] if label_depth == 1
+                           else [name for _, name in files])
     index = {n: i for i, n in enumerate(names)}
     items: list[Item] = []
     skipped: list[Skip] = []
-    for cdir in class_dirs:
-        files = sorted(p for p in cdir.rglob("*") if p.is_file() and not p.name.startswith("."))
-        stems_with_image = {p.with_suffix("") for p in files if p.suffix.lower() in IMAGE_SUFFIXES}
-        for f in files:
-            if f.suffix.lower() == ".txt" and f.with_suffix("") in stems_with_image:
-                continue  # a caption sidecar
-            if cdir.name not in index:
-                _note(skipped, on_bad_input, str(f), UNKNOWN_LABEL,
-                      f"class folder {cdir.name!r} is not in source.classes")
-                continue
-            cap_file = f.with_suffix(".txt")
-            caption, issue = (
-                _first_line(cap_file) if cap_file.is_file() and cap_file != f else (None, None)
-            )
-            items.append(Item(str(f), index[cdir.name], caption, caption_issue=issue))
+    for f, name in files:
+        if name not in index:
+            _note(skipped, on_bad_input, str(f), UNKNOWN_LABEL,
+                  f"class folder {name!r} is not in source.classes")
+            continue
+        cap_file = f.with_suffix(".txt")
+        caption, issue = (
+            _first_line(cap_file) if cap_file.is_file() and cap_file != f else (None, None)
+        )
+        items.append(Item(str(f), index[name], caption, caption_issue=issue))
     return Listing(items, names, skipped)
 
 
@@ -267,19 +283,25 @@ def list_fashion_mnist(root: str = FASHION_MNIST_DIR) -> Listing:
     return Listing(items, list(FASHION_MNIST_CLASSES), [])
 
 
-def list_tuxpaint(root: str = TUXPAINT_DIR, on_bad_input: str = "skip") -> Listing:
+def list_tuxpaint(root: str = TUXPAINT_DIR, on_bad_input: str = "skip",
+                  label_depth: int = 1) -> Listing:
+    """Stamps by category: the top-level folder (16 categories), or with ``label_depth`` 2 the
+    sub-category (``animals/birds``, ~70 classes, many of them tiny) — :func:`folder_label`."""
     _require_package("tuxpaint", root)
     base = Path(root)
-    categories = sorted(p.name for p in base.iterdir() if p.is_dir())
-    index = {c: i for i, c in enumerate(categories)}
-    items = []
+    stamps = []
     for png in sorted(base.rglob("*.png")):
-        category = png.relative_to(base).parts[0]
-        if category not in index:
+        category = folder_label(png.parent.relative_to(base).parts, label_depth)
+        if category is None:
             continue  # a PNG at the top level has no category
         txt = png.with_suffix(".txt")
         caption, issue = _first_line(txt) if txt.is_file() else (None, None)
-        items.append(Item(str(png), index[category], caption, caption_issue=issue))
+        stamps.append((png, category, caption, issue))
+    categories = (sorted(p.name for p in base.iterdir() if p.is_dir()) if label_depth == 1
+                  else sorted({c for _, c, _, _ in stamps}))
+    index = {c: i for i, c in enumerate(categories)}
+    items = [Item(str(png), index[c], caption, caption_issue=issue)
+             for png, c, caption, issue in stamps]
     return Listing(items, categories, [])
 
 
@@ -289,16 +311,21 @@ def list_source(
     classes: Sequence[str] | None = None,
     on_bad_input: str = "skip",
     group_by: str | None = None,
+    label_depth: int = 1,
 ) -> Listing:
-    """Dispatch on ``source.kind``; ``path`` overrides a built-in's install folder."""
+    """Dispatch on ``source.kind``; ``path`` overrides a built-in's install folder;
+    ``label_depth``: the folder level that names the class (folder and tuxpaint sources)."""
+    if label_depth != 1 and kind not in ("folder", "tuxpaint"):
+        raise SourceError(f"source.label_depth={label_depth} applies to folder and tuxpaint "
+                          f"sources, not {kind!r} (its labels are not folders)")
     if kind == "folder":
-        return list_folder(_need_path(kind, path), classes, on_bad_input)
+        return list_folder(_need_path(kind, path), classes, on_bad_input, label_depth)
     if kind == "manifest":
         return list_manifest(_need_path(kind, path), classes, on_bad_input, group_by)
     if kind == "fashion-mnist":
         return list_fashion_mnist(path or FASHION_MNIST_DIR)
     if kind == "tuxpaint":
-        return list_tuxpaint(path or TUXPAINT_DIR, on_bad_input)
+        return list_tuxpaint(path or TUXPAINT_DIR, on_bad_input, label_depth)
     raise SourceError(
         f"source.kind={kind!r} is not one of folder, manifest, fashion-mnist, tuxpaint"
     )
