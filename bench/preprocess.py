@@ -50,7 +50,7 @@ def captions_per_second(n: int, actors: int, tmp: Path) -> float:
     import ray
 
     from components.config import PreprocessConfig, from_dict
-    from pipelines.preprocess import embed_captions
+    from components.data.build import embed_captions
 
     adjectives = ["red", "small", "old", "striped", "shiny", "wooden", "happy", "broken",
                   "tall", "blue", "green", "soft", "heavy", "round", "dark", "bright"]

@@ -162,9 +162,10 @@ def tune(loss: str, trials: int, epochs: int, dataset: Path, work: Path,
         raise SystemExit(f"--tune: no sweep for {loss!r} in {SPACES.relative_to(ROOT)}; "
                          f"there are: {', '.join(sorted(p.stem for p in SPACES.glob('*.yaml')))}")
     own = yaml.safe_load(path.read_text()).get("overrides", [])
+    # Each entry quoted: a value such as data.augment.mean=[0.5,0.5,0.5] has brackets of its own.
+    trial = [*own, *extra, f"data.dataset={dataset}", f"train.epochs={epochs}"]
     overrides = [f"num_samples={trials}", f"storage={work / 'sweeps'}",
-                 "overrides=[" + ", ".join([*own, *extra, f"data.dataset={dataset}",
-                                            f"train.epochs={epochs}"]) + "]"]
+                 "overrides=" + yaml.safe_dump(trial, default_flow_style=True, width=10**6).strip()]
     table = work / "sweeps" / f"small-{loss}" / "trials.csv"
     if table.exists():
         rows = list(csv.DictReader(table.open()))
@@ -216,6 +217,8 @@ def verdict(a: Sequence[float], b: Sequence[float], at_least: bool = False) -> s
     """'holds' when mean(a) > mean(b) (≥ with ``at_least``) by more than two standard errors
     of the difference, 'holds within noise' when only the means order that way, else 'does
     not hold' (or 'the opposite holds' beyond two standard errors)."""
+    if min(len(a), len(b)) < 2:
+        return "no verdict (one seed: no spread to compare against)"
     (ma, sa), (mb, sb) = _ms(a), _ms(b)
     se = math.sqrt(sa**2 / len(a) + sb**2 / len(b))
     diff = ma - mb

@@ -6,8 +6,10 @@ same run name + storage resumes); each worker runs :func:`train_loop`, i.e.
 optimiser and schedule, restore) → per epoch train_epoch → evaluate_epoch (online kNN) → save
 (``metrics.csv`` / TensorBoard by rank 0, full-state checkpoints every
 ``checkpoint.every_epochs`` and at the end, metrics reported to Ray, which Tune/ASHA read).
-``simgraph pretrain`` (:mod:`pipelines.pretrain`) and each ``simgraph sweep`` trial drive it;
-``simgraph preview`` draws batches from :func:`train_views`, the workers' own loader.
+:func:`run_pretraining` is the driver (``simgraph pretrain`` and ``simgraph run``): check the
+dataset, prepare or resume the run dir, fit, read back the history; each ``simgraph sweep`` trial
+builds its own trainer; ``simgraph preview`` draws batches from :func:`train_views`, the
+workers' own loader.
 
 Fault injection for the resume tests: :data:`PAUSE_ENV` (``SIMGRAPH_PAUSE_AT_STEP=N``) in the
 environment of the process that builds the trainer makes every rank sleep once before global
@@ -29,9 +31,88 @@ from typing import Any
 
 from components.config import PretrainConfig, from_dict, to_dict
 from components.files import atomic_open
-from components.run_dir import METRICS_CSV, RunError, RunFacts
+from components.run_dir import (
+    METRICS_CSV,
+    RunError,
+    RunFacts,
+    absolute_paths,
+    check_dataset,
+    finished_history,
+    prepare_run_dir,
+)
 
 PAUSE_ENV = "SIMGRAPH_PAUSE_AT_STEP"
+
+
+class PretrainError(RunError):
+    """Training started but did not finish; the message says where, and the last complete
+    checkpoint stays in the run dir."""
+
+
+def run_pretraining(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, Any]]:
+    """Train (or resume) the run; returns its per-epoch metrics history.
+
+    1. Check the dataset dir against what the loss needs (labels, a class graph, captions)
+       before any Ray work (:func:`components.run_dir.check_dataset`).
+    2. Prepare the run dir ``storage/name`` (:func:`components.run_dir.prepare_run_dir`): a
+       re-run with the same name must match ``config.yaml`` (except keys that may change on a
+       resume) and resumes from the latest complete checkpoint; a finished run is returned.
+    3. Fit :func:`make_trainer`'s ``TorchTrainer`` on a local Ray started for the job or the
+       ``RAY_ADDRESS`` cluster; ``FailureConfig(max_failures)`` restarts the group from the
+       latest checkpoint.
+
+    Raises:
+        RunError: bad dataset or run dir (checked before Ray starts).
+        PretrainError: training failed (the message says where; the last good checkpoint
+            stays in the run dir).
+    """
+    from components.checkpoint import load_state
+    from components.errors import describe
+    from components.session import ray_session
+    from components.storage import display
+
+    cfg = absolute_paths(cfg)
+    facts = check_dataset(cfg)
+    run_dir = prepare_run_dir(cfg)
+    history = finished_history(run_dir, cfg.train.epochs)
+    if history is not None:
+        if echo:
+            print(f"simgraph: run {cfg.name!r} is already complete ({len(history)} epochs)")
+            print(history_table(history))
+        return history
+    if echo and facts.knn_note:
+        print(f"simgraph: online kNN is off for this run ({facts.knn_note})")
+    with ray_session(None):
+        trainer = make_trainer(cfg, run_dir, facts)
+        try:
+            result = trainer.fit()
+        except Exception as e:  # noqa: BLE001 - Ray wraps the worker's error
+            raise PretrainError(
+                f"training {cfg.name!r} failed: {describe(e)}\n"
+                f"completed checkpoints stay in {display(run_dir)}; re-run the same command to "
+                "resume"
+            ) from None
+    if result.checkpoint is None:
+        raise PretrainError(f"run {cfg.name!r} finished without a checkpoint")
+    with result.checkpoint.as_directory() as d:
+        history = load_state(d)["history"]
+    if echo:
+        print(history_table(history))
+        print(f"run dir: {display(run_dir)}")
+    return history
+
+
+def history_table(history: Sequence[dict[str, Any]]) -> str:
+    """The per-epoch metrics as a fixed-width table."""
+    cols = ["epoch", "loss", "lr", "knn_top1", "samples_per_s", "data_wait", "time_s"]
+    lines = [" ".join(f"{c:>13}" for c in cols)]
+    for row in history:
+        cells = []
+        for c in cols:
+            v = row.get(c, float("nan"))
+            cells.append(f"{v:>13d}" if isinstance(v, int) else f"{v:>13.4g}")
+        lines.append(" ".join(cells))
+    return "\n".join(lines)
 
 
 def make_trainer(cfg: PretrainConfig, run_dir: str, facts: RunFacts,

@@ -180,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "submit":
         from pipelines import submit
 
-        return submit.main(args)
+        return submit.main(args, parser)
     parser.error(f"unknown command {args.command!r}")
     return 2
 

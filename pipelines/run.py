@@ -12,50 +12,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from components.config import (
-    PipelineConfig,
-    PreprocessConfig,
-    PretrainConfig,
-    load_config,
-)
+from components.config import load_pipeline
 
-
-def plan(config: str, overrides: Sequence[str]) -> tuple[PreprocessConfig,
-                                                         dict[str, PretrainConfig]]:
-    """The preprocess config and one pretrain config per run, all validated.
-
-    Raises:
-        ConfigError: any of them is invalid (names the file and key).
-    """
-    spec = load_config(config, PipelineConfig, overrides)
-    here = Path(config).parent
-    pre = load_config(here / spec.preprocess, PreprocessConfig)
-    runs = {
-        name: load_config(here / spec.pretrain, PretrainConfig,
-                          [*spec.overrides, *extra, f"name={spec.prefix}-{name}",
-                           f"data.dataset={pre.output}"])
-        for name, extra in spec.runs.items()
-    }
-    return pre, runs
+plan = load_pipeline  # the preprocess config and every run's pretrain config, validated
 
 
 def run(config: str, overrides: Sequence[str] = (), echo: bool = True) -> list[dict[str, Any]]:
+    from components.data.build import run as build_dataset
+    from components.recipe import run_pretraining
     from components.session import ray_session
-    from pipelines import preprocess, pretrain
 
     pre, runs = plan(config, overrides)
     rows = []
     with ray_session(pre.num_cpus):
-        preprocess.run(pre, echo=echo)
+        build_dataset(pre, echo=echo)
         for name, cfg in runs.items():
             if echo:
                 print(f"\n=== {cfg.name}: {cfg.loss.name}, {cfg.train.epochs} epochs, "
                       f"{cfg.scaling.num_workers} workers ===")
             t0 = time.perf_counter()
-            history = pretrain.run(cfg, echo=echo)
+            history = run_pretraining(cfg, echo=echo)
             last = history[-1]
             rows.append({"run": name, "loss": cfg.loss.name, "epochs": last["epoch"],
                          "final_loss": last["loss"], "knn_top1": last.get("knn_top1"),

@@ -62,14 +62,15 @@ class SubmitError(SimgraphError, RuntimeError):
 # Checking the command.
 
 
-def parse_job(job: Sequence[str]) -> tuple[list[str], argparse.Namespace]:
-    """The simgraph command after ``--``, parsed with the CLI's own parser.
+def parse_job(job: Sequence[str], parser: argparse.ArgumentParser) -> tuple[
+        list[str], argparse.Namespace]:
+    """The simgraph command after ``--``, parsed with ``parser``: the CLI's own
+    (``pipelines.cli.build_parser()``, handed in by the CLI so that only it imports the
+    other entry points).
 
     Raises:
         SubmitError: empty, ``submit`` itself, or arguments the command does not accept.
     """
-    from pipelines.cli import build_parser
-
     argv = list(job[1:] if job and job[0] == "--" else job)
     if not argv:
         raise SubmitError("no command to submit: add `-- COMMAND ...`, e.g. -- pretrain "
@@ -77,7 +78,6 @@ def parse_job(job: Sequence[str]) -> tuple[list[str], argparse.Namespace]:
     if argv[0] not in SUBMITTABLE:
         raise SubmitError(f"cannot submit {argv[0]!r}: the command must be one of "
                           f"{', '.join(SUBMITTABLE)}")
-    parser = build_parser()
     parser.exit_on_error = False
     try:
         ns = parser.parse_args(argv)
@@ -122,9 +122,9 @@ def data_paths(ns: argparse.Namespace) -> list[tuple[str, str]]:
             cfg = load_config(ns.config, PretrainConfig, ns.overrides)
             out += [("storage", cfg.storage), ("data.dataset", cfg.data.dataset)]
         elif ns.command == "run":
-            from pipelines.run import plan
+            from components.config import load_pipeline
 
-            pre, runs = plan(ns.config, ns.overrides)
+            pre, runs = load_pipeline(ns.config, ns.overrides)
             out += [("output", pre.output), ("source.path", pre.source.path or "")]
             out += [(f"{name}: storage", cfg.storage) for name, cfg in runs.items()]
         elif ns.command == "sweep":
@@ -142,16 +142,17 @@ def data_paths(ns: argparse.Namespace) -> list[tuple[str, str]]:
     return [(k, v) for k, v in out if v]
 
 
-def prepare_command(job: Sequence[str], base_dir: str | None,
+def prepare_command(job: Sequence[str], base_dir: str | None, parser: argparse.ArgumentParser,
                     root: Path | None = None) -> list[str]:
-    """The command line the job runs, checked (see the module docstring).
+    """The command line the job runs, checked (see the module docstring); ``parser``: the
+    CLI's (:func:`parse_job`).
 
     Raises:
         SubmitError: bad command or config, a config outside the project, or relative data
             paths without ``base_dir``.
     """
     root = root or project_root()
-    argv, ns = parse_job(job)
+    argv, ns = parse_job(job, parser)
     if base_dir is not None and (is_uri(base_dir) or not Path(base_dir).is_absolute()):
         raise SubmitError(f"--base-dir {base_dir!r} must be an absolute path that every node "
                           "of the cluster shares (e.g. an NFS / EFS / Filestore mount)")
@@ -287,11 +288,12 @@ def submit(argv: Sequence[str], env: dict[str, Any], address: str, job_id: str |
     return 0 if status == "SUCCEEDED" else 1
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``simgraph submit``; ``parser``: the CLI's, to check the job's command with."""
     root = project_root()
     try:
-        argv = (prepare_command(args.job, args.base_dir, root) if not args.skip_check
-                else parse_job(args.job)[0])
+        argv = (prepare_command(args.job, args.base_dir, parser, root) if not args.skip_check
+                else parse_job(args.job, parser)[0])
         extra = None
         if args.runtime_env:
             extra = yaml.safe_load(Path(args.runtime_env).read_text())

@@ -88,7 +88,7 @@ def check_simgraph(argv: list[str]) -> None:
         from pipelines.submit import prepare_command
 
         with contextlib.chdir(ROOT):  # what `simgraph submit` checks before it sends the job
-            prepare_command(args.job, args.base_dir)
+            prepare_command(args.job, args.base_dir, cli.build_parser())
         check_simgraph(args.job[1:] if args.job[:1] == ["--"] else args.job)
     elif args.command == "sweep":
         assert (ROOT / args.space).is_file(), args.space

@@ -86,6 +86,12 @@ def test_overrides_parse_yaml_values_and_switch_loss_cleanly() -> None:
         apply_overrides(base, ["loss.tau"])
     with pytest.raises(ConfigError, match="'tau' is a value, not a section"):
         apply_overrides(base, ["loss.tau.x=1"])
+    # A value that is not YAML is a config error naming it (it was a raw parser traceback).
+    with pytest.raises(ConfigError, match=r"the value '\[a=\[1,2\], b\]' is not valid YAML at "
+                                          r"column 4.*quote list entries"):
+        apply_overrides(base, ["overrides=[a=[1,2], b]"])
+    quoted = apply_overrides(base, ["overrides=['a=[1,2]', b]"])
+    assert quoted["overrides"] == ["a=[1,2]", "b"]
 
 
 def test_load_config_from_yaml(tmp_path: Path) -> None:

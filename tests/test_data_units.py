@@ -12,6 +12,7 @@ from PIL import Image
 
 from components.config import PreprocessConfig, from_dict
 from components.data import captions as cap
+from components.data.build import PreprocessError, plan
 from components.data.images import (
     CORRUPT,
     NOT_AN_IMAGE,
@@ -30,7 +31,6 @@ from components.data.sources import (
     read_item,
 )
 from components.data.splits import assign_splits
-from pipelines.preprocess import PreprocessError, plan
 
 
 def _encode(img: Image.Image, fmt: str = "PNG") -> bytes:

@@ -12,6 +12,7 @@ from PIL import Image
 
 from components.config import ConfigError, DedupeConfig, PreprocessConfig, from_dict
 from components.data import integrity
+from components.data.build import DUPLICATE_OF, plan
 from components.data.images import decode_image
 from components.data.sources import (
     CAPTION_EMPTY,
@@ -21,7 +22,6 @@ from components.data.sources import (
     list_manifest,
 )
 from components.data.splits import assign_splits
-from pipelines.preprocess import DUPLICATE_OF, plan
 
 
 def _photo(seed: int, h: int = 64, w: int = 64) -> np.ndarray:

@@ -14,7 +14,6 @@ from pipelines.submit import (
     EXCLUDES,
     SubmitError,
     entrypoint,
-    prepare_command,
     project_requirements,
     runtime_env,
 )
@@ -23,12 +22,20 @@ ROOT = project_root()
 DEMO = "pipelines/configs/pretrain/demo.yaml"
 
 
+def _prepare(job: list[str], base_dir: str | None, root: Path | None = None) -> list[str]:
+    """``simgraph submit``'s check of the job, with the CLI's own parser."""
+    from pipelines.cli import build_parser
+    from pipelines.submit import prepare_command
+
+    return prepare_command(job, base_dir, build_parser(), root)
+
+
 def test_relative_data_paths_need_a_base_dir() -> None:
     with pytest.raises(SubmitError, match=r"storage=runs, data\.dataset=data/demo.*--base-dir"):
-        prepare_command(["--", "pretrain", DEMO], None)
-    argv = prepare_command(["--", "pretrain", DEMO], "/shared/simgraph")
+        _prepare(["--", "pretrain", DEMO], None)
+    argv = _prepare(["--", "pretrain", DEMO], "/shared/simgraph")
     assert argv == ["pretrain", DEMO]
-    absolute = prepare_command(["pretrain", DEMO, "storage=s3://b/runs",
+    absolute = _prepare(["pretrain", DEMO, "storage=s3://b/runs",
                                 "data.dataset=/shared/data/demo"], None)
     assert absolute[-2:] == ["storage=s3://b/runs", "data.dataset=/shared/data/demo"]
 
@@ -36,37 +43,37 @@ def test_relative_data_paths_need_a_base_dir() -> None:
 @pytest.mark.parametrize("base", ["shared", "s3://bucket/x"])
 def test_base_dir_must_be_an_absolute_shared_path(base: str) -> None:
     with pytest.raises(SubmitError, match="--base-dir .* absolute path"):
-        prepare_command(["pretrain", DEMO], base)
+        _prepare(["pretrain", DEMO], base)
 
 
 def test_every_command_kind_is_checked(tmp_path: Path) -> None:
     # run: the preprocess output and every run's storage.
     with pytest.raises(SubmitError, match=r"output=data/demo.*demo-supcon|simclr: storage"):
-        prepare_command(["run", "pipelines/configs/demo.yaml"], None)
+        _prepare(["run", "pipelines/configs/demo.yaml"], None)
     # sweep: its storage and the base config's dataset.
     with pytest.raises(SubmitError, match=r"storage=runs/sweeps"):
-        prepare_command(["sweep", "search_spaces/xclr_temperature.yaml"], None)
+        _prepare(["sweep", "search_spaces/xclr_temperature.yaml"], None)
     with pytest.raises(SubmitError, match=r"RUN_DIR=runs/a"):
-        prepare_command(["evaluate", "runs/a", "/abs/b"], None)
-    assert prepare_command(["evaluate", "/abs/a"], None) == ["evaluate", "/abs/a"]
+        _prepare(["evaluate", "runs/a", "/abs/b"], None)
+    assert _prepare(["evaluate", "/abs/a"], None) == ["evaluate", "/abs/a"]
     # Configs are loaded and validated here, before anything is sent.
     with pytest.raises(SubmitError, match=r"invalid config.*loss\.tau"):
-        prepare_command(["pretrain", DEMO, "loss.tau=-1"], "/shared")
+        _prepare(["pretrain", DEMO, "loss.tau=-1"], "/shared")
 
 
 def test_bad_commands_are_refused(tmp_path: Path) -> None:
     with pytest.raises(SubmitError, match="no command to submit"):
-        prepare_command(["--"], None)
+        _prepare(["--"], None)
     with pytest.raises(SubmitError, match="cannot submit 'submit'.*one of"):
-        prepare_command(["submit", "--", "pretrain", DEMO], None)
+        _prepare(["submit", "--", "pretrain", DEMO], None)
     with pytest.raises(SubmitError, match="not a valid command"):
-        prepare_command(["sweep"], None)
+        _prepare(["sweep"], None)
     outside = tmp_path / "mine.yaml"
     outside.write_text((ROOT / DEMO).read_text())
     with pytest.raises(SubmitError, match="outside the project dir"):
-        prepare_command(["pretrain", str(outside)], "/shared")
+        _prepare(["pretrain", str(outside)], "/shared")
     with pytest.raises(SubmitError, match="does not exist"):
-        prepare_command(["pretrain", "nope.yaml"], "/shared")
+        _prepare(["pretrain", "nope.yaml"], "/shared")
     # A shipped search space whose base config is not shipped.
     space = ROOT / "search_spaces" / "xclr_temperature.yaml"
     text = space.read_text().replace("base: ../pipelines/configs/pretrain/demo.yaml",
@@ -75,14 +82,14 @@ def test_bad_commands_are_refused(tmp_path: Path) -> None:
     inside.write_text(text)
     try:
         with pytest.raises(SubmitError, match="mine.yaml is outside the project dir"):
-            prepare_command(["sweep", str(inside)], "/shared")
+            _prepare(["sweep", str(inside)], "/shared")
     finally:
         inside.unlink()
 
 
 def test_config_paths_become_project_relative(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT / "pipelines")  # the job starts in the project's root, not here
-    argv = prepare_command(["pretrain", "configs/pretrain/demo.yaml", "name=x"], "/s")
+    argv = _prepare(["pretrain", "configs/pretrain/demo.yaml", "name=x"], "/s")
     assert argv == ["pretrain", DEMO, "name=x"]
     assert entrypoint(argv) == "python -m pipelines.cli pretrain " + shlex.join(argv[1:])
 

@@ -10,9 +10,9 @@ Loss sections are tagged unions: ``loss: {name: xclr, tau: 0.1, tau_s: 0.1}`` pi
 (``epsilon`` for SupCon, say) is an error instead of being silently ignored.
 
 Modules: :mod:`.checks` (``ConfigError``, range checks), :mod:`.loading` (YAML → dataclasses,
-overrides), :mod:`.losses` (one dataclass per loss), :mod:`.preprocess` and :mod:`.pretrain`
-(the sections of each command's file). Import from the package: ``from components.config
-import PretrainConfig, load_config``.
+overrides), :mod:`.losses` (one dataclass per loss), :mod:`.preprocess`, :mod:`.pretrain` and
+:mod:`.pipeline` (the sections of each command's file). Import from the package:
+``from components.config import PretrainConfig, load_config``.
 
 Example::
 
@@ -48,6 +48,7 @@ from components.config.losses import (
     SupConConfig,
     XCLRConfig,
 )
+from components.config.pipeline import PipelineConfig, load_pipeline
 from components.config.preprocess import (
     CaptionConfig,
     DedupeConfig,
@@ -65,7 +66,6 @@ from components.config.pretrain import (
     KNNConfig,
     ModelConfig,
     OptimConfig,
-    PipelineConfig,
     PretrainConfig,
     ScalingSection,
     TrainConfig,
@@ -111,6 +111,7 @@ __all__ = [
     "check_positive",
     "from_dict",
     "load_config",
+    "load_pipeline",
     "load_yaml",
     "to_dict",
 ]

@@ -158,7 +158,16 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
         keys = path.strip().split(".")
         if not all(keys):
             raise ConfigError(f"override {item!r} has an empty key in {path!r}")
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as e:
+            where = getattr(e, "problem_mark", None)
+            at = f" at column {where.column + 1}" if where is not None else ""
+            raise ConfigError(
+                f"override {item!r}: the value {raw!r} is not valid YAML{at} "
+                f"({getattr(e, 'problem', None) or e}); quote list entries that contain "
+                "brackets or commas, e.g. overrides=['data.augment.mean=[0.5,0.5,0.5]']"
+            ) from None
         node = out
         for k in keys[:-1]:
             child = node.get(k)

@@ -1,5 +1,5 @@
 """Pretraining configs: data + augmentation, model, optimiser, training, checkpoints, scaling,
-online kNN; the run config and the one-command pipeline config."""
+online kNN; the run config."""
 
 from __future__ import annotations
 
@@ -281,25 +281,3 @@ class PretrainConfig:
             raise ConfigError("train.amp='fp16' needs scaling.use_gpu=true; on CPU use 'bf16' "
                               "or 'none'")
 
-
-@dataclasses.dataclass(frozen=True)
-class PipelineConfig:
-    """``simgraph run``: preprocess once, then pretrain one run per entry of ``runs``.
-
-    ``preprocess`` and ``pretrain`` are config files (paths relative to this file);
-    ``runs`` maps a short name to the dotted overrides of that run (the run is named
-    ``<prefix>-<short name>``); ``overrides`` apply to every run first.
-    """
-
-    preprocess: str
-    pretrain: str
-    runs: dict[str, list[str]]
-    prefix: str = "run"
-    overrides: list[str] = dataclasses.field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if not self.runs:
-            raise ConfigError("runs must name at least one pretraining run")
-        for name, overrides in self.runs.items():
-            if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
-                raise ConfigError(f"runs.{name} must be a list of key=value strings")

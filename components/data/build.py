@@ -1,0 +1,927 @@
+"""Building a dataset dir: images → FFCV ``.beton`` splits + caption embeddings (``simgraph
+preprocess``, :mod:`pipelines.preprocess`, and ``simgraph run`` drive :func:`run`).
+
+Reads top to bottom as the data flow in DESIGN.md:
+
+1. list the source on the driver (paths, labels, captions) and apply the caption policy
+   (invalid UTF-8 and empty captions are counted, never silent);
+2. hash every item's stored pixels (Ray Data; ``components/data/integrity.py``): drop exact
+   duplicates (``duplicate-of``), group near duplicates (and ``split.group_by`` values), then
+   assign stratified splits group by group and cut each split into shards of ``shard_size``;
+3. embed the unique captions and the class captions (Ray Data actor pool, one model each);
+4. Ray Data: read → validate → decode/RGB/resize (tasks) → group by shard → write each shard
+   (temp name, then rename, with a sidecar JSON holding its checksum and skipped items);
+5. merge each split's shards into ``<split>.beton`` and write ``manifest.json`` last.
+
+Re-running skips every shard whose sidecar matches the plan and whose checksum verifies, so a
+killed run continues where it stopped and produces identical files. ``--overwrite`` rebuilds.
+
+Output directory::
+
+    manifest.json  train.beton  val.beton  test.beton  classes.json
+    class_embeddings.npy  class_similarity.npy   (labelled data with captions enabled)
+    shards/<split>-<k>.json (+ .beton while building, or with keep_shards)
+    captions.npz   (the embedded caption table; a re-run reuses it)
+    captions.json  caption_index.npy   (caption texts and token counts; sample id -> caption id)
+    content.npz    (every item's content hashes; a resumed run reuses them)
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+import platform
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components.config import PreprocessConfig, to_dict
+from components.data import captions as cap
+from components.data import integrity, shards
+from components.data.images import ImageError, decode_image
+from components.data.reader import FORMAT, MANIFEST
+from components.data.sources import (
+    FASHION_SCHEME,
+    MISSING_CAPTION,
+    UNKNOWN_LABEL,
+    Item,
+    Listing,
+    Skip,
+    SourceError,
+    list_source,
+    read_item,
+    skip_record,
+)
+from components.data.splits import SPLITS, assign_splits
+from components.errors import SimgraphError, root_cause
+from components.files import remove_temporaries, replacing, sha256_file, write_json
+from components.session import ray_session
+
+DUPLICATE_OF = "duplicate-of"
+CAPTION_TRUNCATED = "caption-truncated"
+LISTED_MAX = 1000  # near-duplicate groups / truncated captions listed in full in the manifest
+
+
+class PreprocessError(SimgraphError, RuntimeError):
+    """Preprocessing cannot produce a usable dataset (the message says why and what to do)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# 1–2. Listing, caption policy, splits and the shard plan (driver, no Ray).
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    sample_id: int
+    path: str
+    label: int
+    caption_id: int  # row of the caption table, -1 when captions are disabled
+    split: str
+    shard: str
+
+
+def _subset(listing: Listing, max_per_class: int | None) -> list[Item]:
+    if max_per_class is None:
+        return listing.items
+    seen: collections.Counter[tuple[int, str | None]] = collections.Counter()
+    out = []
+    for it in listing.items:  # listing order is sorted, so the subset is deterministic
+        key = (it.label, it.official_split)
+        if seen[key] < max_per_class:
+            seen[key] += 1
+            out.append(it)
+    return out
+
+
+@dataclasses.dataclass
+class Listed:
+    """The source after the caption policy: kept items (sample id = index here), their caption
+    texts, the classes, skipped items and caption problems that did not skip an item."""
+
+    items: list[Item]
+    texts: list[str | None]
+    classes: list[str]
+    skipped: list[Skip]
+    caption_notes: list[dict[str, Any]]
+
+
+@dataclasses.dataclass
+class Plan:
+    rows: list[Planned]
+    classes: list[str]
+    texts: list[str]  # the caption table (unique texts, sorted)
+    skipped: list[Skip]
+    caption_notes: list[dict[str, Any]]
+    near_duplicates: dict[str, Any] | None
+    split_groups: dict[str, Any] | None
+
+
+def _caption_texts(
+    cfg: PreprocessConfig, items: list[Item], classes: list[str], skipped: list[Skip],
+    notes: list[dict[str, Any]],
+) -> tuple[list[Item], list[str | None]]:
+    """Apply ``captions.missing``; returns the kept items and one caption text per item.
+
+    A caption that is not valid UTF-8 or is empty counts as missing, under its own reason
+    (``caption-encoding`` / ``caption-empty``): skipped with it, or — ``from-label`` — given the
+    class template and listed in ``notes`` so the manifest counts it.
+    """
+    if not cfg.captions.enabled:
+        return items, [None] * len(items)
+    kept: list[Item] = []
+    texts: list[str | None] = []
+    for it in items:
+        text = it.caption
+        if text is None:
+            policy = cfg.captions.missing
+            problem = {"caption-encoding": "caption is not valid UTF-8",
+                       "caption-empty": "caption is empty or whitespace only"}.get(
+                it.caption_issue or "", "no caption")
+            if policy == "error":
+                has = "has no caption" if problem == "no caption" else f"{problem}: no caption"
+                raise PreprocessError(
+                    f"{it.path} {has} (captions.missing=error); give it one, or set "
+                    "captions.missing=skip or from-label"
+                )
+            if policy == "from-label" and it.label >= 0:
+                text = cfg.captions.templates[0].format(classes[it.label])
+                if it.caption_issue:
+                    notes.append({"path": it.path, "reason": it.caption_issue,
+                                  "detail": f"{problem}; used the class template",
+                                  "action": "from-label"})
+            else:
+                why = problem + (" and no label" if policy == "from-label" else "")
+                if cfg.bad_input == "error":
+                    raise PreprocessError(f"{it.path}: {why} (bad_input=error)")
+                skipped.append(Skip(it.path, it.caption_issue or MISSING_CAPTION, why))
+                continue
+        kept.append(it)
+        texts.append(text)
+    return kept, texts
+
+
+def list_items(cfg: PreprocessConfig) -> Listed:
+    """Step 1 (driver, no Ray): list the source, take the subset, apply the caption policy."""
+    from components.paths import resolve_path
+
+    source = resolve_path(cfg.source.path) if cfg.source.path else None
+    try:
+        listing = list_source(cfg.source.kind, source, cfg.source.classes, cfg.bad_input,
+                              cfg.split.group_by, cfg.source.label_depth)
+    except SourceError as e:
+        raise PreprocessError(str(e)) from None
+    skipped = list(listing.skipped)
+    notes: list[dict[str, Any]] = []
+    items = _subset(listing, cfg.source.max_per_class)
+    items, texts = _caption_texts(cfg, items, listing.classes, skipped, notes)
+    return Listed(items, texts, listing.classes, skipped, notes)
+
+
+def dedupe_enabled(cfg: PreprocessConfig) -> bool:
+    return cfg.dedupe.exact or cfg.dedupe.near_threshold is not None
+
+
+def hash_batch(batch: dict[str, np.ndarray], max_side: int, min_side: int) -> dict[str, Any]:
+    """Ray Data stage (and the in-process fallback): decode each item as it will be stored and
+    hash it (``integrity.hash_item``); a failure becomes a row with a ``reason``."""
+    cols: dict[str, list[Any]] = {k: [] for k in (
+        "reason", "detail", "bytes_sha256", "pixels_sha256", "phash", "thumb")}
+    for path in batch["path"]:
+        try:
+            data = read_item(str(path))
+            rgb = decode_image(data, max_side=max_side, min_side=min_side)
+            h = integrity.hash_item(data, rgb)
+            row = ["", "", h.bytes_sha256, h.pixels_sha256, h.phash, h.thumb]
+        except (ImageError, OSError) as e:
+            row = [getattr(e, "reason", "unreadable-file"), str(e), "", "", 0,
+                   bytes(integrity.THUMB**2)]
+        for k, v in zip(cols, row, strict=True):
+            cols[k].append(v)
+    return {
+        "idx": batch["idx"],
+        **{k: np.array(cols[k], dtype=object) for k in ("reason", "detail", "bytes_sha256",
+                                                         "pixels_sha256", "thumb")},
+        "phash": np.array(cols["phash"], dtype=np.uint64),
+    }
+
+
+@dataclasses.dataclass
+class Content:
+    """Per listed item: its decode failure (``reason`` non-empty) or its hashes (see
+    :mod:`components.data.integrity`)."""
+
+    reason: list[str]
+    detail: list[str]
+    bytes_sha256: list[str]
+    pixels_sha256: list[str]
+    phash: np.ndarray  # [n] uint64
+    thumbs: np.ndarray  # [n, 256] uint8
+
+    @classmethod
+    def from_columns(cls, cols: dict[str, Any]) -> Content:
+        order = np.argsort(np.asarray(cols["idx"], dtype=np.int64), kind="stable")
+        thumbs = np.frombuffer(b"".join(cols["thumb"][i] for i in order), np.uint8)
+        return cls(
+            [str(cols["reason"][i]) for i in order], [str(cols["detail"][i]) for i in order],
+            [str(cols["bytes_sha256"][i]) for i in order],
+            [str(cols["pixels_sha256"][i]) for i in order],
+            np.asarray(cols["phash"], dtype=np.uint64)[order],
+            thumbs.reshape(len(order), integrity.THUMB**2).copy(),
+        )
+
+
+def hash_local(cfg: PreprocessConfig, items: Sequence[Item]) -> Content:
+    """The content pass in this process (small sources, unit tests)."""
+    batch = {"idx": np.arange(len(items)), "path": np.array([it.path for it in items], object)}
+    return Content.from_columns(hash_batch(batch, cfg.image.max_side, cfg.image.min_side))
+
+
+def _content_key(cfg: PreprocessConfig, items: Sequence[Item]) -> str:
+    stats = []
+    for it in items:
+        local = it.path.partition("#")[0].removeprefix(FASHION_SCHEME)
+        try:
+            st = os.stat(local) if "://" not in local else None
+        except OSError:
+            st = None
+        stats.append((it.path, st.st_size if st else None, st.st_mtime_ns if st else None))
+    return _digest({"items": stats, "image": [cfg.image.max_side, cfg.image.min_side],
+                    "hash": "sha256+phash64+thumb16/1"})
+
+
+def hash_with_ray(cfg: PreprocessConfig, items: Sequence[Item], out: Path) -> Content:
+    """The content pass as a Ray Data stage; cached in ``content.npz`` (keyed by the items'
+    paths, sizes and mtimes), so a resumed run does not hash again."""
+    import ray
+
+    cache = out / "content.npz"
+    key = _content_key(cfg, items)
+    if cache.exists():
+        with np.load(cache, allow_pickle=False) as z:
+            if str(z["key"]) == key:
+                return Content([str(x) for x in z["reason"]], [str(x) for x in z["detail"]],
+                               [str(x) for x in z["bytes_sha256"]],
+                               [str(x) for x in z["pixels_sha256"]],
+                               z["phash"].copy(), z["thumbs"].copy())
+    ds = ray.data.from_items([{"idx": i, "path": it.path} for i, it in enumerate(items)])
+    got = ds.map_batches(
+        hash_batch,  # type: ignore[arg-type]
+        batch_size=256, batch_format="numpy",
+        fn_kwargs={"max_side": cfg.image.max_side, "min_side": cfg.image.min_side},
+    ).to_pandas()
+    content = Content.from_columns({k: got[k].to_numpy() for k in got.columns})
+    with replacing(cache) as tmp:
+        np.savez(tmp, key=np.array(key), reason=np.array(content.reason, dtype=str),
+                 detail=np.array(content.detail, dtype=str),
+                 bytes_sha256=np.array(content.bytes_sha256, dtype=str),
+                 pixels_sha256=np.array(content.pixels_sha256, dtype=str),
+                 phash=content.phash, thumbs=content.thumbs)
+    return content
+
+
+def plan(
+    cfg: PreprocessConfig, listed: Listed | None = None, content: Content | None = None
+) -> Plan:
+    """Everything decided before the shards are written: rows (sample id, split, shard),
+    classes, the caption table, skips, and the near-duplicate / group report.
+
+    With ``dedupe`` on, ``content`` (the items' hashes) is computed here, in this process, when
+    not given (:func:`hash_with_ray` computes it in parallel for :func:`run`).
+    """
+    listed = listed or list_items(cfg)
+    items, texts, skipped = listed.items, listed.texts, list(listed.skipped)
+    keep = np.ones(len(items), dtype=bool)
+    groups: np.ndarray | None = None
+    pairs: np.ndarray | None = None
+    split_groups: dict[str, Any] | None = None
+    if items and dedupe_enabled(cfg):
+        content = content or hash_local(cfg, items)
+        for i, reason in enumerate(content.reason):
+            if reason:
+                if cfg.bad_input == "error":
+                    raise PreprocessError(f"{items[i].path}: {content.detail[i]} (bad_input=error)")
+                skipped.append(Skip(items[i].path, reason, content.detail[i]))
+                keep[i] = False
+        if cfg.dedupe.exact:
+            _drop_exact(cfg, listed, content, keep, skipped)
+        ok = np.flatnonzero(keep)
+        uf = integrity.UnionFind(len(items))
+        if cfg.dedupe.near_threshold is not None:
+            _, local_pairs = integrity.near_duplicate_groups(
+                content.phash[ok], content.thumbs[ok], cfg.dedupe.near_threshold,
+                cfg.dedupe.near_max_diff)
+            pairs = ok[local_pairs]
+            for a, b in pairs.tolist():
+                uf.union(a, b)
+        if cfg.split.group_by is not None:
+            split_groups = _group_by(cfg, items, ok, uf)
+        groups = uf.labels()
+    rows_idx = np.flatnonzero(keep)
+    if not len(rows_idx):
+        raise PreprocessError(
+            f"source {cfg.source.kind} {cfg.source.path or ''} gave no usable items: every "
+            f"item was skipped ({len(skipped)}); nothing to write"
+        )
+    table = sorted({t for i in rows_idx if (t := texts[i]) is not None})
+    index = {t: i for i, t in enumerate(table)}
+    sub = [items[i] for i in rows_idx]
+    splits = assign_splits(
+        [it.label for it in sub], [it.official_split for it in sub],
+        cfg.split.val, cfg.split.test, cfg.split.seed,
+        None if groups is None else groups[rows_idx].tolist(),
+    )
+    split_of = {int(i): s for i, s in zip(rows_idx, splits, strict=True)}
+    rows: list[Planned] = []
+    for split in SPLITS:
+        members = [int(i) for i, s in zip(rows_idx, splits, strict=True) if s == split]
+        for k in range(0, len(members), cfg.shard_size):
+            name = f"{split}-{k // cfg.shard_size:05d}"
+            for i in members[k : k + cfg.shard_size]:
+                it, t = items[i], texts[i]
+                cid = -1 if t is None else index[t]
+                rows.append(Planned(i, it.path, it.label, cid, split, name))
+    near = None if pairs is None else _near_report(cfg, items, pairs, split_of)
+    if split_groups is not None and groups is not None:
+        split_groups["units"] = len(set(groups[rows_idx].tolist()))
+    return Plan(rows, listed.classes, table, skipped, listed.caption_notes, near, split_groups)
+
+
+def _drop_exact(
+    cfg: PreprocessConfig, listed: Listed, content: Content, keep: np.ndarray,
+    skipped: list[Skip],
+) -> None:
+    """Exact duplicates: the first copy in listing order is kept, the others are skipped as
+    ``duplicate-of`` it (``of`` names the kept copy)."""
+    items = listed.items
+    ok = np.flatnonzero(keep)
+    dropped = integrity.exact_duplicates([content.pixels_sha256[i] for i in ok])
+    for d, k in sorted(dropped.items()):
+        di, ki = int(ok[d]), int(ok[k])
+        same = ("same bytes" if content.bytes_sha256[di] == content.bytes_sha256[ki]
+                else "same pixels after decoding and resizing")
+        labels = "" if items[di].label == items[ki].label else (
+            f"; its label {_label(listed.classes, items[di].label)} differs from the kept "
+            f"copy's {_label(listed.classes, items[ki].label)}")
+        if cfg.bad_input == "error":
+            raise PreprocessError(
+                f"{items[di].path}: {same} as {items[ki].path} (bad_input=error; "
+                "dedupe.exact=false keeps exact duplicates)")
+        skipped.append(Skip(items[di].path, DUPLICATE_OF, f"{same} as {items[ki].path}{labels}",
+                            items[ki].path))
+        keep[di] = False
+
+
+def _group_by(
+    cfg: PreprocessConfig, items: list[Item], ok: np.ndarray, uf: integrity.UnionFind
+) -> dict[str, Any]:
+    """Join items sharing a ``split.group_by`` value; the manifest's ``split_groups``."""
+    first: dict[str, int] = {}
+    for i in ok.tolist():
+        g = items[i].group
+        if g is not None:
+            uf.union(first.setdefault(g, i), i)
+    count = collections.Counter(items[i].group for i in ok.tolist() if items[i].group is not None)
+    return {"column": cfg.split.group_by, "values": len(count), "items": sum(count.values()),
+            "largest": max(count.values(), default=0)}
+
+
+def _label(classes: list[str], label: int) -> str:
+    return repr(classes[label]) if 0 <= label < len(classes) else "(none)"
+
+
+def _near_report(
+    cfg: PreprocessConfig, items: list[Item], pairs: np.ndarray, split_of: dict[int, str]
+) -> dict[str, Any]:
+    """The manifest's ``near_duplicates`` section (groups from near-duplicate pairs only)."""
+    uf = integrity.UnionFind(len(items))
+    for a, b in pairs.tolist():
+        uf.union(a, b)
+    found = integrity.groups_from_roots(uf.labels())
+    found.sort(key=lambda g: (-len(g), g[0]))
+    straddle = [(a, b) for a, b in pairs.tolist() if split_of.get(a) != split_of.get(b)]
+    sizes = collections.Counter(len(g) for g in found)
+    return {
+        "method": "64-bit DCT pHash within threshold_bits, confirmed by 16x16 grey thumbnails "
+                  "within max_diff grey levels (components/data/integrity.py)",
+        "threshold_bits": cfg.dedupe.near_threshold,
+        "max_diff": cfg.dedupe.near_max_diff,
+        "pairs": len(pairs),
+        "groups": len(found),
+        "items": sum(len(g) for g in found),
+        "sizes": {str(k): sizes[k] for k in sorted(sizes)},
+        # Only official splits (kept as the source defines them) can separate a pair.
+        "straddling_splits": {
+            "pairs": len(straddle),
+            "examples": [{"a": items[a].path, "a_split": split_of.get(a),
+                          "b": items[b].path, "b_split": split_of.get(b)}
+                         for a, b in straddle[:20]],
+        },
+        "listed": min(len(found), LISTED_MAX),
+        "list": [[{"sample_id": i, "path": items[i].path, "split": split_of.get(i)} for i in g]
+                 for g in found[:LISTED_MAX]],
+    }
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _params(cfg: PreprocessConfig) -> dict[str, Any]:
+    """What the bytes of a shard depend on (not paths of the output or Ray sizing)."""
+    p = to_dict(cfg)
+    for k in ("output", "keep_shards", "num_cpus"):
+        p.pop(k)
+    p["captions"].pop("actors")
+    p["captions"].pop("batch_size")
+    if cfg.source.label_depth == 1:
+        p["source"].pop("label_depth")  # the default: datasets built before it existed stay valid
+    if cfg.captions.class_descriptions:
+        p["captions"]["class_descriptions_sha256"] = sha256_file(cfg.captions.class_descriptions)
+    p["format"] = FORMAT
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Caption embeddings (Ray Data actor pool) and class embeddings.
+
+
+def embed_captions(cfg: PreprocessConfig, texts: list[str], out: Path) -> np.ndarray:
+    """``[len(texts), E]`` float32 rows, one per unique text; cached in ``captions.npz``."""
+    import ray
+
+    cache = out / "captions.npz"
+    key = _digest({"texts": texts, "model": cfg.captions.model})
+    if cache.exists():
+        with np.load(cache) as z:
+            if str(z["key"]) == key:
+                return np.asarray(z["embeddings"])
+    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    items = ray.data.from_items([{"caption_id": i, "text": t} for i, t in enumerate(texts)])
+    ds = items.map_batches(
+        cap.CaptionEmbedder,
+        fn_constructor_kwargs={"model": cfg.captions.model, "device": "cuda" if use_gpu else "cpu"},
+        batch_size=cfg.captions.batch_size,
+        batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=cfg.captions.actors),
+        num_gpus=1 if use_gpu else 0,
+        num_cpus=1,
+    )
+    got = ds.to_pandas()
+    emb = np.zeros((len(texts), len(got["embedding"].iloc[0])), dtype=np.float32)
+    emb[got["caption_id"].to_numpy()] = np.stack(got["embedding"].to_numpy())
+    with replacing(cache) as tmp:
+        np.savez(tmp, key=np.array(key), embeddings=emb)
+    return emb
+
+
+def write_class_files(
+    cfg: PreprocessConfig, classes: list[str], out: Path, model: Any = None
+) -> dict[str, str]:
+    """``classes.json``, and with captions the class embeddings and similarity (X-CLR)."""
+    write_json(out / "classes.json", classes)
+    if not cfg.captions.enabled or not classes:
+        return {}
+    desc = (
+        cap.load_descriptions(cfg.captions.class_descriptions)
+        if cfg.captions.class_descriptions
+        else None
+    )
+    texts = cap.class_texts(classes, cfg.captions.templates, desc)
+    model = model if model is not None else cap.load_encoder(cfg.captions.model)
+    emb = cap.class_embeddings(model, texts)
+    sim = (emb.astype(np.float64) @ emb.astype(np.float64).T).astype(np.float32)
+    for name, arr in (("class_embeddings", emb), ("class_similarity", sim)):
+        with replacing(out / f"{name}.npy") as tmp:
+            np.save(tmp, arr)
+    return {"class_embeddings": "class_embeddings.npy", "class_similarity": "class_similarity.npy"}
+
+
+def caption_files(
+    cfg: PreprocessConfig, plan_: Plan, out: Path, model: Any
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """``captions.json`` (texts, token counts, the encoder's window) and ``caption_index.npy``
+    (``[N, 2]`` sample id, caption id); returns the manifest's ``caption_checks`` section and
+    the files. A caption longer than the window is embedded from its first tokens only
+    (sentence-transformers truncates): each such item is counted as ``caption-truncated``."""
+    limit = int(model.max_seq_length)
+    tokens = cap.token_counts(model, plan_.texts)
+    data = {"model": cfg.captions.model, "max_seq_length": limit, "texts": plan_.texts,
+            "tokens": tokens}
+    write_json(out / "captions.json", data)
+    index = np.array([(r.sample_id, r.caption_id) for r in plan_.rows], dtype=np.int64)
+    with replacing(out / "caption_index.npy") as tmp:
+        np.save(tmp, index.reshape(-1, 2))
+    long = [r for r in plan_.rows if r.caption_id >= 0 and tokens[r.caption_id] > limit]
+    notes = list(plan_.caption_notes) + [
+        {"path": r.path, "reason": CAPTION_TRUNCATED,
+         "detail": f"{tokens[r.caption_id]} tokens; the text encoder reads the first {limit}",
+         "action": "truncated"}
+        for r in sorted(long, key=lambda r: r.sample_id)
+    ]
+    skipped = collections.Counter(
+        s.reason for s in plan_.skipped if s.reason in ("caption-encoding", "caption-empty"))
+    by_reason = collections.Counter(n["reason"] for n in notes) + skipped
+    checks = {
+        "max_seq_length": limit,
+        "by_reason": dict(sorted(by_reason.items())),
+        "skipped": dict(sorted(skipped.items())),
+        "replaced_or_truncated": len(notes),
+        "listed": min(len(notes), LISTED_MAX),
+        "items": notes[:LISTED_MAX],
+    }
+    return checks, {"captions": "captions.json", "caption_index": "caption_index.npy"}
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Ray Data stages (run in tasks; module-level so they pickle by reference).
+
+
+def decode_batch(batch: dict[str, np.ndarray], max_side: int, min_side: int) -> dict[str, Any]:
+    """read → validate → decode/RGB/resize. Failures become rows with a ``reason``."""
+    pixels, heights, widths, reasons, details = [], [], [], [], []
+    for path in batch["path"]:
+        try:
+            rgb = decode_image(read_item(str(path)), max_side=max_side, min_side=min_side)
+            pixels.append(rgb.tobytes())
+            heights.append(rgb.shape[0])
+            widths.append(rgb.shape[1])
+            reasons.append("")
+            details.append("")
+        except (ImageError, OSError) as e:
+            pixels.append(b"")
+            heights.append(0)
+            widths.append(0)
+            reasons.append(getattr(e, "reason", "unreadable-file"))
+            details.append(str(e))
+    return {
+        **batch,
+        "pixels": np.array(pixels, dtype=object),
+        "height": np.array(heights, dtype=np.int64),
+        "width": np.array(widths, dtype=np.int64),
+        "reason": np.array(reasons, dtype=object),
+        "detail": np.array(details, dtype=object),
+    }
+
+
+def write_group(
+    group: dict[str, np.ndarray],
+    out_dir: str,
+    table_ref: list[Any],
+    shard_digests: dict[str, str],
+    image_cfg: dict[str, Any],
+    caption_dtype: str,
+    bad_input: str,
+) -> dict[str, np.ndarray]:
+    """Write one shard (all rows of one ``shard`` value) and its sidecar; return a summary."""
+    import ray
+
+    table = ray.get(table_ref[0]) if table_ref else None
+    order = np.argsort(group["sample_id"], kind="stable")
+    name = str(group["shard"][0])
+    ok = [i for i in order if not group["reason"][i]]
+    skipped = [
+        {"path": str(group["path"][i]), "reason": str(group["reason"][i]),
+         "detail": str(group["detail"][i])}
+        for i in order if group["reason"][i]
+    ]
+    if skipped and bad_input == "error":
+        s = skipped[0]
+        raise PreprocessError(f"{s['path']}: {s['detail']} (bad_input=error)")
+    target = Path(out_dir) / "shards" / f"{name}.beton"
+    info: dict[str, Any] = {"name": name, "split": name.rsplit("-", 1)[0], "samples": len(ok),
+                            "digest": shard_digests[name], "skipped": skipped}
+    if ok:
+        images = [
+            np.frombuffer(group["pixels"][i], np.uint8).reshape(
+                int(group["height"][i]), int(group["width"][i]), 3)
+            for i in ok
+        ]
+        captions = None
+        if table is not None:
+            captions = table[group["caption_id"][ok]].astype(caption_dtype)
+        with replacing(target) as tmp:
+            shards.write_shard(
+                tmp, images, group["label"][ok], group["sample_id"][ok], captions,
+                write_mode=image_cfg["write_mode"], jpeg_quality=image_cfg["jpeg_quality"],
+                page_size=shards.page_size_for(
+                    image_cfg["max_side"], 0 if captions is None else captions[0].nbytes),
+            )
+            info["sha256"] = sha256_file(tmp)
+        info["labels"] = {str(k): int(v) for k, v in collections.Counter(
+            group["label"][ok].tolist()).items()}
+    write_json(target.with_suffix(".json"), info)  # the sidecar marks the shard complete
+    return {"shard": np.array([name]), "samples": np.array([len(ok)])}
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver.
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _shard_done(out: Path, name: str, digest: str) -> dict[str, Any] | None:
+    """The sidecar if the shard is complete, matches the plan and its checksum verifies."""
+    side = _read_json(out / "shards" / f"{name}.json")
+    if not side or side.get("digest") != digest:
+        return None
+    if side["samples"] == 0:
+        return side
+    beton = out / "shards" / f"{name}.beton"
+    if beton.exists() and sha256_file(beton) == side.get("sha256"):
+        return side
+    return None
+
+
+def versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for pkg in ("simgraph", "ray", "ffcv", "torch", "numpy", "pillow", "sentence-transformers"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def _verified_manifest(out: Path, params_digest: str) -> dict[str, Any] | None:
+    m = _read_json(out / MANIFEST)
+    if not m or not m.get("complete") or m.get("params_digest") != params_digest:
+        return None
+    for split in m["splits"].values():
+        f = out / split["file"]
+        if split["samples"] and (not f.exists() or sha256_file(f) != split["sha256"]):
+            return None
+    return m
+
+
+def run(cfg: PreprocessConfig, overwrite: bool = False, echo: bool = True) -> dict[str, Any]:
+    """Build (or finish building) the dataset dir ``cfg.output``; return the manifest.
+
+    A URI output (``s3://…``, ``gs://…``) is built in a local dir under the staging cache
+    (resumable like any other) and then uploaded: the split files and class files first,
+    ``manifest.json`` last, so readers never see a manifest whose files are missing.
+    """
+    from components import storage
+    from components.paths import resolve_path
+
+    if storage.is_uri(cfg.output):
+        from components.data.staging import default_cache_dir
+
+        local = default_cache_dir() / "build" / hashlib.sha256(cfg.output.encode()).hexdigest()[:16]
+        manifest = run(dataclasses.replace(cfg, output=str(local)), overwrite, echo)
+        try:
+            for name in sorted(os.listdir(local)):
+                if name in (MANIFEST, "shards") or name.startswith("."):
+                    continue
+                src = local / name
+                if src.is_file():
+                    storage.upload_file(src, storage.join(cfg.output, name))
+            if cfg.keep_shards:
+                storage.upload_dir(local / "shards", storage.join(cfg.output, "shards"))
+            storage.upload_file(local / MANIFEST, storage.join(cfg.output, MANIFEST))
+        except storage.StorageError as e:
+            raise PreprocessError(f"built {local} but cannot upload it: {e}") from None
+        if echo:
+            print(f"uploaded to {storage.display(cfg.output)}")
+        return manifest
+    out = Path(resolve_path(cfg.output))
+    params = _params(cfg)
+    params_digest = _digest(params)
+    if overwrite and out.exists():
+        for name in ("shards", MANIFEST, "captions.npz", "classes.json", "class_embeddings.npy",
+                     "class_similarity.npy", "captions.json", "caption_index.npy", "content.npz",
+                     *(f"{s}.beton" for s in SPLITS)):
+            p = out / name
+            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+    (out / "shards").mkdir(parents=True, exist_ok=True)
+    with _exclusive(out):
+        return _run_locked(cfg, out, params, params_digest, echo)
+
+
+@contextlib.contextmanager
+def _exclusive(out: Path) -> Iterator[None]:
+    """One preprocess per output dir at a time (two would overwrite each other's shards)."""
+    import fcntl
+
+    with open(out / ".lock", "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PreprocessError(
+                f"another simgraph preprocess is writing {out}; wait for it or stop it"
+            ) from None
+        yield
+
+
+def _run_locked(
+    cfg: PreprocessConfig, out: Path, params: dict[str, Any], params_digest: str, echo: bool
+) -> dict[str, Any]:
+    import ray
+
+    old = _read_json(out / MANIFEST)
+    if old and old.get("params_digest") != params_digest:
+        raise PreprocessError(
+            f"{out} holds a dataset built with other parameters; choose another output or "
+            "pass --overwrite to rebuild it"
+        )
+    for d in (out, out / "shards"):  # left by a killed run; under the lock nobody else writes
+        remove_temporaries(d)
+    done_manifest = _verified_manifest(out, params_digest)
+    if done_manifest is not None:
+        _cleanup(out, cfg, done_manifest)
+        if echo:
+            print(f"simgraph preprocess: {out} is already complete and verified")
+        return done_manifest
+
+    listed = list_items(cfg)
+    with ray_session(cfg.num_cpus):
+        content = None
+        if listed.items and dedupe_enabled(cfg):
+            t0 = time.perf_counter()
+            content = hash_with_ray(cfg, listed.items, out)
+            if echo:
+                print(f"simgraph preprocess: hashed {len(listed.items)} items "
+                      f"in {time.perf_counter() - t0:.1f} s")
+        p = plan(cfg, listed, content)
+        rows, classes, texts = p.rows, p.classes, p.texts
+        digests = {}
+        by_shard: dict[str, list[Planned]] = collections.defaultdict(list)
+        for r in rows:
+            by_shard[r.shard].append(r)
+        for name, members in by_shard.items():
+            digests[name] = _digest([params_digest, [dataclasses.astuple(m) for m in members]])
+        done = {n: s for n in by_shard if (s := _shard_done(out, n, digests[n])) is not None}
+        todo = [dataclasses.asdict(r) for r in rows if r.shard not in done]
+        if echo:
+            print(f"simgraph preprocess: {len(rows)} items in {len(by_shard)} shards "
+                  f"({len(done)} already complete), {len(texts)} unique captions")
+
+        model = cap.load_encoder(cfg.captions.model) if cfg.captions.enabled else None
+        class_files = write_class_files(cfg, classes, out, model)
+        checks: dict[str, Any] | None = None
+        if model is not None:
+            checks, files = caption_files(cfg, p, out, model)
+            class_files.update(files)
+        table = embed_captions(cfg, texts, out) if cfg.captions.enabled and todo else None
+        if todo:
+            ds = ray.data.from_items(todo).map_batches(
+                decode_batch,  # type: ignore[arg-type]
+                batch_size=64,
+                batch_format="numpy",
+                fn_kwargs={"max_side": cfg.image.max_side, "min_side": cfg.image.min_side},
+            )
+            n_shards = len({r["shard"] for r in todo})
+            ds = ds.groupby("shard", num_partitions=n_shards).map_groups(
+                write_group,  # type: ignore[arg-type]
+                batch_format="numpy",
+                fn_kwargs={
+                    "out_dir": str(out),
+                    "table_ref": [ray.put(table)] if table is not None else [],
+                    "shard_digests": digests,
+                    "image_cfg": dataclasses.asdict(cfg.image),
+                    "caption_dtype": cfg.captions.dtype,
+                    "bad_input": cfg.bad_input,
+                },
+            )
+            try:
+                ds.materialize()
+            except Exception as e:  # a task's PreprocessError arrives wrapped by Ray
+                cause = root_cause(e)
+                if isinstance(cause, PreprocessError):
+                    raise PreprocessError(str(cause)) from None
+                raise
+        dim = int(table.shape[1]) if table is not None else _stored_dim(out, by_shard)
+
+    sides = {}
+    for name, digest in digests.items():
+        side = _shard_done(out, name, digest)
+        if side is None:
+            raise PreprocessError(f"shard {name} did not complete; re-run to continue")
+        sides[name] = side
+    manifest = _assemble(cfg, out, params, params_digest, p, sides, class_files, dim, checks)
+    _cleanup(out, cfg, manifest)
+    if echo:
+        print(summary(manifest))
+    return manifest
+
+
+def _stored_dim(out: Path, by_shard: dict[str, list[Planned]]) -> int:
+    cache = out / "captions.npz"
+    if cache.exists():
+        with np.load(cache) as z:
+            return int(z["embeddings"].shape[1])
+    return 0
+
+
+def _assemble(
+    cfg: PreprocessConfig, out: Path, params: dict[str, Any], params_digest: str, p: Plan,
+    sides: dict[str, dict[str, Any]], class_files: dict[str, str], dim: int,
+    caption_checks: dict[str, Any] | None,
+) -> dict[str, Any]:
+    classes, texts = p.classes, p.texts
+    splits: dict[str, Any] = {}
+    for split in SPLITS:
+        names = sorted(n for n, s in sides.items() if s["split"] == split and s["samples"])
+        target = out / f"{split}.beton"
+        count = sum(sides[n]["samples"] for n in names)
+        per_class: collections.Counter[str] = collections.Counter()
+        for n in names:
+            for lab, c in sides[n]["labels"].items():
+                per_class[classes[int(lab)] if int(lab) >= 0 else "unlabelled"] += c
+        if names:
+            shards.merge_shards([out / "shards" / f"{n}.beton" for n in names], target)
+        else:
+            target.unlink(missing_ok=True)
+        splits[split] = {
+            "file": target.name, "samples": count,
+            "sha256": sha256_file(target) if names else None,
+            "per_class": dict(sorted(per_class.items())), "shards": names,
+        }
+    all_skipped = [skip_record(s) for s in p.skipped]
+    for name in sorted(sides):
+        all_skipped += sides[name]["skipped"]
+    if not any(s["samples"] for s in splits.values()):
+        raise PreprocessError(
+            f"every item was skipped ({len(all_skipped)}): see the reasons in "
+            f"{out / 'shards'}/*.json; nothing to train on"
+        )
+    fields: dict[str, Any] = {
+        shards.IMAGE: {"type": "RGBImageField", "write_mode": cfg.image.write_mode,
+                       "max_side": cfg.image.max_side},
+        shards.LABEL: {"type": "IntField", "dtype": "int64", "unlabelled": -1},
+        shards.SAMPLE_ID: {"type": "IntField", "dtype": "int64"},
+    }
+    if cfg.captions.enabled:
+        fields[shards.CAPTION] = {"type": "NDArrayField", "dtype": cfg.captions.dtype,
+                                  "shape": [dim], "normalised": True,
+                                  # numba has no float16: FFCV stores its bit pattern
+                                  "stored_as": "int16" if cfg.captions.dtype == "float16"
+                                  else "float32"}
+    manifest = {
+        "format": FORMAT,
+        "complete": True,
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "params": params,
+        "params_digest": params_digest,
+        "classes": classes,
+        "splits": splits,
+        "shards": [
+            {k: v for k, v in sides[n].items() if k not in ("skipped", "digest")}
+            for n in sorted(sides)
+        ],
+        "fields": fields,
+        "encoder": (
+            {"model": cfg.captions.model, "path": cap.resolve_model(cfg.captions.model),
+             "dim": dim, "unique_captions": len(texts)}
+            if cfg.captions.enabled else None
+        ),
+        "class_files": class_files,
+        "skipped": {
+            "total": len(all_skipped),
+            "by_reason": dict(collections.Counter(s["reason"] for s in all_skipped)),
+            "items": all_skipped,
+        },
+        "near_duplicates": p.near_duplicates,
+        "split_groups": p.split_groups,
+        "caption_checks": caption_checks,
+        "versions": versions(),
+    }
+    write_json(out / MANIFEST, manifest)
+    return manifest
+
+
+def _cleanup(out: Path, cfg: PreprocessConfig, manifest: dict[str, Any]) -> None:
+    """After the manifest is written: drop per-shard files unless asked to keep them."""
+    if cfg.keep_shards:
+        return
+    for p in (out / "shards").glob("*.beton*"):
+        p.unlink()
+
+
+def summary(manifest: dict[str, Any]) -> str:
+    lines = ["", f"{'split':<8}{'samples':>10}  classes"]
+    for name, s in manifest["splits"].items():
+        lines.append(f"{name:<8}{s['samples']:>10}  {len(s['per_class'])}")
+    sk = manifest["skipped"]
+    lines.append(f"skipped: {sk['total']}" + (
+        " (" + ", ".join(f"{r}: {n}" for r, n in sorted(sk["by_reason"].items())) + ")"
+        if sk["total"] else ""))
+    return "\n".join(lines)
+
+
+__all__ = ["FORMAT", "MANIFEST", "PreprocessError", "UNKNOWN_LABEL", "plan", "run", "summary"]
