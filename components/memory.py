@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from components import distributed
+from components import checks, distributed
 
 
 class MemoryBank(nn.Module):
@@ -165,8 +165,7 @@ class EMA(nn.Module):
 
     @torch.no_grad()
     def update(self, model: nn.Module, momentum: float) -> None:
-        if not 0.0 <= momentum <= 1.0:
-            raise ValueError(f"EMA momentum={momentum!r} must lie in [0, 1]")
+        checks.in_range("EMA momentum", momentum, 0.0, 1.0)
         ema_params = dict(self.module.named_parameters())
         for name, p in model.named_parameters():
             ema_params[name].lerp_(p.detach(), 1.0 - momentum)

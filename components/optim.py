@@ -25,6 +25,8 @@ import torch
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from components import checks
+
 if TYPE_CHECKING:
     from components.config import OptimConfig
 
@@ -43,13 +45,11 @@ def _is_int(x: object) -> bool:
 
 
 def _check_nonneg(name: str, value: float) -> None:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name}={value!r} is not allowed: must be a finite number >= 0")
+    checks.non_negative(name, value)
 
 
 def _check_momentum(name: str, value: float) -> None:
-    if not (isinstance(value, int | float) and 0.0 <= value < 1.0):
-        raise ValueError(f"{name}={value!r} is not allowed: must be in [0, 1)")
+    checks.in_range(name, value, 0.0, 1.0, high_open=True)
 
 
 # --------------------------------------------------------------------------- parameter groups

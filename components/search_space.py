@@ -317,16 +317,12 @@ class Scheduler:
                                   f"it must be <= scheduler.max_epochs={self.max_epochs}")
 
 
-@dataclasses.dataclass(frozen=True)
-class _SweepFile:
-    """The sweep YAML as written: :func:`components.config.from_dict` checks its keys and
-    types (naming dotted keys such as ``searcher.seed``)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _SweepSettings:
+    """The keys a sweep file and a loaded sweep share, declared once (defaults as in the
+    module docstring's format)."""
 
-    name: str
-    base: str
-    space: dict[str, Any]
     storage: str = "runs/sweeps"
-    overrides: list[str] = dataclasses.field(default_factory=list)
     metric: str = "knn_top1"
     mode: Literal["max", "min"] = "max"
     num_samples: int = 8
@@ -335,15 +331,32 @@ class _SweepFile:
     searcher: Searcher = dataclasses.field(default_factory=Searcher)
     scheduler: Scheduler = dataclasses.field(default_factory=Scheduler)
     study_storage: str | None = None
+
+
+SETTINGS = tuple(f.name for f in dataclasses.fields(_SweepSettings))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _SweepFile(_SweepSettings):
+    """The sweep YAML as written: :func:`components.config.from_dict` checks its keys and
+    types (naming dotted keys such as ``searcher.seed``); ``space`` and ``conditional`` are
+    parsed into distributions by :func:`load_sweep`."""
+
+    name: str
+    base: str
+    space: dict[str, Any]
+    overrides: list[str] = dataclasses.field(default_factory=list)
     conditional: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-FILE_KEYS = tuple(f.name for f in dataclasses.fields(_SweepFile))
+# In the docstring's order: what the sweep is, then how it runs.
+FILE_KEYS = ("name", "base", "space", "conditional", "overrides", *SETTINGS)
 
 
-@dataclasses.dataclass(frozen=True)
-class SweepConfig:
-    """A loaded sweep (see the module docstring). Construction checks the structure;
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SweepConfig(_SweepSettings):
+    """A loaded sweep (see the module docstring): the file's settings, ``base`` resolved to a
+    path, ``space`` / ``conditional`` parsed. Construction checks the structure;
     :meth:`validate` checks every parameter path against the base config, per branch."""
 
     name: str
@@ -351,16 +364,7 @@ class SweepConfig:
     space: dict[str, Distribution]
     conditional: dict[str, dict[Any, dict[str, Distribution]]] = dataclasses.field(
         default_factory=dict)
-    storage: str = "runs/sweeps"
     overrides: tuple[str, ...] = ()
-    metric: str = "knn_top1"
-    mode: Literal["max", "min"] = "max"
-    num_samples: int = 8
-    max_concurrent: int = 1
-    resources: Resources = dataclasses.field(default_factory=Resources)
-    searcher: Searcher = dataclasses.field(default_factory=Searcher)
-    scheduler: Scheduler = dataclasses.field(default_factory=Scheduler)
-    study_storage: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name or self.name.startswith("."):
@@ -634,10 +638,7 @@ def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> SweepConfig:
             name=spec.name, base_path=(path.parent / spec.base).resolve(),
             space=_parse_params("space", spec.space),
             conditional=_parse_conditional(spec.conditional),
-            storage=spec.storage, overrides=tuple(spec.overrides), metric=spec.metric,
-            mode=spec.mode, num_samples=spec.num_samples, max_concurrent=spec.max_concurrent,
-            resources=spec.resources, searcher=spec.searcher, scheduler=spec.scheduler,
-            study_storage=spec.study_storage,
+            overrides=tuple(spec.overrides), **{k: getattr(spec, k) for k in SETTINGS},
         )
         cfg.validate()
     except ConfigError as e:

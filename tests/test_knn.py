@@ -237,7 +237,7 @@ def test_errors() -> None:
         weighted_knn_predict(train, labels, train, 10, 4, exclude_self=True)
     with pytest.raises(ValueError, match=r"k=0 .*≥ 1"):
         weighted_knn_predict(train, labels, query, [0, 3], 4)
-    with pytest.raises(ValueError, match=r"k=-1 .*≥ 1"):
+    with pytest.raises(ValueError, match=r"k=-1 is not allowed: it must be an integer >= 1"):
         knn_top1(train, labels, query, labels[:4], -1, num_classes=4)
     with pytest.raises(ValueError, match=r"k=\[\] is empty"):
         weighted_knn_predict(train, labels, query, [], 4)

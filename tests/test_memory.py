@@ -116,7 +116,7 @@ def test_ema_update_is_eq8_and_copies_buffers() -> None:
     torch.testing.assert_close(ema.module[1].running_mean, model[1].running_mean)
     ema.train()
     assert not ema.module.training  # the EMA copy always evaluates in eval mode
-    with pytest.raises(ValueError, match="momentum=1.5 must lie in"):
+    with pytest.raises(ValueError, match=r"EMA momentum=1.5 is not allowed: it must lie in \["):
         ema.update(model, 1.5)
     # Saved and restored with the model that owns it.
     other = EMA(model)

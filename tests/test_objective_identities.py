@@ -196,7 +196,7 @@ def test_half_precision_inputs_at_tiny_temperatures_stay_finite(
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: InfoNCE(0.0), "tau=0.0 is not allowed: it must be a number > 0"),
+        (lambda: InfoNCE(0.0), "tau=0.0 is not allowed: it must be a finite number > 0"),
         (lambda: InfoNCE(-1), "tau=-1 is not allowed"),
         (lambda: InfoNCE(float("nan")), "tau=nan is not allowed"),
         (lambda: SupCon(0.1, "sideways"), "variant='sideways' is not allowed"),

@@ -201,7 +201,7 @@ def test_lars_state_dict_round_trip() -> None:
     ("kw", "match"),
     [
         ({"lr": -1.0}, "lr=-1.0"),
-        ({"momentum": 1.0}, r"momentum=1.0.*\[0, 1\)"),
+        ({"momentum": 1.0}, r"momentum=1.0.*\[0.0, 1.0\)"),
         ({"momentum": -0.1}, "momentum=-0.1"),
         ({"weight_decay": -1e-4}, "weight_decay=-0.0001"),
         ({"trust_coefficient": 0.0}, "trust_coefficient=0.0"),

@@ -1,9 +1,9 @@
-"""``ConfigError`` and the range checks every config dataclass's ``__post_init__`` uses."""
+"""``ConfigError`` and the range checks every config dataclass's ``__post_init__`` uses
+(:mod:`components.checks` with ``ConfigError``)."""
 
 from __future__ import annotations
 
-import math
-
+from components import checks
 from components.errors import SimgraphError
 
 
@@ -16,24 +16,20 @@ class ConfigError(SimgraphError, ValueError):
 
 
 # ---------------------------------------------------------------------------------------------
-# Range checks used by the dataclasses' __post_init__.
+# Range checks used by the dataclasses' __post_init__: components.checks, raising ConfigError.
 
 
 def check_positive(key: str, value: float) -> None:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-        raise ConfigError(f"{key}={value!r} is not allowed: it must be a finite number > 0")
+    checks.positive(key, value, ConfigError)
 
 
 def check_non_negative(key: str, value: float) -> None:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-        raise ConfigError(f"{key}={value!r} is not allowed: it must be a finite number >= 0")
+    checks.non_negative(key, value, ConfigError)
 
 
 def check_in_range(key: str, value: float, low: float, high: float) -> None:
-    if not (isinstance(value, int | float) and low <= value <= high):
-        raise ConfigError(f"{key}={value!r} is not allowed: it must lie in [{low}, {high}]")
+    checks.in_range(key, value, low, high, error=ConfigError)
 
 
 def check_at_least(key: str, value: int, low: int) -> None:
-    if value < low:
-        raise ConfigError(f"{key}={value!r} is not allowed: it must be an integer >= {low}")
+    checks.at_least(key, value, low, ConfigError)

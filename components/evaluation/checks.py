@@ -7,12 +7,10 @@ metric, the hint appended to the message), so the messages stay those of the cal
 
 from __future__ import annotations
 
-import math
-import operator
-
 import torch
 from torch import Tensor
 
+from components import checks
 from components.errors import NonFiniteError
 
 __all__ = [
@@ -32,34 +30,9 @@ def _shape(x: object) -> object:
     return tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
 
 
-def as_int(name: str, value: object) -> int:
-    """``value`` as a Python int; bools and non-integers are refused.
-
-    Anything with ``__index__`` (Python and numpy integers, 0-d integer tensors) is accepted.
-
-    Raises:
-        ValueError: ``value`` is a bool, or not an integer.
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} must be an integer, not a bool")
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise ValueError(f"{name}={value!r} must be an integer") from None
-
-
-def as_float(name: str, value: object) -> float:
-    """``value`` as a finite Python float; bools and non-numbers are refused.
-
-    Raises:
-        ValueError: ``value`` is a bool, not an int/float, or NaN/±inf.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name}={value!r} must be a finite number")
-    out = float(value)
-    if not math.isfinite(out):
-        raise ValueError(f"{name}={value!r} must be a finite number")
-    return out
+# Scalars: components.checks (re-exported under the names the metrics use).
+as_int = checks.as_int
+as_float = checks.as_float
 
 
 def at_least_one(name: str, value: object) -> int:
@@ -68,10 +41,7 @@ def at_least_one(name: str, value: object) -> int:
     Raises:
         ValueError: as :func:`as_int`, and ``value < 1``.
     """
-    out = as_int(name, value)
-    if out < 1:
-        raise ValueError(f"{name}={out} is not allowed; it must be ≥ 1")
-    return out
+    return checks.at_least(name, value, 1)
 
 
 def check_features(

@@ -21,7 +21,7 @@ import dataclasses
 import torch
 from torch import Tensor, nn
 
-from components import distributed
+from components import checks, distributed
 from components.errors import NonFiniteError
 from components.memory import MemoryBank
 
@@ -353,22 +353,8 @@ def reduce(per_anchor: Tensor, valid: Tensor, **extra: float) -> tuple[Tensor, M
     return share, metrics
 
 
-def check_positive(name: str, value: float) -> float:
-    """``value`` if it is a finite number > 0, else ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{name}={value!r} is not allowed: it must be a number > 0")
-    if value == float("inf"):
-        raise ValueError(f"{name}={value!r} is not allowed: it must be finite")
-    return float(value)
-
-
-def check_non_negative(name: str, value: float) -> float:
-    """``value`` if it is a finite number ≥ 0, else ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise ValueError(f"{name}={value!r} is not allowed: it must be a number >= 0")
-    if value == float("inf"):
-        raise ValueError(f"{name}={value!r} is not allowed: it must be finite")
-    return float(value)
+check_positive = checks.positive  # re-exported: the objectives' constructors use these names
+check_non_negative = checks.non_negative
 
 
 class BatchContrastive(Objective):
