@@ -26,9 +26,11 @@ import os
 import socket
 import tempfile
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from components import console
 from components.config import PretrainConfig, from_dict, to_dict
 from components.files import atomic_open
 from components.run_dir import (
@@ -42,6 +44,7 @@ from components.run_dir import (
 )
 
 PAUSE_ENV = "SIMGRAPH_PAUSE_AT_STEP"
+PROGRESS_EVERY_S = 20.0  # rank 0 prints a progress line this often during a long epoch
 
 
 class PretrainError(RunError):
@@ -80,8 +83,10 @@ def run_pretraining(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, An
             print(f"simgraph: run {cfg.name!r} is already complete ({len(history)} epochs)")
             print(history_table(history))
         return history
-    if echo and facts.knn_note:
-        print(f"simgraph: online kNN is off for this run ({facts.knn_note})")
+    if echo:
+        from components.console import run_summary
+
+        print(run_summary(cfg, facts, display(run_dir)), flush=True)
     with ray_session(None):
         trainer = make_trainer(cfg, run_dir, facts)
         try:
@@ -132,7 +137,7 @@ def make_trainer(cfg: PretrainConfig, run_dir: str, facts: RunFacts,
     return TorchTrainer(
         train_loop,
         train_loop_config={"config": to_dict(cfg), "run_dir": run_dir, "facts": facts.to_dict(),
-                           "pause_at_step": pause_at_step},
+                           "pause_at_step": pause_at_step, "verbose": console.verbose()},
         scaling_config=ray.train.ScalingConfig(
             num_workers=s.num_workers, use_gpu=s.use_gpu, resources_per_worker=resources,
             placement_strategy=s.placement_strategy,
@@ -181,6 +186,7 @@ class PretrainRecipe:
         self.run_dir = str(loop_config["run_dir"])
         self.facts = RunFacts(**loop_config["facts"])
         self.pause_at_step = int(loop_config.get("pause_at_step", 0))
+        console.set_verbose(bool(loop_config.get("verbose", False)))
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -241,8 +247,14 @@ class PretrainRecipe:
 
         self.ddp: torch.nn.Module = model
         if self.world > 1:
+            unused = not uses_projector(model.objective)
+            if unused and not console.verbose():
+                # Expected (CoNe: the projector is unused only until its bank fills); DDP warns
+                # once the bank is full and every parameter has a gradient.
+                warnings.filterwarnings("ignore", message=".*find_unused_parameters=True was "
+                                        "specified in DDP constructor")
             self.ddp = DistributedDataParallel(
-                model, find_unused_parameters=not uses_projector(model.objective),
+                model, find_unused_parameters=unused,
                 # BN statistics are averaged before eval / saving; the memory bank is identical
                 # on every rank: no per-step buffer broadcast.
                 forward_sync_buffers=False,
@@ -268,8 +280,8 @@ class PretrainRecipe:
         self.start_epoch, self.step = int(state["epoch"]), int(state["step"])
         self.history = state["history"]
         if self.rank == 0:
-            print(f"[simgraph] resumed {self.cfg.name!r} after epoch {self.start_epoch} "
-                  f"(step {self.step})")
+            console.say(f"[simgraph] resumed {self.cfg.name!r} after epoch {self.start_epoch} "
+                        f"(step {self.step})")
         if self.step > self.total_steps:
             raise RunError(f"the checkpoint is at step {self.step}, past this run's "
                            f"{self.total_steps}")
@@ -289,6 +301,7 @@ class PretrainRecipe:
         self.train_loader.set_epoch(epoch)
         self.model.train()
         acc, wait, t0 = StepState(), 0.0, time.perf_counter()
+        shown = t0  # the last progress line (rank 0), one every PROGRESS_EVERY_S at most
         last_lr = float(self.optimizer.param_groups[0]["lr"])
         batches = iter(self.train_loader)
         for i in range(n):
@@ -309,8 +322,15 @@ class PretrainRecipe:
             last_lr = metrics.pop("lr")
             acc.add(metrics)
             if self.rank == 0 and self.step % cfg.train.log_every_steps == 0:
-                print(f"[simgraph] epoch {epoch + 1} step {i + 1}/{n} "
-                      f"loss {metrics['loss']:.4f} lr {last_lr:.4g}")
+                console.say(f"[simgraph] epoch {epoch + 1} step {i + 1}/{n} "
+                            f"loss {metrics['loss']:.4f} lr {last_lr:.4g}")
+            now = time.perf_counter()
+            if self.rank == 0 and now - shown >= PROGRESS_EVERY_S and i + 1 < n:
+                shown, done = now, now - t0
+                console.say(console.progress_line(
+                    epoch + 1, cfg.train.epochs, i + 1, n, float(metrics["loss"]),
+                    (i + 1) * cfg.data.batch_size * self.world / done, done * (n - i - 1) / (i + 1),
+                ))
         for _ in batches:  # let FFCV finish the epoch's order (nothing left: exact count)
             pass
         elapsed = time.perf_counter() - t0
@@ -388,10 +408,14 @@ class PretrainRecipe:
 
     def run(self) -> None:
         self.setup()
-        for epoch in range(self.start_epoch, self.cfg.train.epochs):
+        epochs, t0 = self.cfg.train.epochs, time.perf_counter()
+        for epoch in range(self.start_epoch, epochs):
             row = self.train_epoch(epoch)
             self.evaluate_epoch(epoch, row)
             self.save(epoch, row)
+            if self.rank == 0:
+                per_epoch = (time.perf_counter() - t0) / (epoch + 1 - self.start_epoch)
+                console.say(console.epoch_line(row, epochs, per_epoch * (epochs - epoch - 1)))
         self.cleanup()
 
 
@@ -480,7 +504,7 @@ def _worker_info(run_dir: str, rank: int, world: int, device: Any) -> dict[str, 
             f"{info['cuda_visible_devices']!r}); do not set CUDA_VISIBLE_DEVICES yourself")
     if (info["ray_node_rank"], info["ray_local_rank"]) != (layout["node_rank"],
                                                            layout["local_rank"]):
-        print(f"[simgraph] rank {rank}: Ray Train says node_rank {info['ray_node_rank']} / "
+        console.say(f"[simgraph] rank {rank}: Ray Train says node_rank {info['ray_node_rank']} / "
               f"local_rank {info['ray_local_rank']} (it ranks nodes by IP), node ids say "
               f"{layout['node_rank']} / {layout['local_rank']}")
     from components import storage

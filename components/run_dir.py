@@ -42,6 +42,7 @@ class RunFacts:
     knn: bool  # the online kNN monitor runs
     knn_note: str  # why it does not, when it does not
     needs_captions: bool  # the objective reads caption embeddings
+    splits: dict[str, int] = dataclasses.field(default_factory=dict)  # samples per split
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -111,7 +112,7 @@ def check_dataset(cfg: PretrainConfig) -> RunFacts:
                                 "empty")
     return RunFacts(num_classes=len(info.classes), caption_dim=info.caption_dim,
                     dataset=dataset_identity(info.manifest), knn=knn, knn_note=knn_note,
-                    needs_captions="captions" in needs)
+                    needs_captions="captions" in needs, splits=dict(info.splits))
 
 
 def absolute_paths(cfg: PretrainConfig, base: str | Path | None = None) -> PretrainConfig:

@@ -11,18 +11,23 @@ from typing import Any
 
 @contextlib.contextmanager
 def ray_session(num_cpus: int | None) -> Iterator[None]:
-    """Use the running Ray / the ``RAY_ADDRESS`` cluster, or start (and stop) a local one."""
+    """Use the running Ray / the ``RAY_ADDRESS`` cluster, or start (and stop) a local one;
+    quiet unless ``--verbose`` (:mod:`components.console`)."""
     import ray
+
+    from components import console
 
     if ray.is_initialized():
         yield
         return
-    kwargs: dict[str, Any] = {"log_to_driver": True}
-    if not os.environ.get("RAY_ADDRESS"):
+    local = not os.environ.get("RAY_ADDRESS")
+    kwargs: dict[str, Any] = {"log_to_driver": True, **console.before_ray_init()}
+    if local:
         # "local": never attach to some other Ray found on this machine by accident.
         # A small explicit object store: Ray would otherwise claim ~7 GB of /dev/shm.
         kwargs.update(address="local", num_cpus=num_cpus, object_store_memory=1 << 30)
     ray.init(**kwargs)
+    console.after_ray_init()
     try:
         yield
     finally:

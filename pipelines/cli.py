@@ -139,12 +139,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not load the command's configs here before sending it")
     p.add_argument("job", nargs=argparse.REMAINDER,
                    help="-- then the simgraph command, e.g. -- pretrain CONFIG key=value")
+    verbose_help = ("show everything Ray and torch print (default: quiet — our own lines, "
+                    "errors and real warnings; see components/console.py)")
+    parser.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
+    for sub in commands.choices.values():  # also after the command: simgraph pretrain C -v
+        sub.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                         help=verbose_help)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from components.console import set_verbose
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.verbose:  # else SIMGRAPH_VERBOSE decides
+        set_verbose(True)
     if args.command == "validate":
         return validate(args.config, args.overrides)
     if args.command == "preprocess":

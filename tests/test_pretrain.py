@@ -34,12 +34,15 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return synthetic_dataset(tmp_path_factory.mktemp("pretrain") / "ds")
 
 
-def _start(cfg: dict[str, Any], tmp: Path, pause_at_step: int = 0) -> subprocess.Popen:
+def _start(cfg: dict[str, Any], tmp: Path, pause_at_step: int = 0,
+           verbose: bool = False) -> subprocess.Popen:
     path = tmp / f"{cfg['name']}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = {**os.environ, PAUSE_ENV: str(pause_at_step)}
+    env.pop("SIMGRAPH_VERBOSE", None)
     log = open(tmp / f"{cfg['name']}.log", "a")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen([sys.executable, "-m", "pipelines.cli", "pretrain", str(path)],
+    flags = ["--verbose"] if verbose else []
+    return subprocess.Popen([sys.executable, "-m", "pipelines.cli", *flags, "pretrain", str(path)],
                             cwd=ROOT, env=env, start_new_session=True, stdout=log,
                             stderr=subprocess.STDOUT)
 
@@ -85,7 +88,9 @@ def test_killed_run_resumes_to_identical_weights_and_metrics(dataset: Path,
     the re-run: it must not be used, and the resumed run writes a complete one over it.
     """
     straight = tiny_run_config(dataset, tmp_path / "runs", name="straight")
-    _finish(_start(straight, tmp_path), tmp_path, "straight")
+    _finish(_start(straight, tmp_path, verbose=True), tmp_path, "straight")
+    loud = (tmp_path / "straight.log").read_text()
+    assert "TrainingReport(" in loud  # --verbose: Ray Train's own lines too
 
     killed = tiny_run_config(dataset, tmp_path / "runs", name="killed")
     steps = 4  # 128 train samples / (2 workers × 16)
@@ -101,7 +106,15 @@ def test_killed_run_resumes_to_identical_weights_and_metrics(dataset: Path,
     (partial / "state.pt").write_bytes(b"\x80\x02 half a pickle")
 
     _finish(_start(killed, tmp_path), tmp_path, "killed")
-    assert "resumed 'killed' after epoch 2" in (tmp_path / "killed.log").read_text()
+    quiet = (tmp_path / "killed.log").read_text()
+    assert quiet.count("resumed 'killed' after epoch 2") == 1
+    # Quiet by default: the run summary and one line per epoch, none of Ray Train's dumps.
+    assert "TrainingReport(" not in quiet and "Checkpoint successfully created" not in quiet
+    assert "peak LR" in quiet and "2 worker(s) x 16 = 32 global" in quiet
+    # (the killed process got through epochs 1-2, the re-run did 3-4; each line once)
+    assert [line.split("  ")[0] for line in quiet.splitlines()
+            if line.startswith("[simgraph] epoch")] == [f"[simgraph] epoch {e}/4"
+                                                        for e in (1, 2, 3, 4)]
 
     a, b = _final(tmp_path / "runs" / "straight"), _final(run_dir)
     assert a["epoch"] == b["epoch"] == 4 and a["step"] == b["step"] == 16

@@ -1,0 +1,259 @@
+"""What a ``simgraph`` command prints: quiet by default, everything with ``--verbose``.
+
+Quiet (the default) keeps our own lines — the start-of-run summary, per-epoch lines, progress
+lines during long epochs, result tables — plus every error and every warning we do not know
+to be harmless. It drops:
+
+* Ray Train's per-report dumps and start-up chatter (:data:`CHATTER`: ``Reporting training
+  result N: TrainingReport(...)``, ``Checkpoint successfully created at ...``, worker-group
+  start-up lines), by a filter on the worker output Ray forwards to the driver. Not by Ray
+  Train's ``LoggingConfig(log_level="WARNING")``: that would also hide its INFO-level
+  ``[FailurePolicy] RETRY`` report of a failed worker group, and Ray 2.60 logs the report
+  dump on a logger named after a file path, which its level filter misses. Ray Train's log
+  files under ``/tmp/ray/session_*/logs`` keep everything;
+* Ray's INFO lines on the driver (``Started a local Ray instance``) and Ray Data's console
+  progress log when stdout is not a terminal (Ray Data's log file keeps it);
+* the known-harmless messages of :data:`HARMLESS` forwarded from Ray's worker processes or
+  logged on the driver; the first one hidden prints one line saying so and where they are
+  explained (``docs/ray-notes.md``, "Harmless messages"). Two of them the driver's own C++
+  core writes straight to its stderr, where no filter reaches (``Failed to determine local
+  IP via external connectivity``; the ``[c10d]`` hostname warning of a driver-side process
+  group): they stay, and the docs say why they are harmless.
+
+``--verbose`` (``SIMGRAPH_VERBOSE=1``, inherited by a local cluster's workers and passed to
+training workers in their loop config) changes none of the above.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+VERBOSE_ENV = "SIMGRAPH_VERBOSE"
+OWN_PREFIX = "[simgraph]"  # lines workers print for the user
+
+# name -> pattern of a line that is harmless on the machines simgraph runs on (why: ray-notes).
+HARMLESS: dict[str, re.Pattern[str]] = {
+    "c10d-hostname": re.compile(r"The hostname of the client socket cannot be retrieved"),
+    "actor-restart-args": re.compile(
+        r"Actor with class name: '(PreemptionWatcher|MapWorker\(.*?\))'.* max_restarts > 0"),
+    "local-ip": re.compile(r"Failed to determine local IP via external connectivity"),
+    "token-auth": re.compile(r"Token authentication is enabled"),
+    "multiple-ray": re.compile(r"Found multiple active Ray instances"),
+}
+# Ray actors whose whole output is harmless here: Ray Train's placement-group watchdog prints a
+# ConnectionError traceback when two Ray instances share a host (training is unaffected).
+HARMLESS_ACTORS = {"PlacementGroupCleaner": "multiple-ray"}
+# Informational lines of Ray Train that quiet mode drops without a word.
+CHATTER = re.compile(
+    r"Reporting training result \d+: TrainingReport\(|Checkpoint successfully created at"
+    r"|Setting up process group for|Started training worker group|Requesting resources"
+    r"|Attempting to start training worker group|- \(ip=.*\) world_rank=")
+_hidden: dict[str, int] = {}
+_lock = threading.Lock()
+
+
+def verbose() -> bool:
+    return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
+
+
+def set_verbose(on: bool) -> None:
+    """``--verbose``: this process and the Ray workers it starts show everything."""
+    if on:
+        os.environ[VERBOSE_ENV] = "1"
+    else:
+        os.environ.pop(VERBOSE_ENV, None)
+
+
+def harmless(line: str) -> str | None:
+    """The :data:`HARMLESS` name ``line`` matches, or None."""
+    for name, pattern in HARMLESS.items():
+        if pattern.search(line):
+            return name
+    return None
+
+
+def _note_hidden(name: str) -> None:
+    with _lock:
+        first = not _hidden
+        _hidden[name] = _hidden.get(name, 0) + 1
+    if first:
+        print("simgraph: hiding known-harmless Ray / torch messages (docs/ray-notes.md, "
+              "'Harmless messages'); --verbose shows them", file=sys.stderr, flush=True)
+
+
+def hidden_counts() -> dict[str, int]:
+    """How many lines of each :data:`HARMLESS` kind this process has hidden."""
+    with _lock:
+        return dict(_hidden)
+
+
+def filter_lines(lines: list[str]) -> list[str]:
+    """``lines`` without Ray Train's chatter and the known-harmless ones (each harmless one is
+    counted)."""
+    kept = []
+    for line in lines:
+        if CHATTER.search(line):
+            continue
+        name = harmless(line)
+        if name is None:
+            kept.append(line)
+        else:
+            _note_hidden(name)
+    return kept
+
+
+def say(line: str) -> None:
+    """Print one of our lines. A plain write: in Ray Train V2 workers ``print`` is patched to
+    also log through the root logger, which printed every line twice."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+class _HarmlessFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        name = harmless(record.getMessage())
+        if name is not None:
+            _note_hidden(name)
+            return False
+        return True
+
+
+def before_ray_init() -> dict[str, Any]:
+    """Quiet-mode settings to apply before ``ray.init``; returns extra ``ray.init`` kwargs."""
+    if verbose():
+        return {}
+    for name in ("ray", "ray._private.authentication.authentication_token_setup"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _HarmlessFilter) for f in logger.filters):
+            logger.addFilter(_HarmlessFilter())
+    return {"logging_level": logging.WARNING}
+
+
+def after_ray_init() -> None:
+    """Quiet mode, once Ray is up: filter forwarded worker output, quiet Ray Data's console."""
+    if verbose():
+        return
+    _filter_forwarded_output()
+    import ray.data  # noqa: F401 - configures the "ray.data" logger, adjusted below
+
+    for handler in logging.getLogger("ray.data").handlers:
+        if not isinstance(handler, logging.FileHandler) and type(handler).__name__ != (
+                "SessionFileHandler"):
+            handler.setLevel(logging.WARNING)
+
+
+def _filter_forwarded_output() -> None:
+    """Wrap Ray's handler of worker stdout/stderr lines so that :data:`HARMLESS` lines are
+    dropped. Ray has no public hook for this; without the private dispatcher (another Ray
+    version) the output is left as it is."""
+    try:
+        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+    except ImportError:
+        return
+    with dispatcher._lock:
+        handlers: list[tuple[str, Callable[[dict[str, Any]], None]]] = dispatcher.handlers
+        for i, (name, handle) in enumerate(handlers):
+            if name == "ray_print_logs" and not getattr(handle, "simgraph_filtered", False):
+                handlers[i] = (name, _filtered(handle))
+
+
+def _filtered(handle: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    """Ray's handler without the harmless lines; our own ``[simgraph]`` lines from a worker
+    (rank 0's epoch and progress lines) print as they are, without Ray's worker prefix."""
+
+    def emit(data: dict[str, Any]) -> None:
+        actor = HARMLESS_ACTORS.get(str(data.get("actor_name") or ""))
+        if actor is not None:
+            _note_hidden(actor)
+            return
+        lines = filter_lines(list(data.get("lines", [])))
+        ours = [line for line in lines if line.startswith(OWN_PREFIX)]
+        rest = [line for line in lines if not line.startswith(OWN_PREFIX)]
+        if ours:
+            sink = sys.stderr if data.get("is_err") else sys.stdout
+            print("\n".join(ours), file=sink, flush=True)
+        if rest:
+            handle({**data, "lines": rest})
+
+    emit.simgraph_filtered = True  # type: ignore[attr-defined]
+    return emit
+
+
+def run_summary(cfg: Any, facts: Any, run_dir: str) -> str:
+    """What the run will do, before it starts (nothing silently changed): dataset, loss,
+    model, batch and steps, the *effective* peak LR and how it was derived, the run dir.
+    ``cfg``: a :class:`~components.config.PretrainConfig`; ``facts``: its
+    :class:`~components.run_dir.RunFacts`."""
+    from components.config import to_dict
+    from components.optim import scaled_lr
+
+    d, o, w = cfg.data, cfg.optim, cfg.scaling.num_workers
+    gb = d.batch_size * w
+    splits = " · ".join(f"{k} {v}" for k, v in facts.splits.items() if v)
+    caps = f"; captions {facts.caption_dim}-d" if facts.caption_dim else ""
+    loss = ", ".join(f"{k} {v}" for k, v in to_dict(cfg.loss).items() if k != "name")
+    steps = facts.splits.get("train", 0) // gb
+    lr = scaled_lr(o.lr, gb, o.lr_scaling, o.reference_batch)
+    how = {"none": "optim.lr (lr_scaling none)",
+           "linear": f"optim.lr {o.lr:g} × {gb}/{o.reference_batch} (lr_scaling linear)",
+           "sqrt": f"optim.lr {o.lr:g} × sqrt({gb}/{o.reference_batch}) (lr_scaling sqrt)",
+           }.get(o.lr_scaling, o.lr_scaling)
+    knn = (f"every {cfg.knn.every_epochs} epochs (k {cfg.knn.k}, {cfg.knn.query_split} vs "
+           f"{cfg.knn.bank_split})" if facts.knn
+           else f"off ({facts.knn_note or 'knn.every_epochs 0'})")
+    return "\n".join([
+        f"simgraph pretrain: run {cfg.name!r} -> {run_dir}",
+        f"  data    {d.dataset}: {splits}; {facts.num_classes} classes{caps}",
+        f"  loss    {cfg.loss.name} ({loss})" if loss else f"  loss    {cfg.loss.name}",
+        f"  model   {cfg.model.backbone}, projector {cfg.model.projector_hidden}->"
+        f"{cfg.model.projector_dim}",
+        f"  batch   {w} worker(s) x {d.batch_size} = {gb} global, {d.views} views; "
+        f"{steps} steps/epoch x {cfg.train.epochs} epochs = {steps * cfg.train.epochs} steps",
+        f"  optim   {o.name}, peak LR {lr:.4g} = {how}; warm-up {o.warmup_epochs:g} epochs, "
+        f"then {o.schedule}" + (f" to {o.final_lr_fraction:g} x peak"
+                                if o.schedule == "cosine" else ""),
+        f"  kNN     {knn}",
+    ])
+
+
+def duration(seconds: float) -> str:
+    """``1:02:03`` / ``2:03`` / ``12 s``."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    h, rest = divmod(s, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def epoch_line(row: dict[str, Any], epochs: int, eta_s: float | None) -> str:
+    """One line per epoch: ``epoch 3/15  loss 3.912  lr 0.001  kNN 78.4 %  620 img/s
+    data-wait 3 %  12 s  ETA 2:24``."""
+    parts = [f"epoch {row['epoch']}/{epochs}", f"loss {row['loss']:.4f}", f"lr {row['lr']:.3g}"]
+    if "knn_top1" in row:
+        parts.append(f"kNN {100 * row['knn_top1']:.1f} %")
+    parts += [f"{row['samples_per_s']:.0f} img/s", f"data-wait {100 * row['data_wait']:.0f} %",
+              duration(row["time_s"])]
+    if eta_s is not None and row["epoch"] < epochs:
+        parts.append(f"ETA {duration(eta_s)}")
+    return "[simgraph] " + "  ".join(parts)
+
+
+def progress_line(epoch: int, epochs: int, step: int, steps: int, loss: float,
+                  samples_per_s: float, eta_epoch_s: float) -> str:
+    """A line during a long epoch: ``epoch 3/15  step 40/84 (48 %)  loss 3.91  620 img/s
+    epoch ETA 12 s``."""
+    return (f"[simgraph] epoch {epoch}/{epochs}  step {step}/{steps} ({100 * step // steps} %)  "
+            f"loss {loss:.4f}  {samples_per_s:.0f} img/s  epoch ETA {duration(eta_epoch_s)}")
+
+
+__all__ = ["CHATTER", "HARMLESS", "HARMLESS_ACTORS", "OWN_PREFIX", "VERBOSE_ENV",
+           "after_ray_init", "before_ray_init", "duration", "epoch_line", "filter_lines",
+           "harmless", "hidden_counts", "progress_line", "run_summary", "say", "set_verbose",
+           "verbose"]

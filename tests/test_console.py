@@ -1,0 +1,96 @@
+"""components.console: what quiet mode drops and keeps, and the lines a run prints."""
+
+from __future__ import annotations
+
+import pytest
+
+from components import console
+from components.config import PretrainConfig, from_dict
+from components.run_dir import RunFacts
+
+RAY_LINES = [
+    "Reporting training result 3: TrainingReport(checkpoint=None, metrics={'epoch': 3}) from "
+    "rank 0",
+    "Checkpoint successfully created at: Checkpoint(filesystem=local, path=/r/epoch_00002)",
+    "Setting up process group for: env:// [rank=0, world_size=2]",
+    "- (ip=127.0.0.1, pid=11123) world_rank=0, local_rank=0, node_rank=0",
+]
+HARMLESS_LINES = [
+    "[W1123 22:15:58.829405680 socket.cpp:207] [c10d] The hostname of the client socket cannot "
+    "be retrieved. err=-3",
+    "[2026-11-23 22:15:58,958 E 11051 11084] core_worker.cc:2465: Actor with class name: "
+    "'PreemptionWatcher' and ID: '57' has constructor arguments in the object store and "
+    "max_restarts > 0. If the arguments ...",
+]
+REAL_LINES = [
+    "[FailurePolicy] RETRY",
+    "RuntimeError: loss is not finite at epoch 2 step 3",
+    "UserWarning: something the user should see",
+    "[simgraph] epoch 1/2  loss 5.2853",
+]
+
+
+def test_quiet_filter_drops_chatter_and_harmless_lines_and_keeps_the_rest(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    before = console.hidden_counts()
+    kept = console.filter_lines([*RAY_LINES, *HARMLESS_LINES, *REAL_LINES])
+    assert kept == REAL_LINES
+    after = console.hidden_counts()
+    assert after.get("c10d-hostname", 0) == before.get("c10d-hostname", 0) + 1
+    assert after.get("actor-restart-args", 0) == before.get("actor-restart-args", 0) + 1
+
+
+def test_forwarded_output_our_lines_without_prefix_harmless_actor_dropped(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    got: list[dict] = []
+    emit = console._filtered(got.append)
+    emit({"lines": ["[simgraph] epoch 1/2  loss 1.0", "a real line", RAY_LINES[0]],
+          "pid": 7, "is_err": False, "actor_name": "RayTrainWorker"})
+    emit({"lines": ["Traceback (most recent call last):", "ConnectionError: ..."],
+          "pid": 8, "is_err": True, "actor_name": "PlacementGroupCleaner"})
+    assert capsys.readouterr().out == "[simgraph] epoch 1/2  loss 1.0\n"
+    assert got == [{"lines": ["a real line"], "pid": 7, "is_err": False,
+                    "actor_name": "RayTrainWorker"}]
+
+
+def test_epoch_and_progress_lines() -> None:
+    row = {"epoch": 3, "loss": 3.91234, "lr": 0.001, "knn_top1": 0.7843, "samples_per_s": 620.4,
+           "data_wait": 0.031, "time_s": 12.2}
+    assert console.epoch_line(row, 15, 144.0) == (
+        "[simgraph] epoch 3/15  loss 3.9123  lr 0.001  kNN 78.4 %  620 img/s  data-wait 3 %  "
+        "12 s  ETA 2:24")
+    last = {**row, "epoch": 15}
+    last.pop("knn_top1")
+    assert "ETA" not in console.epoch_line(last, 15, 0.0) and "kNN" not in console.epoch_line(
+        last, 15, 0.0)
+    assert console.progress_line(3, 15, 40, 84, 3.9, 612.0, 13.0) == (
+        "[simgraph] epoch 3/15  step 40/84 (47 %)  loss 3.9000  612 img/s  epoch ETA 13 s")
+    assert [console.duration(s) for s in (0.4, 59, 61, 3725)] == ["0 s", "59 s", "1:01",
+                                                                  "1:02:05"]
+
+
+def test_run_summary_shows_the_effective_learning_rate_and_how_it_was_derived() -> None:
+    cfg = from_dict(PretrainConfig, {
+        "name": "demo", "data": {"dataset": "/d", "batch_size": 128},
+        "optim": {"name": "sgd", "lr": 0.001, "lr_scaling": "linear", "reference_batch": 256,
+                  "warmup_epochs": 1},
+        "scaling": {"num_workers": 2}, "train": {"epochs": 10}, "knn": {"every_epochs": 0}})
+    facts = RunFacts(num_classes=10, caption_dim=0, dataset={}, knn=False, knn_note="",
+                     needs_captions=False, splits={"train": 1000, "val": 100, "test": 0})
+    text = console.run_summary(cfg, facts, "/runs/demo")
+    assert "peak LR 0.001 = optim.lr 0.001 × 256/256 (lr_scaling linear)" in text
+    assert "2 worker(s) x 128 = 256 global" in text and "3 steps/epoch x 10 epochs = 30" in text
+    assert "train 1000 · val 100;" in text and "kNN     off (knn.every_epochs 0)" in text
+    one = from_dict(PretrainConfig, {**{"name": "d", "data": {"dataset": "/d", "batch_size": 128}},
+                                     "optim": {"lr": 0.001, "lr_scaling": "linear",
+                                               "reference_batch": 256}})
+    assert "peak LR 0.0005 = optim.lr 0.001 × 128/256" in console.run_summary(one, facts, "/r")
+
+
+def test_verbose_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(console.VERBOSE_ENV, raising=False)
+    assert not console.verbose() and console.before_ray_init() != {}
+    console.set_verbose(True)
+    assert console.verbose() and console.before_ray_init() == {}
+    console.set_verbose(False)
+    assert not console.verbose()
