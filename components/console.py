@@ -219,6 +219,7 @@ def run_summary(cfg: Any, facts: Any, run_dir: str) -> str:
         f"then {o.schedule}" + (f" to {o.final_lr_fraction:g} x peak"
                                 if o.schedule == "cosine" else ""),
         f"  kNN     {knn}",
+        *(f"  warning {w}" for w in facts.warnings),
     ])
 
 

@@ -43,6 +43,7 @@ class RunFacts:
     knn_note: str  # why it does not, when it does not
     needs_captions: bool  # the objective reads caption embeddings
     splits: dict[str, int] = dataclasses.field(default_factory=dict)  # samples per split
+    warnings: list[str] = dataclasses.field(default_factory=list)  # legal but likely mistakes
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -112,7 +113,39 @@ def check_dataset(cfg: PretrainConfig) -> RunFacts:
                                 "empty")
     return RunFacts(num_classes=len(info.classes), caption_dim=info.caption_dim,
                     dataset=dataset_identity(info.manifest), knn=knn, knn_note=knn_note,
-                    needs_captions="captions" in needs, splits=dict(info.splits))
+                    needs_captions="captions" in needs, splits=dict(info.splits),
+                    warnings=config_warnings(cfg, train_n, knn_note))
+
+
+# Outside these the papers report nothing: likely a typo or a units mistake, not refused.
+TEMPERATURE_RANGE = (0.01, 1.0)  # SimCLR / SupCon τ 0.1, X-CLR τ_s 0.1, CoNe 0.07-0.1
+LR_RANGE = {"adam": (1e-5, 1e-2), "adamw": (1e-5, 1e-2), "sgd": (1e-4, 10.0),
+            "lars": (1e-4, 10.0)}
+
+
+def config_warnings(cfg: PretrainConfig, train_n: int, knn_note: str = "") -> list[str]:
+    """Settings that are allowed but probably not meant: a memory bank larger than the
+    training set, the online kNN off because a split is empty, a temperature or LR far
+    outside the papers' ranges. Printed before the run starts (and by ``simgraph validate``)."""
+    out = []
+    bank = int(getattr(cfg.loss, "bank_size", 0) or 0)
+    if bank > train_n:
+        out.append(f"loss.bank_size={bank} is larger than the {train_n} training samples: the "
+                   f"bank would hold stale copies of the same samples; use at most {train_n}")
+    if knn_note and cfg.knn.every_epochs > 0:
+        out.append(f"the online kNN is off ({knn_note}): no knn_top1 in metrics.csv, and a sweep "
+                   "on metric knn_top1 has nothing to rank; preprocess with split.val > 0")
+    lo, hi = TEMPERATURE_RANGE
+    for key in ("tau", "tau_s", "tau_sup", "tau_dc"):
+        value = getattr(cfg.loss, key, None)
+        if value is not None and not lo <= value <= hi:
+            out.append(f"loss.{key}={value:g} lies outside [{lo:g}, {hi:g}], the range the "
+                       "papers use (0.05-0.5 typical)")
+    lr_lo, lr_hi = LR_RANGE.get(cfg.optim.name, (0.0, float("inf")))
+    if not lr_lo <= cfg.optim.lr <= lr_hi:
+        out.append(f"optim.lr={cfg.optim.lr:g} lies outside [{lr_lo:g}, {lr_hi:g}], the usual "
+                   f"range for {cfg.optim.name}")
+    return out
 
 
 def absolute_paths(cfg: PretrainConfig, base: str | Path | None = None) -> PretrainConfig:

@@ -37,40 +37,117 @@ Every command honours ``RAY_ADDRESS`` (use that cluster instead of starting a lo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from components.config import LossSection, load_config, to_dict
 
+# What ``simgraph validate`` recognises, by the top-level keys that name each kind.
+FILE_KINDS = {
+    "sweep": "name, base, space (search_spaces/)",
+    "run": "preprocess, pretrain, runs (pipelines/configs/demo.yaml)",
+    "preprocess": "output, source, ... (pipelines/configs/data/)",
+    "pretrain": "name, data, model, loss, optim, ... (pipelines/configs/pretrain/)",
+    "loss": "loss only (pipelines/configs/losses/)",
+}
 
-def config_class(config: str) -> type:
-    """Which config a file holds, from its top-level keys: a preprocess config names an
-    ``output``, a pretrain config a ``name`` and ``data``; otherwise a loss section."""
-    from components.config import PreprocessConfig, PretrainConfig, load_yaml
+
+def config_kind(config: str) -> str:
+    """Which kind of file ``config`` is (a key of :data:`FILE_KINDS`), from its top-level keys.
+
+    Raises:
+        ConfigError: unreadable, or keys that fit no kind (the message lists the kinds).
+    """
+    from components.config import ConfigError, load_yaml
 
     keys = set(load_yaml(config))
+    if {"base", "space"} <= keys:
+        return "sweep"
     if "runs" in keys:
-        from components.config import PipelineConfig
-
-        return PipelineConfig
-    if "output" in keys:
-        return PreprocessConfig
+        return "run"
+    if "output" in keys or "source" in keys:
+        return "preprocess"
     if {"name", "data"} <= keys:
-        return PretrainConfig
-    return LossSection
+        return "pretrain"
+    if keys == {"loss"}:
+        return "loss"
+    kinds = "; ".join(f"{k} ({v})" for k, v in FILE_KINDS.items())
+    raise ConfigError(f"{config}: cannot tell which kind of config this is from its top-level "
+                      f"keys {sorted(keys)}; simgraph validate knows: {kinds}")
+
+
+def config_class(config: str) -> type:
+    """The dataclass of a preprocess / pretrain / run / loss file (:func:`config_kind`)."""
+    from components.config import PipelineConfig, PreprocessConfig, PretrainConfig
+
+    return {"run": PipelineConfig, "preprocess": PreprocessConfig, "pretrain": PretrainConfig,
+            "loss": LossSection}[config_kind(config)]
 
 
 def validate(config: str, overrides: Sequence[str]) -> int:
+    """Check a file as the command that reads it would, before any work: print it resolved;
+    a pretrain config whose dataset dir exists is also checked against it (what the loss
+    needs, batch size) and its run summary printed (effective LR, steps, warnings); a sweep's
+    every branch is built; a run config loads every run's pretrain config."""
     from components.errors import run_command
 
     def body() -> None:
+        kind = config_kind(config)
+        if kind == "sweep":
+            _validate_sweep(config, overrides)
+            return
+        if kind == "run":
+            from components.config import load_pipeline
+
+            pre, runs = load_pipeline(config, overrides)
+            print(yaml.safe_dump({"preprocess": to_dict(pre), "runs": {
+                k: {"name": v.name, "loss": to_dict(v.loss), "epochs": v.train.epochs,
+                    "storage": v.storage} for k, v in runs.items()}}, sort_keys=False), end="")
+            print(f"# simgraph validate: run config, {len(runs)} pretraining runs, all valid")
+            return
         cfg: Any = load_config(config, config_class(config), overrides)
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+        if kind == "pretrain":
+            _check_pretrain_dataset(cfg)
 
     return run_command("validate", body)
+
+
+def _validate_sweep(path: str, overrides: Sequence[str]) -> None:
+    from components.search_space import load_sweep
+
+    sweep = load_sweep(path, overrides)  # builds every branch's trial config at its corners
+    params = {p: {k: v for k, v in dataclasses.asdict(d).items() if v not in (None, False)}
+              for p, d in sweep.parameters().items()}
+    print(yaml.safe_dump({
+        "name": sweep.name, "base": str(sweep.base_path), "overrides": list(sweep.overrides),
+        "metric": sweep.metric, "mode": sweep.mode, "num_samples": sweep.num_samples,
+        "searcher": dataclasses.asdict(sweep.searcher),
+        "scheduler": dataclasses.asdict(sweep.scheduler), "parameters": params,
+    }, sort_keys=False), end="")
+    print(f"# simgraph validate: sweep, {len(params)} parameters, "
+          f"{len(sweep.branches())} branch(es), every branch builds a valid pretrain config")
+
+
+def _check_pretrain_dataset(cfg: Any) -> None:
+    from components import storage
+    from components.console import run_summary
+    from components.paths import is_uri
+    from components.run_dir import absolute_paths, check_dataset
+
+    cfg = absolute_paths(cfg)
+    if not is_uri(cfg.data.dataset) and not Path(cfg.data.dataset).exists():
+        print(f"# simgraph validate: dataset {cfg.data.dataset} does not exist yet; not "
+              "checked against it (simgraph pretrain checks it before starting)")
+        return
+    facts = check_dataset(cfg)  # RunError: the same refusal pretrain would give
+    print("\n".join("# " + line for line in run_summary(
+        cfg, facts, storage.join(cfg.storage, cfg.name)).splitlines()))
 
 
 def build_parser() -> argparse.ArgumentParser:

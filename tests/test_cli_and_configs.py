@@ -96,3 +96,56 @@ def test_run_and_data_configs_validate(path: Path, capsys: pytest.CaptureFixture
     assert main(["validate", str(path)]) == 0
     assert main(["validate", str(path), "no_such_key=1"]) == 2
     assert "unknown key no_such_key" in capsys.readouterr().err
+
+
+SWEEP_FILES = sorted((ROOT / "search_spaces").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SWEEP_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_validate_knows_sweep_files(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``simgraph validate`` on a sweep file checks it as ``simgraph sweep`` would (every
+    branch built) instead of failing on it as a loss section."""
+    if "cmaes" in path.read_text():
+        pytest.importorskip("cmaes")
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "# simgraph validate: sweep," in out and "every branch builds" in out
+    assert main(["validate", str(path), "num_samples=0"]) == 2
+    assert "num_samples=0 is not allowed" in capsys.readouterr().err
+
+
+def test_validate_names_the_kinds_it_knows(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    odd = tmp_path / "odd.yaml"
+    odd.write_text("epochs: 3\n")
+    assert main(["validate", str(odd)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot tell which kind of config" in err and "['epochs']" in err
+    assert all(k in err for k in ("sweep (", "run (", "preprocess (", "pretrain (", "loss ("))
+    assert main(["validate", str(ROOT / "pipelines/configs/demo.yaml")]) == 0
+    assert "run config, 3 pretraining runs, all valid" in capsys.readouterr().out
+
+
+def test_validate_checks_a_pretrain_config_against_its_dataset(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With the dataset built, validate prints the run summary pretrain would (effective LR,
+    steps) and its warnings; a dataset the loss cannot use is refused as pretrain would."""
+    from tests.datasets import synthetic_dataset
+
+    ds = synthetic_dataset(tmp_path / "ds")  # 4 classes × 32 train, 8 val
+    path = str(ROOT / "pipelines/configs/pretrain/small_data.yaml")
+    common = [f"data.dataset={ds}", "data.augment.resolution=16", "model.blocks=2",
+              "data.batch_size=32", f"storage={tmp_path / 'runs'}"]
+    assert main(["validate", path, *common, "optim.name=sgd", "optim.lr=0.1",
+                 "optim.lr_scaling=linear", "optim.reference_batch=256"]) == 0
+    out = capsys.readouterr().out
+    assert "# simgraph pretrain: run 'small-simclr'" in out
+    assert "peak LR 0.0125 = optim.lr 0.1 × 32/256 (lr_scaling linear)" in out
+    assert "4 steps/epoch x 15 epochs = 60 steps" in out and "warning" not in out
+    assert main(["validate", path, *common, "loss.name=cone", "loss.bank_size=1024",
+                 "loss.tau_sup=5"]) == 0
+    out = capsys.readouterr().out
+    assert "warning loss.bank_size=1024 is larger than the 128 training samples" in out
+    assert "warning loss.tau_sup=5 lies outside [0.01, 1]" in out
+    assert main(["validate", path, *common, "data.batch_size=256"]) == 1  # a RunError
+    assert "fewer than one global batch" in capsys.readouterr().err
