@@ -151,7 +151,7 @@ def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
     """Run (or resume) a sweep; returns one row per trial (see :func:`trial_rows`)."""
     from components.search_space import load_sweep
     from components.session import ray_session
-    from components.storage import display
+    from components.storage import display, join
 
     sweep = load_sweep(sweep_path, overrides)
     with ray_session(None):
@@ -161,7 +161,14 @@ def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
     write_results(sweep, rows)
     if echo:
         print(markdown(rows, sweep))
-        print(f"sweep dir: {display(sweep_dir(sweep))}")
+        good = [r for r in rows if r[f"best_{sweep.metric}"] is not None]
+        if good:
+            best = good[0]
+            settings = " ".join(f"{k}={_fmt(v)}" for k, v in sorted(best["params"].items()))
+            print(f"best trial {best['trial']}: {sweep.metric} {_fmt(best[f'best_{sweep.metric}'])}"
+                  f" ({settings}); its pretrain config: "
+                  f"{display(join(sweep_dir(sweep), 'best.yaml'))}")
+        print(f"sweep dir: {display(sweep_dir(sweep))} (trials.md, plots: *.png)")
     return rows
 
 
@@ -180,6 +187,9 @@ def trial_rows(results: Any, sweep: Any) -> list[dict[str, Any]]:
             finite = [v for v in history if isinstance(v, int | float) and math.isfinite(v)]
             if finite:
                 best = max(finite) if sweep.mode == "max" else min(finite)
+        curve = ([(int(e), float(v)) for e, v in zip(df["epoch"], df[sweep.metric], strict=True)
+                  if isinstance(v, int | float) and math.isfinite(v)]
+                 if history and "epoch" in df else [])
         rows.append({
             "trial": (r.metrics or {}).get("trial_id") or Path(r.path).name,
             "status": "failed" if failed else "finished",
@@ -188,6 +198,7 @@ def trial_rows(results: Any, sweep: Any) -> list[dict[str, Any]]:
             sweep.metric: None if failed or not history else history[-1],
             f"best_{sweep.metric}": best,
             "params": cfg,
+            "curve": curve,  # (epoch, metric) as reported: the learning-curves plot
         })
     sign = -1.0 if sweep.mode == "max" else 1.0
 
@@ -260,6 +271,10 @@ def _write_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> Non
 
 
 def plot_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> None:
+    """PNGs beside trials.md: the metric against each numeric parameter (log axes for log
+    distributions, readable ticks), the best value per loss, every trial's learning curve in
+    one figure, and Optuna's own matplotlib views (optimisation history, slice, parameter
+    importances, a contour of the two most important parameters)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -267,6 +282,7 @@ def plot_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> None:
 
     key = f"best_{sweep.metric}"
     good = [r for r in rows if r[key] is not None]
+    dists = sweep.parameters()
     numeric = sorted({k for r in good for k, v in r["params"].items()
                       if isinstance(v, int | float) and not isinstance(v, bool)})
     for k in numeric:  # e.g. metric vs tau_s: X-CLR Fig. 3c
@@ -277,8 +293,8 @@ def plot_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> None:
             xs = [p[0] for p in pts if p[2] == loss]
             ys = [p[1] for p in pts if p[2] == loss]
             ax.scatter(xs, ys, label=loss or None)
-        if k.split(".")[-1].startswith(("tau", "temperature", "bank")):
-            ax.set_xscale("log")
+        if k in dists and dists[k].log:
+            _log_axis(ax)
         ax.set_xlabel(k)
         ax.set_ylabel(sweep.metric)
         if any(p[2] for p in pts):
@@ -296,15 +312,81 @@ def plot_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out / "best_per_loss.png", dpi=110)
         plt.close(fig)
+    curves = [r for r in rows if r.get("curve")]
+    if curves:
+        fig, ax = plt.subplots(figsize=(5.5, 3.6))
+        for r in curves:
+            ax.plot([e for e, _ in r["curve"]], [v for _, v in r["curve"]], marker=".",
+                    linewidth=1, label=f"{r['trial']} ({r['status']})")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(sweep.metric)
+        if len(curves) <= 12:
+            ax.legend(fontsize=6)
+        fig.tight_layout()
+        fig.savefig(out / "learning_curves.png", dpi=110)
+        plt.close(fig)
     importances = param_importances(sweep, rows)
     if importances:
-        fig, ax = plt.subplots(figsize=(4.5, 0.5 + 0.4 * len(importances)))
-        ax.barh(list(importances), list(importances.values()))
-        ax.set_xlabel("Optuna importance (fANOVA)")
-        fig.tight_layout()
-        fig.savefig(out / "param_importances.png", dpi=110)
-        plt.close(fig)
         (out / "param_importances.yaml").write_text(yaml.safe_dump(importances))
+    if len(good) >= 2:
+        _optuna_plots(sweep, rows, out, list(importances))
+
+
+def _log_axis(ax: Any, which: str = "x") -> None:
+    """A log axis whose labels do not collide: plain numbers at 1-2-5 major ticks, no minor
+    labels (matplotlib labels minor ticks of a narrow log range, e.g. 0.05-0.5, and they
+    overlap)."""
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    if which == "x":
+        ax.set_xscale("log")
+    else:
+        ax.set_yscale("log")
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=6))
+    formatter = ScalarFormatter()
+    formatter.set_scientific(False)
+    axis.set_major_formatter(formatter)
+    axis.set_minor_formatter(NullFormatter())
+    if which == "x":
+        ax.tick_params(axis="x", labelrotation=30)
+
+
+def _optuna_plots(sweep: Any, rows: Sequence[dict[str, Any]], out: Path,
+                  ranked: Sequence[str]) -> None:
+    """Optuna's matplotlib visualisations of the finished trials (each a PNG; one that Optuna
+    cannot draw for this study is skipped with a note, the others are still written)."""
+    import warnings
+
+    import matplotlib.pyplot as plt
+    import optuna
+    from optuna.visualization import matplotlib as ovm
+
+    study = _study(sweep, rows)
+    views: dict[str, Any] = {
+        "optuna_history.png": lambda: ovm.plot_optimization_history(study),
+        "optuna_slice.png": lambda: ovm.plot_slice(study),
+    }
+    if len(ranked) >= 2:
+        views["optuna_importances.png"] = lambda: ovm.plot_param_importances(study)
+        pair = list(ranked[:2])
+        views["optuna_contour.png"] = lambda: ovm.plot_contour(study, params=pair)
+    for name, draw in views.items():
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                ax = draw()
+            fig = (ax.flat[0] if hasattr(ax, "flat") else ax).get_figure()
+            for a in fig.axes:  # Optuna's log axes label their minor ticks too: they collide
+                if a.get_xscale() == "log":
+                    _log_axis(a)
+                if a.get_yscale() == "log":
+                    _log_axis(a, "y")
+            fig.savefig(out / name, dpi=110, bbox_inches="tight")
+            plt.close(fig)
+        except (ValueError, RuntimeError, ImportError) as e:
+            print(f"simgraph sweep: no {name} ({e})", file=sys.stderr)
+            plt.close("all")
 
 
 def _study(sweep: Any, rows: Sequence[dict[str, Any]], storage: Any = None) -> Any:

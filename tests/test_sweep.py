@@ -114,6 +114,53 @@ def test_failed_trials_are_reported_failed_never_with_a_value(tmp_path: Path) ->
     assert "0.9" not in table
 
 
+def test_results_files_and_plots_of_a_small_sweep(tmp_path: Path) -> None:
+    """trials.csv / .md, best.yaml and every plot from trial results (no Ray): the metric
+    against each parameter with a readable log axis, learning curves of all trials, Optuna's
+    history / slice / importances / contour views."""
+    from pipelines.sweep import _write_results
+
+    sweep = load_sweep(_space(tmp_path))
+    results = []
+    for i, (loss, lr, tau_s) in enumerate([("simclr", 0.02, None), ("xclr", 0.3, 0.1),
+                                           ("simclr", 0.1, None), ("xclr", 0.05, 0.5),
+                                           ("xclr", 0.2, 0.2)]):
+        config = {"loss.name": loss, "optim.lr": lr, **({"loss.tau_s": tau_s} if tau_s else {})}
+        curve = [0.3 + 0.1 * i * e / 3 for e in (1, 2, 3)]
+        results.append(SimpleNamespace(config=config, error=None, metrics={"trial_id": f"t{i}"},
+                                       path=f"x/t{i}", metrics_dataframe=_df(curve)))
+    rows = trial_rows(results, sweep)
+    assert rows[0]["trial"] == "t4" and rows[0]["curve"] == [(1, pytest.approx(0.3 + 0.4 / 3)),
+                                                             (2, pytest.approx(0.3 + 0.8 / 3)),
+                                                             (3, pytest.approx(0.7))]
+    out = tmp_path / "out"
+    out.mkdir()
+    _write_results(sweep, rows, out)
+    pngs = {p.name for p in out.glob("*.png")}
+    assert {"knn_top1_vs_optim.lr.png", "knn_top1_vs_loss.tau_s.png", "best_per_loss.png",
+            "learning_curves.png", "optuna_history.png", "optuna_slice.png",
+            "optuna_importances.png", "optuna_contour.png"} <= pngs, pngs
+    assert "# best trial t4 of sweep s: knn_top1 = 0.7" in (out / "best.yaml").read_text()
+    importances = yaml.safe_load((out / "param_importances.yaml").read_text())
+    assert importances and set(importances) <= {"loss.name", "optim.lr", "loss.tau_s"}
+    # A log axis with labels that do not collide: no minor-tick labels.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pipelines.sweep import _log_axis
+
+    fig, ax = plt.subplots()
+    ax.scatter([0.05, 0.1, 0.3, 0.5], [1, 2, 3, 4])
+    _log_axis(ax)
+    fig.canvas.draw()
+    assert not [t.get_text() for t in ax.get_xticklabels(minor=True) if t.get_text()]
+    major = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert 2 <= len(major) <= 6, major
+    plt.close(fig)
+
+
 def _df(values: list[float]) -> Any:
     import pandas as pd
 
