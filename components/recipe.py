@@ -76,6 +76,10 @@ def run_pretraining(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, An
 
     cfg = absolute_paths(cfg)
     facts = check_dataset(cfg)
+    if cfg.tracking.mlflow:
+        from components.tracking import require_mlflow
+
+        require_mlflow("tracking.mlflow=true")
     run_dir = prepare_run_dir(cfg)
     history = finished_history(run_dir, cfg.train.epochs)
     if history is not None:
@@ -260,7 +264,7 @@ class PretrainRecipe:
                 forward_sync_buffers=False,
             )
         self.knn_loaders: tuple[Any, Any] | None = None
-        self.log = _RunLog(self.run_dir, self.start_epoch) if self.rank == 0 else None
+        self.log = _RunLog(self.run_dir, self.start_epoch, cfg) if self.rank == 0 else None
 
     def restore(self, checkpoint: Any) -> None:
         """Load the full state of Ray's latest checkpoint (``None``: a fresh start)."""
@@ -429,13 +433,21 @@ class _RunLog:
     of epochs it redid) and TensorBoard events (purged from the resume epoch on), written
     locally and published to a URI run dir after every epoch (:class:`LocalMirror`)."""
 
-    def __init__(self, run_dir: str, start_epoch: int) -> None:
+    def __init__(self, run_dir: str, start_epoch: int, cfg: PretrainConfig) -> None:
         from tensorboardX import SummaryWriter
 
         from components.storage import LocalMirror
 
         self.mirror = LocalMirror(run_dir)
         self.tb = SummaryWriter(str(self.mirror.local / "tb"), purge_step=start_epoch + 1)
+        self.mlflow = None
+        t = cfg.tracking
+        if t.mlflow:
+            from components.tracking import MLflowRun
+
+            self.mlflow = MLflowRun(self.mirror.local, cfg.name, to_dict(cfg), t.mlflow_uri,
+                                    t.mlflow_experiment)
+        self.epochs = cfg.train.epochs
 
     def write(self, history: list[dict[str, Any]]) -> None:
         keys: list[str] = []
@@ -450,6 +462,10 @@ class _RunLog:
             if k != "epoch" and isinstance(v, int | float):
                 self.tb.add_scalar(k, v, row["epoch"])
         self.tb.flush()
+        if self.mlflow is not None:
+            self.mlflow.log_epoch(row)
+            if row["epoch"] == self.epochs:
+                self.mlflow.finish()
         self.mirror.sync()
 
     def close(self) -> None:

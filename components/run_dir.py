@@ -23,7 +23,7 @@ METRICS_CSV = "metrics.csv"
 RESUMABLE_CHANGES = (
     "train.epochs", "train.log_every_steps", "scaling.", "checkpoint.keep",
     "knn.every_epochs", "data.num_workers", "data.os_cache", "data.jit", "data.stage",
-    "storage",
+    "storage", "tracking.",
 )
 
 

@@ -23,6 +23,9 @@ Format (every key but ``name``, ``base`` and ``space`` is optional; defaults sho
                                   # max_epochs null = the trials' train.epochs
     study_storage: null           # also write the study to "sqlite:///path.db" or
                                   # "journal:path.log" (Optuna's API and dashboard read it)
+    mlflow: false                 # log every trial to MLflow (Ray Tune's MLflowLoggerCallback,
+    mlflow_uri: null              # experiment = name); default store sqlite:///<sweep dir>/
+                                  # mlflow.db; needs mlflow-skinny
     space:                        # unconditional parameters, keyed by config path
       loss.name: {choice: [simclr, xclr]}
       loss.tau: {loguniform: [0.05, 0.5]}
@@ -89,7 +92,7 @@ REPORTED_METRICS = ("knn_top1", "loss", "lr", "samples_per_s", "data_wait",
                     "anchors_without_positive")
 # Keys of a sweep file that load_sweep's overrides may set; the sections take sub-keys.
 OVERRIDABLE_KEYS = ("name", "storage", "metric", "mode", "num_samples", "max_concurrent",
-                    "study_storage", "overrides")
+                    "study_storage", "mlflow", "mlflow_uri", "overrides")
 OVERRIDABLE_SECTIONS = ("resources", "searcher", "scheduler")
 # Config keys every trial gets from the sweep itself: not searchable, not in ``overrides``.
 SET_BY_SWEEP = {
@@ -331,6 +334,8 @@ class _SweepSettings:
     searcher: Searcher = dataclasses.field(default_factory=Searcher)
     scheduler: Scheduler = dataclasses.field(default_factory=Scheduler)
     study_storage: str | None = None
+    mlflow: bool = False
+    mlflow_uri: str | None = None
 
 
 SETTINGS = tuple(f.name for f in dataclasses.fields(_SweepSettings))
@@ -389,6 +394,10 @@ class SweepConfig(_SweepSettings):
                                   or s.startswith("journal:") and len(s) > len("journal:")):
             raise ConfigError(f"study_storage={s!r} is not allowed: give sqlite:///<file.db>, "
                               "journal:<file.log> or null")
+        if self.mlflow and self.mlflow_uri is None and "://" in self.storage:
+            raise ConfigError(f"mlflow: true with storage={self.storage!r} needs mlflow_uri (a "
+                              "tracking server, or sqlite:///<local path>): the default SQLite "
+                              "store lives in a local sweep dir")
         self._check_overrides()
         self._check_parameters()
 

@@ -98,9 +98,10 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
     from ray.tune.search import ConcurrencyLimiter
     from ray.tune.search.optuna import OptunaSearch
 
-    from components.paths import resolve_path
+    from components.paths import is_uri, resolve_path
     from components.search_space import define_by_run, make_sampler
     from components.storage import display, list_dir
+    from components.tracking import tune_callbacks
 
     # The trial function only drives its TorchTrainer; the Train workers reserve their own CPUs.
     trainable = ray.tune.with_resources(
@@ -109,6 +110,11 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
         {"CPU": 0.25},
     )
     path = sweep_dir(sweep)
+    callbacks = []
+    if sweep.mlflow:
+        if not is_uri(path):
+            Path(path).mkdir(parents=True, exist_ok=True)  # the default store lives in it
+        callbacks = tune_callbacks(sweep, Path(path))
     if resume:
         if not ray.tune.Tuner.can_restore(path):
             raise SweepError(f"nothing to resume in {display(path)}: start the sweep without "
@@ -136,7 +142,7 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
         tune_config=ray.tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
                                         num_samples=sweep.num_samples),
         run_config=ray.tune.RunConfig(name=sweep.name, storage_path=resolve_path(sweep.storage),
-                                      verbose=1),
+                                      verbose=1, callbacks=callbacks),
     )
 
 

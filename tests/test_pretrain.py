@@ -92,7 +92,8 @@ def test_killed_run_resumes_to_identical_weights_and_metrics(dataset: Path,
     loud = (tmp_path / "straight.log").read_text()
     assert "TrainingReport(" in loud  # --verbose: Ray Train's own lines too
 
-    killed = tiny_run_config(dataset, tmp_path / "runs", name="killed")
+    killed = tiny_run_config(dataset, tmp_path / "runs", name="killed",
+                             tracking={"mlflow": True})
     steps = 4  # 128 train samples / (2 workers × 16)
     proc = _start(killed, tmp_path, pause_at_step=2 * steps + 1)
     run_dir = tmp_path / "runs" / "killed"
@@ -115,6 +116,13 @@ def test_killed_run_resumes_to_identical_weights_and_metrics(dataset: Path,
     assert [line.split("  ")[0] for line in quiet.splitlines()
             if line.startswith("[simgraph] epoch")] == [f"[simgraph] epoch {e}/4"
                                                         for e in (1, 2, 3, 4)]
+    # tracking.mlflow: one MLflow run, continued by the resume, every epoch once
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{run_dir / 'mlflow.db'}")
+    (mrun,) = client.search_runs([client.get_experiment_by_name("simgraph").experiment_id])
+    assert mrun.info.status == "FINISHED" and mrun.data.params["loss.name"] == "supcon"
+    assert [m.step for m in client.get_metric_history(mrun.info.run_id, "loss")] == [1, 2, 3, 4]
 
     a, b = _final(tmp_path / "runs" / "straight"), _final(run_dir)
     assert a["epoch"] == b["epoch"] == 4 and a["step"] == b["step"] == 16

@@ -40,6 +40,7 @@ def _space(tmp: Path) -> Path:
         "searcher": {"name": "random", "seed": 0},
         "scheduler": {"name": "fifo"},
         "study_storage": f"sqlite:///{tmp / 'study.db'}",
+        "mlflow": True,  # Ray Tune's MLflowLoggerCallback, into sweeps/s/mlflow.db
         "space": {"loss.name": {"choice": ["simclr", "xclr"]},
                   "optim.lr": {"loguniform": [0.01, 0.5]}},
         "conditional": {"loss.name": {"xclr": {"loss.tau_s": {"loguniform": [0.05, 1.0]}}}},
@@ -93,6 +94,15 @@ def test_sweep_killed_after_two_trials_resumes_the_rest(tmp_path: Path) -> None:
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'study.db'}")
     assert len(study.trials) == 4
     assert (tmp_path / "sweeps" / "s" / "knn_top1_vs_optim.lr.png").exists()
+    assert (tmp_path / "sweeps" / "s" / "learning_curves.png").exists()
+    assert "best trial " in out.stdout and "best.yaml" in out.stdout
+    # MLflow: every trial a run of experiment "s", with its per-epoch kNN
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'sweeps' / 's' / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("s").experiment_id])
+    assert len({r.info.run_name for r in runs}) == 4, [r.info.run_name for r in runs]
+    assert all("knn_top1" in r.data.metrics for r in runs if r.info.status == "FINISHED")
 
 
 def test_failed_trials_are_reported_failed_never_with_a_value(tmp_path: Path) -> None:

@@ -68,6 +68,7 @@ from components.config.pretrain import (
     OptimConfig,
     PretrainConfig,
     ScalingSection,
+    TrackingConfig,
     TrainConfig,
 )
 
@@ -102,6 +103,7 @@ __all__ = [
     "SplitConfig",
     "SupConConfig",
     "TAGGED_SECTIONS",
+    "TrackingConfig",
     "TrainConfig",
     "XCLRConfig",
     "apply_overrides",

@@ -247,6 +247,27 @@ class KNNConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class TrackingConfig:
+    """Opt-in experiment trackers, beside ``metrics.csv`` and TensorBoard (always written).
+
+    ``mlflow: true`` logs the flattened config as parameters and every epoch's metrics
+    (step = epoch) to MLflow, from rank 0: to ``mlflow_uri``, by default an SQLite store in
+    the run dir (``sqlite:///<run dir>/mlflow.db``; ``mlflow ui --backend-store-uri`` that
+    URI shows it), in experiment ``mlflow_experiment``. A resumed run continues the same
+    MLflow run. Needs the ``mlflow-skinny`` package (``pip install -e '.[tracking]'``).
+    """
+
+    mlflow: bool = False
+    mlflow_uri: str | None = None
+    mlflow_experiment: str = "simgraph"
+
+    def __post_init__(self) -> None:
+        if not self.mlflow_experiment:
+            raise ConfigError("tracking.mlflow_experiment='' is not allowed: name the "
+                              "experiment, e.g. simgraph")
+
+
+@dataclasses.dataclass(frozen=True)
 class PretrainConfig:
     """``simgraph pretrain``: the run dir is ``storage/name``; re-running the same name resumes
     from its latest complete checkpoint (the stored config must match)."""
@@ -261,6 +282,7 @@ class PretrainConfig:
     checkpoint: CheckpointSection = dataclasses.field(default_factory=CheckpointSection)
     scaling: ScalingSection = dataclasses.field(default_factory=ScalingSection)
     knn: KNNConfig = dataclasses.field(default_factory=KNNConfig)
+    tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
 
     tagged_unions: ClassVar[dict[str, dict[str, type]]] = {"loss": LOSS_CONFIGS}
 
