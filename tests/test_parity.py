@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from bench.parity import plain_step, plain_transform, read_split
+from bench.parity import plain_step, plain_transform, ratio_interval, read_split
 from components.config import LOSS_CONFIGS, AugmentConfig, ModelConfig, TrainConfig, from_dict
 from components.data.reader import DatasetInfo, ViewLoader, set_jit
 from components.memory import cosine_momentum
@@ -195,3 +195,14 @@ def test_reader_views_follow_torchvisions_distributions(tmp_path: Path) -> None:
         assert abs(reader[:, col].std() - plain[:, col].std()) < tol, name
     # Not trivially equal: the crops do vary, and a fifth of the views keep their brightness.
     assert reader[:, 0].std() > 0.1 and 0.1 < (abs(reader[:, 2] - 1) < 0.004).mean() < 0.35
+
+
+def test_gain_ratio_interval_is_a_paired_bootstrap() -> None:
+    """The parity table's interval: exact when every seed agrees, covering 1 when the
+    pipeline's gains scatter around the plain loop's, and paired by seed."""
+    assert ratio_interval([1, 1, 1], [2, 2, 2], [2, 2, 2]) == (1.0, 1.0)
+    assert ratio_interval([0, 0, 0], [2, 2, 2], [1, 1, 1]) == (0.5, 0.5)
+    lo, hi = ratio_interval([70, 72, 74, 76], [73, 75, 77, 79], [72, 76, 76, 80])
+    assert lo < 1.0 < hi
+    # Paired: the same offset on every seed's three runs leaves the ratio exact.
+    assert ratio_interval([70, 80, 90], [72, 82, 92], [71, 81, 91]) == (0.5, 0.5)
