@@ -82,9 +82,24 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
         # Trained to the end before the sweep driver died, but Tune never recorded it: replay
         # its per-epoch results instead of training again.
         for row in history:
-            tune.report(row)
+            tune.report(_metric_first(row, sweep.metric))
         return
-    make_trainer(cfg, run_dir, facts, callbacks=[TuneReportCallback()]).fit()
+
+    class Report(TuneReportCallback):  # type: ignore[misc]
+        """Tune's callback, with the sweep's metric and the epoch first in every result: Tune's
+        trial table shows the first four metrics of a result (else epoch, step, anchors)."""
+
+        def after_report(self, run_context: Any, metrics: list[dict[str, Any]],
+                         checkpoint: Any) -> None:
+            super().after_report(run_context, [_metric_first(m, sweep.metric) for m in metrics],
+                                 checkpoint)
+
+    make_trainer(cfg, run_dir, facts, callbacks=[Report()]).fit()
+
+
+def _metric_first(row: dict[str, Any], metric: str) -> dict[str, Any]:
+    first = {k: row[k] for k in (metric, "epoch", "lr") if k in row}
+    return {**first, **row}
 
 
 # ---------------------------------------------------------------------------------------------
