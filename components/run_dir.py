@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from components.config import ConfigError, PretrainConfig, from_dict, to_dict
+from components.config import ConfigError, PretrainConfig, flatten, from_dict, to_dict
 from components.errors import SimgraphError
 
 RUN_CONFIG = "config.yaml"
@@ -170,17 +170,6 @@ def dataset_identity(manifest: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
 def _with_defaults(d: dict[str, Any]) -> dict[str, Any]:
     """A stored config with the keys added since it was written filled in at their defaults
     (which keep the old behaviour), so an older run still resumes and evaluates; a config
@@ -195,7 +184,7 @@ def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Dotted keys whose values differ between two config dicts (either side may lack a key;
     keys added to the config classes later count as their defaults), ignoring
     :data:`RESUMABLE_CHANGES`: what makes two configs different runs."""
-    a, b = _flatten(_with_defaults(old)), _flatten(_with_defaults(new))
+    a, b = flatten(_with_defaults(old)), flatten(_with_defaults(new))
     return sorted(k for k in set(a) | set(b)
                   if a.get(k) != b.get(k) and not k.startswith(RESUMABLE_CHANGES))
 

@@ -46,17 +46,6 @@ def _quiet() -> None:
         logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
 class MLflowRun:
     """Rank 0's MLflow run for the pretraining run in ``local_dir`` (the run dir, or its local
     mirror when the run dir is a URI)."""
@@ -66,6 +55,8 @@ class MLflowRun:
         _quiet()
         from mlflow import MlflowClient
         from mlflow.entities import Param
+
+        from components.config import flatten
 
         self.uri = uri or default_uri(local_dir)
         self.client = MlflowClient(self.uri)
@@ -107,5 +98,5 @@ def tune_callbacks(sweep: Any, local_dir: Path) -> list[Any]:
                                  experiment_name=sweep.name, save_artifact=False)]
 
 
-__all__ = ["DB_FILE", "MLflowRun", "RUN_ID_FILE", "TrackingError", "default_uri", "flatten",
+__all__ = ["DB_FILE", "MLflowRun", "RUN_ID_FILE", "TrackingError", "default_uri",
            "require_mlflow", "tune_callbacks"]

@@ -29,6 +29,7 @@ from components.config.checks import (
 from components.config.loading import (
     TAGGED_SECTIONS,
     apply_overrides,
+    flatten,
     from_dict,
     load_config,
     load_yaml,
@@ -111,6 +112,7 @@ __all__ = [
     "check_in_range",
     "check_non_negative",
     "check_positive",
+    "flatten",
     "from_dict",
     "load_config",
     "load_pipeline",
