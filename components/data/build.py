@@ -749,6 +749,9 @@ def _run_locked(
         return done_manifest
 
     listed = list_items(cfg)
+    if echo:
+        print(f"simgraph preprocess: listed {len(listed.items)} items from {cfg.source.kind} "
+              f"source -> {out}", flush=True)
     with ray_session(cfg.num_cpus):
         content = None
         if listed.items and dedupe_enabled(cfg):
@@ -777,7 +780,13 @@ def _run_locked(
         if model is not None:
             checks, files = caption_files(cfg, p, out, model)
             class_files.update(files)
+        t0 = time.perf_counter()
         table = embed_captions(cfg, texts, out) if cfg.captions.enabled and todo else None
+        if echo and table is not None:
+            took = time.perf_counter() - t0
+            print(f"simgraph preprocess: {len(texts)} caption embeddings in {took:.1f} s "
+                  f"({len(texts) / max(took, 1e-9):.0f}/s, reused when cached)", flush=True)
+        t0 = time.perf_counter()
         if todo:
             ds = ray.data.from_items(todo).map_batches(
                 decode_batch,  # type: ignore[arg-type]
@@ -805,6 +814,11 @@ def _run_locked(
                 if isinstance(cause, PreprocessError):
                     raise PreprocessError(str(cause)) from None
                 raise
+            if echo:
+                took = time.perf_counter() - t0
+                print(f"simgraph preprocess: decoded and wrote {len(todo)} images in "
+                      f"{n_shards} shards in {took:.1f} s ({len(todo) / max(took, 1e-9):.0f} "
+                      "images/s)", flush=True)
         dim = int(table.shape[1]) if table is not None else _stored_dim(out, by_shard)
 
     sides = {}

@@ -53,6 +53,13 @@ def load_encoder(name: str, device: str = "cpu") -> Any:
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     from sentence_transformers import SentenceTransformer
 
+    from components.console import verbose
+
+    if not verbose():  # a "Loading weights" bar per load (driver and every caption actor)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
     path = resolve_model(name)
     try:
         return SentenceTransformer(path, device=device)
