@@ -17,11 +17,11 @@ to be harmless. It drops:
   logged on the driver; the first one hidden prints one line saying so and where they are
   explained (``docs/ray-notes.md``, "Harmless messages"). Two of them the driver's own C++
   core writes straight to its stderr, where no filter reaches (``Failed to determine local
-  IP via external connectivity``; the ``[c10d]`` hostname warning of a driver-side process
-  group): they stay, and the docs say why they are harmless.
+  IP via external connectivity``; the actor-restart warning of Ray Data's caption actor pool,
+  which the driver creates): they stay, and the docs say why they are harmless.
 
 ``--verbose`` (``SIMGRAPH_VERBOSE=1``, inherited by a local cluster's workers and passed to
-training workers in their loop config) changes none of the above.
+training workers in their loop config) turns all of the above off: everything is shown.
 """
 
 from __future__ import annotations
@@ -128,10 +128,11 @@ def before_ray_init() -> dict[str, Any]:
     """Quiet-mode settings to apply before ``ray.init``; returns extra ``ray.init`` kwargs."""
     if verbose():
         return {}
-    for name in ("ray", "ray._private.authentication.authentication_token_setup"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _HarmlessFilter) for f in logger.filters):
-            logger.addFilter(_HarmlessFilter())
+    # A logger's filters see only records logged on that logger, not its children's: the
+    # filter goes on the logger that emits the notice.
+    logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if not any(isinstance(f, _HarmlessFilter) for f in logger.filters):
+        logger.addFilter(_HarmlessFilter())
     return {"logging_level": logging.WARNING}
 
 
@@ -219,7 +220,7 @@ def run_summary(cfg: Any, facts: Any, run_dir: str) -> str:
         f"then {o.schedule}" + (f" to {o.final_lr_fraction:g} x peak"
                                 if o.schedule == "cosine" else ""),
         f"  kNN     {knn}",
-        *(f"  warning {w}" for w in facts.warnings),
+        *(f"  warning {note}" for note in facts.warnings),
     ])
 
 
@@ -243,15 +244,16 @@ def epoch_line(row: dict[str, Any], epochs: int, eta_s: float | None) -> str:
               duration(row["time_s"])]
     if eta_s is not None and row["epoch"] < epochs:
         parts.append(f"ETA {duration(eta_s)}")
-    return "[simgraph] " + "  ".join(parts)
+    return f"{OWN_PREFIX} " + "  ".join(parts)
 
 
 def progress_line(epoch: int, epochs: int, step: int, steps: int, loss: float,
                   samples_per_s: float, eta_epoch_s: float) -> str:
     """A line during a long epoch: ``epoch 3/15  step 40/84 (48 %)  loss 3.91  620 img/s
     epoch ETA 12 s``."""
-    return (f"[simgraph] epoch {epoch}/{epochs}  step {step}/{steps} ({100 * step // steps} %)  "
-            f"loss {loss:.4f}  {samples_per_s:.0f} img/s  epoch ETA {duration(eta_epoch_s)}")
+    return (f"{OWN_PREFIX} epoch {epoch}/{epochs}  step {step}/{steps} "
+            f"({100 * step // steps} %)  loss {loss:.4f}  {samples_per_s:.0f} img/s  "
+            f"epoch ETA {duration(eta_epoch_s)}")
 
 
 __all__ = ["CHATTER", "HARMLESS", "HARMLESS_ACTORS", "OWN_PREFIX", "VERBOSE_ENV",

@@ -88,9 +88,7 @@ def run_pretraining(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, An
             print(history_table(history))
         return history
     if echo:
-        from components.console import run_summary
-
-        print(run_summary(cfg, facts, display(run_dir)), flush=True)
+        print(console.run_summary(cfg, facts, display(run_dir)), flush=True)
     with ray_session(None):
         trainer = make_trainer(cfg, run_dir, facts)
         try:
@@ -447,7 +445,6 @@ class _RunLog:
 
             self.mlflow = MLflowRun(self.mirror.local, cfg.name, to_dict(cfg), t.mlflow_uri,
                                     t.mlflow_experiment)
-        self.epochs = cfg.train.epochs
 
     def write(self, history: list[dict[str, Any]]) -> None:
         keys: list[str] = []
@@ -464,11 +461,13 @@ class _RunLog:
         self.tb.flush()
         if self.mlflow is not None:
             self.mlflow.log_epoch(row)
-            if row["epoch"] == self.epochs:
-                self.mlflow.finish()
         self.mirror.sync()
 
     def close(self) -> None:
+        """After the last epoch (the recipe's cleanup; a failed run never gets here, so its
+        MLflow run stays RUNNING until a resume finishes it)."""
+        if self.mlflow is not None:
+            self.mlflow.finish()
         self.tb.close()
         self.mirror.close()
 
@@ -521,8 +520,8 @@ def _worker_info(run_dir: str, rank: int, world: int, device: Any) -> dict[str, 
     if (info["ray_node_rank"], info["ray_local_rank"]) != (layout["node_rank"],
                                                            layout["local_rank"]):
         console.say(f"[simgraph] rank {rank}: Ray Train says node_rank {info['ray_node_rank']} / "
-              f"local_rank {info['ray_local_rank']} (it ranks nodes by IP), node ids say "
-              f"{layout['node_rank']} / {layout['local_rank']}")
+                    f"local_rank {info['ray_local_rank']} (it ranks nodes by IP), node ids say "
+                    f"{layout['node_rank']} / {layout['local_rank']}")
     from components import storage
 
     storage.write_text(storage.join(run_dir, "workers", f"rank{rank}.json"), json.dumps(info))

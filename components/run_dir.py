@@ -14,7 +14,14 @@ from typing import Any
 
 import yaml
 
-from components.config import ConfigError, PretrainConfig, flatten, from_dict, to_dict
+from components.config import (
+    TEMPERATURE_KEYS,
+    ConfigError,
+    PretrainConfig,
+    flatten,
+    from_dict,
+    to_dict,
+)
 from components.errors import SimgraphError
 
 RUN_CONFIG = "config.yaml"
@@ -136,7 +143,7 @@ def config_warnings(cfg: PretrainConfig, train_n: int, knn_note: str = "") -> li
         out.append(f"the online kNN is off ({knn_note}): no knn_top1 in metrics.csv, and a sweep "
                    "on metric knn_top1 has nothing to rank; preprocess with split.val > 0")
     lo, hi = TEMPERATURE_RANGE
-    for key in ("tau", "tau_s", "tau_sup", "tau_dc"):
+    for key in TEMPERATURE_KEYS:
         value = getattr(cfg.loss, key, None)
         if value is not None and not lo <= value <= hi:
             out.append(f"loss.{key}={value:g} lies outside [{lo:g}, {hi:g}], the range the "

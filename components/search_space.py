@@ -69,6 +69,7 @@ import yaml
 
 from components.config import (
     TAGGED_SECTIONS,
+    TEMPERATURE_KEYS,
     CoNeConfig,
     ConfigError,
     PretrainConfig,
@@ -85,8 +86,6 @@ if TYPE_CHECKING:
     import optuna
 
 KINDS = ("uniform", "loguniform", "int", "choice")
-# A parameter whose path ends in one of these is a temperature: its range must stay > 0.
-TEMPERATURE_KEYS = ("tau", "tau_s", "tau_sup", "tau_dc", "temperature")
 # What pipelines/pretrain.py reports every epoch (plus any ``loss_*`` component).
 REPORTED_METRICS = ("knn_top1", "loss", "lr", "samples_per_s", "data_wait",
                     "anchors_without_positive")

@@ -85,17 +85,23 @@ class MLflowRun:
         self.client.set_terminated(self.run_id)
 
 
-def tune_callbacks(sweep: Any, local_dir: Path) -> list[Any]:
+def tune_callbacks(sweep: Any, sweep_dir: str | Path) -> list[Any]:
     """Ray Tune callbacks for a sweep's trackers: MLflow's, one MLflow run per trial in
-    experiment ``<sweep name>``, when the sweep file says ``mlflow: true``."""
-    if not getattr(sweep, "mlflow", False):
+    experiment ``<sweep name>``, when the sweep file says ``mlflow: true``. Without
+    ``mlflow_uri`` the store is SQLite in ``sweep_dir`` (local: the sweep config refuses a URI
+    storage without ``mlflow_uri``), created here since Tune has not made the dir yet."""
+    if not sweep.mlflow:
         return []
     require_mlflow("mlflow: true in the sweep file")
     _quiet()
     from ray.air.integrations.mlflow import MLflowLoggerCallback
 
-    return [MLflowLoggerCallback(tracking_uri=sweep.mlflow_uri or default_uri(local_dir),
-                                 experiment_name=sweep.name, save_artifact=False)]
+    uri = sweep.mlflow_uri
+    if uri is None:
+        Path(sweep_dir).mkdir(parents=True, exist_ok=True)
+        uri = default_uri(sweep_dir)
+    return [MLflowLoggerCallback(tracking_uri=uri, experiment_name=sweep.name,
+                                 save_artifact=False)]
 
 
 __all__ = ["DB_FILE", "MLflowRun", "RUN_ID_FILE", "TrackingError", "default_uri",

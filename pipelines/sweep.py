@@ -113,7 +113,7 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
     from ray.tune.search import ConcurrencyLimiter
     from ray.tune.search.optuna import OptunaSearch
 
-    from components.paths import is_uri, resolve_path
+    from components.paths import resolve_path
     from components.search_space import define_by_run, make_sampler
     from components.storage import display, list_dir
     from components.tracking import tune_callbacks
@@ -125,11 +125,6 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
         {"CPU": 0.25},
     )
     path = sweep_dir(sweep)
-    callbacks = []
-    if sweep.mlflow:
-        if not is_uri(path):
-            Path(path).mkdir(parents=True, exist_ok=True)  # the default store lives in it
-        callbacks = tune_callbacks(sweep, Path(path))
     if resume:
         if not ray.tune.Tuner.can_restore(path):
             raise SweepError(f"nothing to resume in {display(path)}: start the sweep without "
@@ -157,7 +152,7 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
         tune_config=ray.tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
                                         num_samples=sweep.num_samples),
         run_config=ray.tune.RunConfig(name=sweep.name, storage_path=resolve_path(sweep.storage),
-                                      verbose=1, callbacks=callbacks),
+                                      verbose=1, callbacks=tune_callbacks(sweep, path)),
     )
 
 
@@ -182,9 +177,8 @@ def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
     write_results(sweep, rows)
     if echo:
         print(markdown(rows, sweep))
-        good = [r for r in rows if r[f"best_{sweep.metric}"] is not None]
-        if good:
-            best = good[0]
+        best = best_row(rows, sweep)
+        if best is not None:
             settings = " ".join(f"{k}={_fmt(v)}" for k, v in sorted(best["params"].items()))
             print(f"best trial {best['trial']}: {sweep.metric} {_fmt(best[f'best_{sweep.metric}'])}"
                   f" ({settings}); its pretrain config: "
@@ -229,6 +223,11 @@ def trial_rows(results: Any, sweep: Any) -> list[dict[str, Any]]:
 
     rows.sort(key=order)
     return rows
+
+
+def best_row(rows: Sequence[dict[str, Any]], sweep: Any) -> dict[str, Any] | None:
+    """The best trial of :func:`trial_rows` (sorted best first, failed ones last), or None."""
+    return rows[0] if rows and rows[0][f"best_{sweep.metric}"] is not None else None
 
 
 def _short(err: Any) -> str:
@@ -279,9 +278,8 @@ def _write_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> Non
             w.writerow([r["trial"], r["status"], r["error"], r["epochs"], r[sweep.metric],
                         r[f"best_{sweep.metric}"], *[r["params"].get(k) for k in keys]])
     (out / "trials.md").write_text(markdown(rows, sweep) + "\n")
-    good = [r for r in rows if r[f"best_{sweep.metric}"] is not None]
-    if good:
-        best = good[0]
+    best = best_row(rows, sweep)
+    if best is not None:
         cfg = trial_config(sweep, best["params"], name=f"{sweep.name}-best",
                            storage=sweep.storage)
         (out / "best.yaml").write_text(
@@ -346,11 +344,13 @@ def plot_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out / "learning_curves.png", dpi=110)
         plt.close(fig)
-    importances = param_importances(sweep, rows)
+    if len(good) < 2:
+        return
+    study = _study(sweep, rows)
+    importances = param_importances(sweep, rows, study)
     if importances:
         (out / "param_importances.yaml").write_text(yaml.safe_dump(importances))
-    if len(good) >= 2:
-        _optuna_plots(sweep, rows, out, list(importances))
+    _optuna_plots(study, out, list(importances))
 
 
 def _log_axis(ax: Any, which: str = "x") -> None:
@@ -373,8 +373,7 @@ def _log_axis(ax: Any, which: str = "x") -> None:
         ax.tick_params(axis="x", labelrotation=30)
 
 
-def _optuna_plots(sweep: Any, rows: Sequence[dict[str, Any]], out: Path,
-                  ranked: Sequence[str]) -> None:
+def _optuna_plots(study: Any, out: Path, ranked: Sequence[str]) -> None:
     """Optuna's matplotlib visualisations of the finished trials (each a PNG; one that Optuna
     cannot draw for this study is skipped with a note, the others are still written)."""
     import warnings
@@ -383,7 +382,6 @@ def _optuna_plots(sweep: Any, rows: Sequence[dict[str, Any]], out: Path,
     import optuna
     from optuna.visualization import matplotlib as ovm
 
-    study = _study(sweep, rows)
     views: dict[str, Any] = {
         "optuna_history.png": lambda: ovm.plot_optimization_history(study),
         "optuna_slice.png": lambda: ovm.plot_slice(study),
@@ -436,14 +434,17 @@ def _study(sweep: Any, rows: Sequence[dict[str, Any]], storage: Any = None) -> A
     return study
 
 
-def param_importances(sweep: Any, rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+def param_importances(sweep: Any, rows: Sequence[dict[str, Any]],
+                      study: Any = None) -> dict[str, float]:
+    """Optuna's (fANOVA) importances of the swept parameters; ``study``: :func:`_study` of
+    ``rows`` when the caller has built it already."""
     import optuna
 
     if sum(r[f"best_{sweep.metric}"] is not None for r in rows) < 2:
         return {}
     try:
-        return {k: float(v) for k, v in
-                optuna.importance.get_param_importances(_study(sweep, rows)).items()}
+        return {k: float(v) for k, v in optuna.importance.get_param_importances(
+            study if study is not None else _study(sweep, rows)).items()}
     except (RuntimeError, ValueError) as e:  # e.g. a single distinct value per parameter
         print(f"simgraph sweep: no parameter importances ({e})", file=sys.stderr)
         return {}

@@ -37,6 +37,7 @@ from components.config.loading import (
 )
 from components.config.losses import (
     LOSS_CONFIGS,
+    TEMPERATURE_KEYS,
     CEConfig,
     CLIPConfig,
     CoNeConfig,
@@ -104,6 +105,7 @@ __all__ = [
     "SplitConfig",
     "SupConConfig",
     "TAGGED_SECTIONS",
+    "TEMPERATURE_KEYS",
     "TrackingConfig",
     "TrainConfig",
     "XCLRConfig",

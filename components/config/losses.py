@@ -12,6 +12,10 @@ from components.config.checks import (
     check_positive,
 )
 
+# Config keys that are temperatures (a loss's, the kNN monitor's): they must stay > 0 (sweep
+# ranges are refused otherwise) and the papers use 0.05-0.5 (a pretrain run warns outside).
+TEMPERATURE_KEYS = ("tau", "tau_s", "tau_sup", "tau_dc", "temperature")
+
 # ---------------------------------------------------------------------------------------------
 # Objective configs. Defaults are the papers' (cited per field).
 
