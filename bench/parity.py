@@ -115,10 +115,29 @@ class _CentreSquare(nn.Module):
         return TF.center_crop(img, [side, side])
 
 
-def plain_transform(a: AugmentConfig, train: bool) -> nn.Module:
+class _AreaResizedCrop(nn.Module):
+    """torchvision's random crop parameters, resized with OpenCV ``INTER_AREA`` as FFCV's
+    ``RandomResizedCropRGBImageDecoder`` does (nearest-like when it enlarges a crop)."""
+
+    def __init__(self, size: int, scale: tuple[float, float], ratio: tuple[float, float]):
+        super().__init__()
+        self.size, self.scale, self.ratio = size, scale, ratio
+
+    def forward(self, img: Tensor) -> Tensor:
+        import cv2
+        from torchvision.transforms import RandomResizedCrop
+
+        i, j, h, w = RandomResizedCrop.get_params(img, list(self.scale), list(self.ratio))
+        crop = img[:, i:i + h, j:j + w].permute(1, 2, 0).contiguous().numpy()  # [h, w, 3]
+        out = cv2.resize(crop, (self.size, self.size), interpolation=cv2.INTER_AREA)
+        return torch.from_numpy(out).permute(2, 0, 1)
+
+
+def plain_transform(a: AugmentConfig, train: bool, resize: str = "bilinear") -> nn.Module:
     """torchvision ``transforms.v2`` equivalent of the reader's views: ``[3, H, W]`` uint8 in,
-    normalised float32 ``[3, r, r]`` out. Train: random resized crop (scale, ratio), flip,
-    colour jitter with probability ``jitter_p``, grayscale, blur; eval: centre square, resize.
+    normalised float32 ``[3, r, r]`` out. Train: random resized crop (scale, ratio; resized
+    bilinear with antialias, or ``resize="area"``: OpenCV INTER_AREA as FFCV), flip, colour
+    jitter with probability ``jitter_p``, grayscale, blur; eval: centre square, resize.
     """
     from torchvision.transforms import v2
 
@@ -126,7 +145,8 @@ def plain_transform(a: AugmentConfig, train: bool) -> nn.Module:
     ops: list[nn.Module]
     if train:
         ops = [v2.RandomResizedCrop(size, scale=tuple(a.scale), ratio=tuple(a.ratio),
-                                    antialias=True)]
+                                    antialias=True) if resize == "bilinear" else
+               _AreaResizedCrop(a.resolution, tuple(a.scale), tuple(a.ratio))]
         if a.flip_p > 0:
             ops.append(v2.RandomHorizontalFlip(a.flip_p))
         if a.jitter_p > 0:
@@ -189,8 +209,9 @@ def plain_step(model: PretrainModel, ema: EMA | None, images: Tensor, labels: Te
 
 
 def train_plain(cfg: PretrainConfig, dataset: str | Path, num_classes: int,
-                sim: Tensor | None, caption_dim: int) -> PretrainModel:
-    """The plain loop on ``cfg`` (single process, global batch = ``batch_size × workers``)."""
+                sim: Tensor | None, caption_dim: int, resize: str = "bilinear") -> PretrainModel:
+    """The plain loop on ``cfg`` (single process, global batch = ``batch_size × workers``);
+    ``resize``: how its crops are resized (:func:`plain_transform`)."""
     from components.data.reader import DatasetInfo
     from components.optim import build_for_run
 
@@ -198,8 +219,8 @@ def train_plain(cfg: PretrainConfig, dataset: str | Path, num_classes: int,
     torch.manual_seed(cfg.train.seed)  # the pipeline's initial weights
     model, ema = build_model(cfg.model, cfg.loss, num_classes, sim, caption_dim)
     batch = cfg.data.batch_size * cfg.scaling.num_workers
-    data = Views(read_split(info.split_file("train")), plain_transform(cfg.data.augment, True),
-                 cfg.data.views)
+    data = Views(read_split(info.split_file("train")),
+                 plain_transform(cfg.data.augment, True, resize), cfg.data.views)
     gen = torch.Generator().manual_seed(cfg.train.seed)
     loader = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True, drop_last=True,
                                          generator=gen)
@@ -284,6 +305,9 @@ def main() -> None:
     ap.add_argument("--config", default=str(CONFIG))
     ap.add_argument("--work", default="runs/parity")
     ap.add_argument("--out", default=None, help="also write the table to this Markdown file")
+    ap.add_argument("--plain-resize", choices=["bilinear", "area"], default="bilinear",
+                    help="the plain loop's crop resize: torchvision bilinear, or OpenCV "
+                         "INTER_AREA as FFCV's decoder (an ablation of that difference)")
     ap.add_argument("overrides", nargs="*", help="pretrain overrides for both loops")
     args = ap.parse_args()
 
@@ -328,6 +352,8 @@ def main() -> None:
                         f"train.seed={seed}", *over])
                     a = cfg.data.augment
                     key = _digest(cfg)
+                    if args.plain_resize != "bilinear":
+                        key += f"-plain-{args.plain_resize}"
                     if key in done:  # measured by an earlier, interrupted run of this command
                         for k, v in done[key]["scores"].items():
                             res.setdefault(k, []).append(v)
@@ -338,7 +364,8 @@ def main() -> None:
                     torch.manual_seed(seed)
                     rand, _ = build_model(cfg.model, cfg.loss, c, sim, info.caption_dim)
                     t0 = time.perf_counter()
-                    plain = train_plain(cfg, work / ds, c, sim, info.caption_dim)
+                    plain = train_plain(cfg, work / ds, c, sim, info.caption_dim,
+                                        args.plain_resize)
                     t_plain = time.perf_counter() - t0
                     t0 = time.perf_counter()
                     pretrain.run(cfg, echo=False)

@@ -1,16 +1,24 @@
-"""Sweep overhead: sweep wall time vs the sum of its trials' training time, and the share of
-epochs ASHA saved, for a search space (default ``search_spaces/demo.yaml``) on this machine.
+"""Sweep overhead: a sweep's wall time against the time its trials spend training, for each
+way a trial can run (``resources.mode``: ``in_trial`` — inside the Tune trial actor — and
+``worker_group`` — a Ray Train worker group per trial), side by side in one Ray session.
 
-Training time of a trial = the sum of its per-epoch ``time_s`` (the epoch loop only: no Ray
-start-up, no Train worker start-up, no kNN evaluation). Overhead = wall − Σ training time.
-Epochs saved = 1 − epochs run / (trials × max epochs).
+Per trial: training = the sum of its per-epoch ``time_s`` (the epoch loop), evaluation = the
+sum of ``eval_s`` (the online kNN). Overhead per trial = (wall − Σ training − Σ evaluation) /
+trials: Tune's trial actor, Train's controller / worker group / process group when used, the
+model and FFCV Loaders, checkpoints. Ray itself starts once, before both, and is reported on
+its own line. Epochs saved = 1 − epochs run / (trials × max epochs) (ASHA).
 
-    python bench/sweep_overhead.py [SPACE.yaml] [key=value ...]
+    python bench/sweep_overhead.py [SPACE.yaml] [--modes in_trial worker_group] [key=value ...]
+
+Run it inside a loopback-only network namespace like the tests (``make bench-sweep``).
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
+import datetime
+import platform
 import sys
 import tempfile
 import time
@@ -24,32 +32,63 @@ from pipelines import sweep as sweep_pipeline  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def main() -> None:
-    args = sys.argv[1:]
-    space = args[0] if args and "=" not in args[0] else str(ROOT / "search_spaces/demo.yaml")
-    overrides = [a for a in args if "=" in a]
+def measure(space: str, overrides: list[str], mode: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
-        overrides = [f"storage={tmp}", *overrides]
-        sweep = load_sweep(space, overrides)
+        args = [f"storage={tmp}", f"resources.mode={mode}", *overrides]
+        sweep = load_sweep(space, args)
         t0 = time.perf_counter()
-        rows = sweep_pipeline.run(space, overrides, echo=False)
+        rows = sweep_pipeline.run(space, args, echo=False)
         wall = time.perf_counter() - t0
-        trials = Path(tmp) / sweep.name / "trials"
-        train_s, epochs = 0.0, 0
-        for metrics in trials.glob("*/metrics.csv"):
+        train_s = eval_s = 0.0
+        epochs = 0
+        for metrics in (Path(tmp) / sweep.name / "trials").glob("*/metrics.csv"):
             with open(metrics) as f:
                 for row in csv.DictReader(f):
                     train_s += float(row["time_s"])
+                    eval_s += float(row.get("eval_s") or 0.0)
                     epochs += 1
         max_epochs = (sweep.scheduler.max_epochs
                       or trial_config(sweep, {}, name="x", storage=tmp).train.epochs)
-    n = len(rows)
-    print(f"{space}: {n} trials, max {max_epochs} epochs each, scheduler {sweep.scheduler.name}")
-    print(f"sweep wall time          {wall:8.1f} s")
-    print(f"sum of training time     {train_s:8.1f} s  ({train_s / wall:.1%} of wall)")
-    print(f"overhead per trial       {(wall - train_s) / max(n, 1):8.1f} s")
-    print(f"epochs run               {epochs} of {n * max_epochs} "
-          f"(ASHA saved {1 - epochs / max(n * max_epochs, 1):.0%})")
+    n = max(len(rows), 1)
+    return {"trials": len(rows), "wall": wall, "train": train_s, "eval": eval_s,
+            "overhead": (wall - train_s - eval_s) / n, "epochs": epochs,
+            "max_epochs": len(rows) * max_epochs}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("space", nargs="?", default=str(ROOT / "search_spaces/demo.yaml"))
+    p.add_argument("--modes", nargs="+", default=["in_trial", "worker_group"],
+                   choices=["in_trial", "worker_group"])
+    args, overrides = p.parse_known_args()
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        p.error(f"not a key=value override: {' '.join(bad)}")
+
+    import ray
+
+    t0 = time.perf_counter()
+    ray.init(address="local", object_store_memory=1 << 30, log_to_driver=False)
+    ray_start = time.perf_counter() - t0
+    try:
+        results = {m: measure(args.space, overrides, m) for m in args.modes}
+    finally:
+        ray.shutdown()
+
+    print(f"{args.space} {' '.join(overrides)} — {datetime.date.today()}, {platform.machine()}, "
+          f"{platform.node()}; Ray start-up {ray_start:.1f} s (once, not in the rows)\n")
+    print("| mode | trials | sweep wall | Σ training | Σ kNN eval | training share | "
+          "overhead per trial | epochs run |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for m, r in results.items():
+        print(f"| {m} | {r['trials']} | {r['wall']:.1f} s | {r['train']:.1f} s | "
+              f"{r['eval']:.1f} s | {r['train'] / r['wall']:.0%} | {r['overhead']:.1f} s | "
+              f"{r['epochs']} of {r['max_epochs']} |")
+    if len(results) == 2:
+        a, b = results["in_trial"], results["worker_group"]
+        print(f"\noverhead per trial, worker_group / in_trial: "
+              f"{b['overhead'] / max(a['overhead'], 1e-9):.1f}x; wall: "
+              f"{b['wall'] / a['wall']:.2f}x")
 
 
 if __name__ == "__main__":

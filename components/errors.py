@@ -59,7 +59,10 @@ def root_cause(e: BaseException) -> BaseException:
         if id(x) in seen:
             continue
         seen.add(id(x))
-        if isinstance(x, SimgraphError):
+        # A RayTaskError(X) is also an X (Ray subclasses the cause); its message is Ray's
+        # traceback header, so take the cause itself.
+        if isinstance(x, SimgraphError) and not isinstance(getattr(x, "cause", None),
+                                                           BaseException):
             return x
         kids = _children(x)
         if kids and x is innermost:

@@ -14,7 +14,10 @@ workers' own loader.
 Fault injection for the resume tests: :data:`PAUSE_ENV` (``SIMGRAPH_PAUSE_AT_STEP=N``) in the
 environment of the process that builds the trainer makes every rank sleep once before global
 step N (a flag file in ``workers/`` stops it repeating after a restart); read once by
-:func:`make_trainer`, never inside the step loop.
+:func:`loop_config`, never inside the step loop.
+
+Where the recipe runs is its host (:mod:`components.run_host`): a Ray Train worker, or — for a
+one-worker sweep trial — the Tune trial actor itself (:func:`train_in_trial`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from components import console
@@ -42,6 +46,7 @@ from components.run_dir import (
     finished_history,
     prepare_run_dir,
 )
+from components.run_host import RunHost, TrainWorker
 
 PAUSE_ENV = "SIMGRAPH_PAUSE_AT_STEP"
 PROGRESS_EVERY_S = 20.0  # rank 0 prints a progress line this often during a long epoch
@@ -127,8 +132,6 @@ def make_trainer(cfg: PretrainConfig, run_dir: str, facts: RunFacts,
     """The Ray Train V2 ``TorchTrainer`` for this run (same name + storage = resume).
     ``callbacks``: Ray Train callbacks, e.g. Tune's ``TuneReportCallback`` in a sweep trial.
     ``pause_at_step``: fault injection for tests (see :data:`PAUSE_ENV`; default: read it)."""
-    if pause_at_step is None:
-        pause_at_step = int(os.environ.get(PAUSE_ENV, "0") or 0)
     import ray.train
     from ray.train.torch import TorchTrainer
 
@@ -138,8 +141,7 @@ def make_trainer(cfg: PretrainConfig, run_dir: str, facts: RunFacts,
         resources["GPU"] = s.gpus_per_worker
     return TorchTrainer(
         train_loop,
-        train_loop_config={"config": to_dict(cfg), "run_dir": run_dir, "facts": facts.to_dict(),
-                           "pause_at_step": pause_at_step, "verbose": console.verbose()},
+        train_loop_config=loop_config(cfg, run_dir, facts, pause_at_step),
         scaling_config=ray.train.ScalingConfig(
             num_workers=s.num_workers, use_gpu=s.use_gpu, resources_per_worker=resources,
             placement_strategy=s.placement_strategy,
@@ -152,6 +154,29 @@ def make_trainer(cfg: PretrainConfig, run_dir: str, facts: RunFacts,
             callbacks=list(callbacks),
         ),
     )
+
+
+def loop_config(cfg: PretrainConfig, run_dir: str, facts: RunFacts,
+                pause_at_step: int | None = None) -> dict[str, Any]:
+    """What :class:`PretrainRecipe` is built from (plain containers: Ray ships it to workers).
+    ``pause_at_step`` ``None``: read :data:`PAUSE_ENV` here, once."""
+    if pause_at_step is None:
+        pause_at_step = int(os.environ.get(PAUSE_ENV, "0") or 0)
+    return {"config": to_dict(cfg), "run_dir": run_dir, "facts": facts.to_dict(),
+            "pause_at_step": pause_at_step, "verbose": console.verbose()}
+
+
+def train_in_trial(cfg: PretrainConfig, run_dir: str, facts: RunFacts, metric: str) -> None:
+    """Train one-worker ``cfg`` in this process, a Ray Tune trial actor
+    (:class:`~components.run_host.TuneTrial`: no Ray Train worker group): resumes from the
+    run dir's newest complete checkpoint and reports every epoch to Tune, ``metric`` first."""
+    from components.run_host import TuneTrial
+
+    if cfg.scaling.num_workers != 1:
+        raise RunError(f"scaling.num_workers={cfg.scaling.num_workers} cannot train inside a "
+                       "Tune trial: only one-worker runs can (use a Ray Train worker group)")
+    host = TuneTrial(run_dir, cfg.checkpoint.keep, metric)
+    PretrainRecipe(loop_config(cfg, run_dir, facts), host=host).run()
 
 
 def train_views(cfg: PretrainConfig, info: Any, rank: int, world: int, device: Any,
@@ -183,7 +208,8 @@ class PretrainRecipe:
     (a :class:`RunFacts` as a dict), ``pause_at_step`` (test fault injection; 0 = off).
     """
 
-    def __init__(self, loop_config: dict[str, Any]) -> None:
+    def __init__(self, loop_config: dict[str, Any], host: RunHost | None = None) -> None:
+        self.host = host  # None: a Ray Train worker (made in setup, inside Ray Train)
         self.cfg = from_dict(PretrainConfig, loop_config["config"])
         self.run_dir = str(loop_config["run_dir"])
         self.facts = RunFacts(**loop_config["facts"])
@@ -193,8 +219,6 @@ class PretrainRecipe:
     # -- setup ---------------------------------------------------------------------------------
 
     def setup(self) -> None:
-        import ray.train
-        import ray.train.torch
         import torch
         from torch.nn.parallel import DistributedDataParallel
 
@@ -204,14 +228,16 @@ class PretrainRecipe:
         from components.training import build_model, uses_projector
 
         cfg, facts = self.cfg, self.facts
-        ctx = ray.train.get_context()
-        self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
-        device = self.device = ray.train.torch.get_device()
+        if self.host is None:
+            self.host = TrainWorker()
+        host = self.host
+        self.rank, self.world = host.rank, host.world
+        device = self.device = host.device()
         if device.type == "cuda":
             torch.cuda.set_device(device)  # before the first collective on NCCL
         set_jit(cfg.data.jit)  # imports ffcv, which sets torch threads to 1
         torch.set_num_threads(max(1, math.floor(cfg.scaling.cpus_per_worker)))
-        _worker_info(self.run_dir, self.rank, self.world, device)
+        _worker_info(self.run_dir, self.rank, self.world, device, host.ray_node_ranks())
 
         # A URI, or data.stage: read a node-local copy (made once per node, verified).
         self.info = DatasetInfo.load(local_dataset(cfg.data.dataset, cfg.data.stage,
@@ -245,7 +271,8 @@ class PretrainRecipe:
 
         self.start_epoch, self.step = 0, 0
         self.history: list[dict[str, Any]] = []
-        self.restore(ray.train.get_checkpoint())
+        with host.latest_checkpoint() as ckpt_dir:
+            self.restore(ckpt_dir)
 
         self.ddp: torch.nn.Module = model
         if self.world > 1:
@@ -264,14 +291,13 @@ class PretrainRecipe:
         self.knn_loaders: tuple[Any, Any] | None = None
         self.log = _RunLog(self.run_dir, self.start_epoch, cfg) if self.rank == 0 else None
 
-    def restore(self, checkpoint: Any) -> None:
-        """Load the full state of Ray's latest checkpoint (``None``: a fresh start)."""
+    def restore(self, ckpt_dir: Path | None) -> None:
+        """Load the full state of the host's latest checkpoint (``None``: a fresh start)."""
         from components.checkpoint import load_state
 
-        if checkpoint is None:
+        if ckpt_dir is None:
             return
-        with checkpoint.as_directory() as ckpt_dir:
-            state = load_state(ckpt_dir, map_location=self.device)
+        state = load_state(ckpt_dir, map_location=self.device)
         self.model.load_state_dict(state["model"])
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"])
@@ -347,8 +373,9 @@ class PretrainRecipe:
         return row
 
     def evaluate_epoch(self, epoch: int, row: dict[str, Any]) -> None:
-        """The online kNN top-1 (``knn_top1`` in ``row``) on the epochs ``knn.every_epochs``
-        names and the last one, when the dataset allows it (:attr:`RunFacts.knn`)."""
+        """The online kNN top-1 (``knn_top1`` in ``row``, its wall time ``eval_s``) on the
+        epochs ``knn.every_epochs`` names and the last one, when the dataset allows it
+        (:attr:`RunFacts.knn`)."""
         from components.data.reader import ViewLoader
         from components.training import distributed_knn_top1, extract_features
 
@@ -366,27 +393,28 @@ class PretrainRecipe:
                 for s in (cfg.knn.bank_split, cfg.knn.query_split)
             )
         assert self.knn_loaders is not None
+        t0 = time.perf_counter()
         encoder = self.model.encoder
         bank = extract_features(encoder, self.knn_loaders[0], self.device, cfg.train.amp)
         queries = extract_features(encoder, self.knn_loaders[1], self.device, cfg.train.amp)
         row["knn_top1"] = distributed_knn_top1(
             bank, queries, k=cfg.knn.k, num_classes=self.facts.num_classes,
             temperature=cfg.knn.temperature)
+        row["eval_s"] = time.perf_counter() - t0
 
     def save(self, epoch: int, row: dict[str, Any]) -> None:
-        """Append ``row`` to the history and metrics; report it to Ray, with a full-state
+        """Append ``row`` to the history and metrics; report it to the host, with a full-state
         checkpoint every ``checkpoint.every_epochs`` epochs and after the last."""
-        import ray.train
-
         from components.checkpoint import save_state
 
-        cfg = self.cfg
+        cfg, host = self.cfg, self.host
+        assert host is not None  # set by setup
         self.history.append(row)
         if self.log is not None:
             self.log.write(self.history)
         last = epoch + 1 == cfg.train.epochs
         if not ((epoch + 1) % cfg.checkpoint.every_epochs == 0 or last):
-            ray.train.report(row)
+            host.report(row, None, None)
             return
         with tempfile.TemporaryDirectory(prefix="simgraph-ckpt-") as tmp:
             ckpt = None
@@ -401,8 +429,8 @@ class PretrainRecipe:
                     "seed": cfg.train.seed, "config": to_dict(cfg),
                     "dataset": self.facts.dataset,
                 })
-                ckpt = ray.train.Checkpoint.from_directory(tmp)
-            ray.train.report(row, checkpoint=ckpt, checkpoint_dir_name=f"epoch_{epoch + 1:05d}")
+                ckpt = tmp
+            host.report(row, ckpt, f"epoch_{epoch + 1:05d}")
 
     def cleanup(self) -> None:
         if self.log is not None:
@@ -481,32 +509,33 @@ def _pause_once(run_dir: str, rank: int, step: int, seconds: float = 300.0) -> N
         time.sleep(seconds)
 
 
-def _worker_info(run_dir: str, rank: int, world: int, device: Any) -> dict[str, Any]:
+def _worker_info(run_dir: str, rank: int, world: int, device: Any,
+                 ray_ranks: tuple[int, int] | None) -> dict[str, Any]:
     """``workers/rank<r>.json``: where each rank runs (pid, node, device) — for operators and
     for tests that kill a worker or check placement.
 
     The node / local ranks are computed from Ray node ids (:func:`~components.distributed.
     node_layout`), not taken from Ray Train, which ranks nodes by IP: nodes sharing an IP
-    would all be node 0. The device is Ray's (``ray.train.torch.get_device``: this worker's
-    GPU ids within ``CUDA_VISIBLE_DEVICES``, by node id), checked against what this node has.
+    would all be node 0 (``ray_ranks``: Ray Train's, kept for comparison; ``None`` outside Ray
+    Train). The device is the host's (:mod:`components.run_host`: this worker's GPU ids within
+    ``CUDA_VISIBLE_DEVICES``), checked against what this node has.
 
     Raises:
         RunError: the device index Ray gave does not exist on this node.
     """
     import ray
-    import ray.train
     import torch
 
     from components import distributed
     from components.paths import project_root
 
-    node_id = ray.get_runtime_context().get_node_id()
+    # Outside Ray (a host in a test or a plain process): one node.
+    node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
     layout = distributed.node_layout(distributed.all_node_ids(node_id), rank)
-    ctx = ray.train.get_context()
+    ray_node, ray_local = ray_ranks or (layout["node_rank"], layout["local_rank"])
     info = {
         "rank": rank, "world_size": world, "pid": os.getpid(), "host": socket.gethostname(),
-        "node_id": node_id, **layout,
-        "ray_node_rank": ctx.get_node_rank(), "ray_local_rank": ctx.get_local_rank(),
+        "node_id": node_id, **layout, "ray_node_rank": ray_node, "ray_local_rank": ray_local,
         "device": str(device), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "code": str(project_root()),  # which copy of the project runs (a job's working_dir)

@@ -13,9 +13,12 @@ Format (every key but ``name``, ``base`` and ``space`` is optional; defaults sho
     mode: max                     # max | min
     num_samples: 8                # trials
     max_concurrent: 1             # trials at a time
-    resources: {workers: 1, cpus_per_worker: 1.0, gpus_per_worker: 0.0}
-                                  # each trial's Ray Train workers; fractions allowed; they set
-                                  # the trial's scaling.* (use_gpu = gpus_per_worker > 0)
+    resources: {workers: 1, cpus_per_worker: 1.0, gpus_per_worker: 0.0, mode: auto}
+                                  # each trial's workers; fractions allowed; they set the
+                                  # trial's scaling.* (use_gpu = gpus_per_worker > 0); mode:
+                                  # in_trial (train inside the Tune trial actor, 1 worker),
+                                  # worker_group (a Ray Train worker group per trial), auto
+                                  # (in_trial for 1 worker)
     searcher: {name: tpe, seed: 0, startup_trials: 4}     # tpe | random | cmaes (needs the
                                                           # `cmaes` package)
     scheduler: {name: asha, grace_period: 1, reduction_factor: 2, max_epochs: null}
@@ -268,16 +271,46 @@ def _number(value: Any, integer: bool) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Resources:
-    """Each trial's Ray Train workers (fractions of a CPU/GPU allowed)."""
+    """Each trial's workers (fractions of a CPU/GPU allowed) and where they train.
+
+    ``mode``: ``in_trial`` trains inside the Tune trial actor (one worker only: no Ray Train
+    controller, worker group or process group per trial — most of a short trial's fixed cost;
+    the actor holds the worker's CPUs/GPUs and is reused by the next trial); ``worker_group``
+    gives every trial its own Ray Train worker group; ``auto`` is ``in_trial`` for one worker,
+    else ``worker_group``.
+    """
 
     workers: int = 1
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
+    mode: Literal["auto", "in_trial", "worker_group"] = "auto"
 
     def __post_init__(self) -> None:
         check_at_least("resources.workers", self.workers, 1)
         check_positive("resources.cpus_per_worker", self.cpus_per_worker)
         check_non_negative("resources.gpus_per_worker", self.gpus_per_worker)
+        if self.mode not in ("auto", "in_trial", "worker_group"):
+            raise ConfigError(f"resources.mode={self.mode!r} is not allowed: choose one of "
+                              "auto, in_trial, worker_group")
+        if self.mode == "in_trial" and self.workers != 1:
+            raise ConfigError(f"resources.mode=in_trial needs resources.workers=1 (got "
+                              f"{self.workers}): a trial actor is one process; use "
+                              "mode=worker_group (or auto) for multi-worker trials")
+
+    @property
+    def in_trial(self) -> bool:
+        """Whether each trial trains inside its Tune trial actor."""
+        return self.mode == "in_trial" or (self.mode == "auto" and self.workers == 1)
+
+    def trial_resources(self) -> dict[str, float]:
+        """What each Tune trial actor reserves: the worker's CPUs/GPUs when it trains in the
+        trial, else a quarter CPU to drive its Ray Train worker group (which reserves its own)."""
+        if not self.in_trial:
+            return {"CPU": 0.25}
+        out = {"CPU": float(self.cpus_per_worker)}
+        if self.gpus_per_worker > 0:
+            out["GPU"] = float(self.gpus_per_worker)
+        return out
 
 
 @dataclasses.dataclass(frozen=True)

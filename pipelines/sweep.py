@@ -4,15 +4,19 @@ Top to bottom:
 
 1. Load the search space (``components/search_space.py``): every parameter path is checked
    against the config dataclasses, per conditional branch, before any trial starts.
-2. Tune, wired as Ray 2.60 needs it (RAY-NOTES.md): each trial is a function trainable that
-   builds its own Train V2 ``TorchTrainer`` (``components/recipe.py``) with Tune's
-   ``TuneReportCallback``; ``OptunaSearch`` with the space as a define-by-run function
+2. Tune, wired as Ray 2.60 needs it (docs/ray-notes.md): each trial is a function trainable.
+   A one-worker trial (``resources.mode`` auto / in_trial) trains inside its trial actor
+   (``components.recipe.train_in_trial``; the actor is reused by the next trial, a failed
+   trial is retried by Tune up to ``scaling.max_failures``); otherwise the trial builds its own
+   Train V2 ``TorchTrainer`` (``components/recipe.py``) with Tune's ``TuneReportCallback``.
+   ``OptunaSearch`` with the space as a define-by-run function
    (conditional parameters per loss), behind a ``ConcurrencyLimiter``; ASHA on the reported
    ``epoch`` (Tune's own iteration counter restarts after a restore) or FIFO. Each trial's
    run dir (checkpoints, metrics.csv) is ``<sweep dir>/trials/<trial id>``.
 3. ``--resume``: ``Tuner.restore(resume_errored=True)``: finished trials are kept, unfinished and
-   errored ones re-run their trainable, whose Train run resumes from its latest checkpoint
-   (same run name), and the searcher's state comes back.
+   errored ones re-run their trainable, which resumes from the newest complete checkpoint in
+   its run dir (Ray Train's snapshot, same run name, or the in-trial host's own), and the
+   searcher's state comes back.
 4. Results in the sweep dir: ``trials.csv`` / ``trials.md`` (every trial, failed ones marked
    failed with their error, never with a value), ``best.yaml`` (a runnable pretrain config),
    plots (metric vs each numeric parameter, best per loss, Optuna parameter importances), and
@@ -33,6 +37,7 @@ import yaml
 from components.config import to_dict
 from components.errors import SimgraphError
 from components.paths import base_dir, portable
+from components.run_host import metric_first
 
 
 class SweepError(SimgraphError, RuntimeError):
@@ -59,7 +64,7 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from components.paths import localize
-    from components.recipe import make_trainer
+    from components.recipe import make_trainer, train_in_trial
     from components.run_dir import (
         absolute_paths,
         check_dataset,
@@ -82,7 +87,10 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
         # Trained to the end before the sweep driver died, but Tune never recorded it: replay
         # its per-epoch results instead of training again.
         for row in history:
-            tune.report(_metric_first(row, sweep.metric))
+            tune.report(metric_first(row, sweep.metric))
+        return
+    if sweep.resources.in_trial:
+        train_in_trial(cfg, run_dir, facts, sweep.metric)
         return
 
     class Report(TuneReportCallback):  # type: ignore[misc]
@@ -91,15 +99,10 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
 
         def after_report(self, run_context: Any, metrics: list[dict[str, Any]],
                          checkpoint: Any) -> None:
-            super().after_report(run_context, [_metric_first(m, sweep.metric) for m in metrics],
+            super().after_report(run_context, [metric_first(m, sweep.metric) for m in metrics],
                                  checkpoint)
 
     make_trainer(cfg, run_dir, facts, callbacks=[Report()]).fit()
-
-
-def _metric_first(row: dict[str, Any], metric: str) -> dict[str, Any]:
-    first = {k: row[k] for k in (metric, "epoch", "lr") if k in row}
-    return {**first, **row}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,11 +121,12 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
     from components.storage import display, list_dir
     from components.tracking import tune_callbacks
 
-    # The trial function only drives its TorchTrainer; the Train workers reserve their own CPUs.
+    # In-trial: the actor holds the worker's CPUs/GPUs. Otherwise it only drives its
+    # TorchTrainer, whose workers reserve their own.
     trainable = ray.tune.with_resources(
         ray.tune.with_parameters(trial_fn, sweep_path=portable(sweep_path),
                                  sweep_overrides=list(sweep_overrides), cwd=str(base_dir())),
-        {"CPU": 0.25},
+        sweep.resources.trial_resources(),
     )
     path = sweep_dir(sweep)
     if resume:
@@ -147,19 +151,30 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
         )
     else:
         scheduler = FIFOScheduler()
+    in_trial = sweep.resources.in_trial
     return ray.tune.Tuner(
         trainable,
+        # In-trial: the next trial reuses the actor (its imports, FFCV's compiled code); a
+        # failed trial is re-run by Tune (it resumes from its run dir) as Ray Train would.
         tune_config=ray.tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
-                                        num_samples=sweep.num_samples),
-        run_config=ray.tune.RunConfig(name=sweep.name, storage_path=resolve_path(sweep.storage),
-                                      verbose=1, callbacks=tune_callbacks(sweep, path)),
+                                        num_samples=sweep.num_samples, reuse_actors=in_trial),
+        run_config=ray.tune.RunConfig(
+            name=sweep.name, storage_path=resolve_path(sweep.storage), verbose=1,
+            callbacks=tune_callbacks(sweep, path),
+            failure_config=ray.tune.FailureConfig(
+                max_failures=_base_config(sweep).scaling.max_failures if in_trial else 0),
+        ),
     )
 
 
-def _base_epochs(sweep: Any) -> int:
+def _base_config(sweep: Any) -> Any:
     from components.search_space import trial_config
 
-    return int(trial_config(sweep, {}, name="probe", storage="/tmp").train.epochs)
+    return trial_config(sweep, {}, name="probe", storage="/tmp")
+
+
+def _base_epochs(sweep: Any) -> int:
+    return int(_base_config(sweep).train.epochs)
 
 
 def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,

@@ -57,6 +57,19 @@ def test_root_cause_finds_the_worker_error_by_type() -> None:
     assert describe(ValueError("bad")) == "ValueError: bad"
 
 
+def test_root_cause_looks_inside_a_ray_task_error_of_a_simgraph_error() -> None:
+    """A Tune trial actor's error comes back as ``RayTaskError(NonFiniteLossError)``, which
+    *is* a NonFiniteLossError whose message is Ray's traceback header: the cause is reported."""
+    from ray.exceptions import RayTaskError
+
+    inner = NonFiniteLossError("epoch 1 step 2: z has 512 non-finite value(s)")
+    wrapped = RayTaskError("ray::ImplicitFunc.train()", "Traceback ...",
+                           inner).as_instanceof_cause()
+    assert isinstance(wrapped, NonFiniteLossError)  # why the wrapper must be skipped
+    assert root_cause(wrapped) is inner
+    assert describe(wrapped) == "NonFiniteLossError: epoch 1 step 2: z has 512 non-finite value(s)"
+
+
 def test_objective_non_finite_input_is_a_typed_value_error() -> None:
     from components.objectives.core import _finite
 

@@ -26,7 +26,7 @@ from tests.procs import kill_session, session_pids
 
 ROOT = Path(__file__).resolve().parents[1]
 # Rank-local timings: everything else in a history row must match exactly.
-TIMING = {"samples_per_s", "data_wait", "time_s"}
+TIMING = {"samples_per_s", "data_wait", "time_s", "eval_s"}
 
 
 @pytest.fixture(scope="module")

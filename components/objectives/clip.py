@@ -23,11 +23,21 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from components import distributed
-from components.objectives.core import ContrastiveBatch, Metrics, Objective, check_positive, unit
+from components.objectives.core import (
+    LOGIT_BUDGET_BYTES,
+    ContrastiveBatch,
+    Metrics,
+    Objective,
+    check_positive,
+    chunk_rows,
+    chunked_rows,
+    unit,
+)
 
 
 class CLIP(Objective):
     requires = frozenset({"captions"})
+    logit_budget_bytes: int = LOGIT_BUDGET_BYTES  # per chunk (core.chunk_rows)
 
     def __init__(self, dim: int, caption_dim: int = 384, tau: float = 0.07) -> None:
         super().__init__()
@@ -52,14 +62,22 @@ class CLIP(Objective):
         offset = distributed.row_offset(b, batch.z.device)
         targets = offset + torch.arange(b, device=batch.z.device)
 
-        per_sample = batch.z.new_zeros(b, dtype=torch.float32)
-        for view in range(v):
-            i2t = images[:, view] @ all_texts.T / self.tau  # [B, N]
-            t2i = texts @ all_images[:, view].T / self.tau  # [B, N]
-            per_sample = per_sample + (
-                F.cross_entropy(i2t, targets, reduction="none")
-                + F.cross_entropy(t2i, targets, reduction="none")
-            ) / (2 * v)
+        def rows(start: int, stop: int, images: Tensor, texts: Tensor, targets: Tensor,
+                 all_images: Tensor, all_texts: Tensor) -> tuple[Tensor]:
+            per_sample = images.new_zeros(stop - start)
+            for view in range(v):
+                i2t = images[:, view] @ all_texts.T / self.tau  # [B_c, N]
+                t2i = texts @ all_images[:, view].T / self.tau  # [B_c, N]
+                per_sample = per_sample + (
+                    F.cross_entropy(i2t, targets, reduction="none")
+                    + F.cross_entropy(t2i, targets, reduction="none")
+                ) / (2 * v)
+            return (per_sample,)
+
+        # Row chunks above the logit budget (two B_c×N matrices per view at a time).
+        (per_sample,) = chunked_rows(rows, [images, texts, targets], [all_images, all_texts],
+                                     chunk_rows(b, 2 * all_texts.shape[0],
+                                                self.logit_budget_bytes))
         everyone = torch.ones(b, dtype=torch.bool, device=batch.z.device)
         share, value, _, _ = distributed.global_mean(per_sample, everyone)
         return share, {"loss": value}

@@ -12,20 +12,31 @@ gathered candidates are rank 0's rows, then rank 1's, …, then the bank's.
 
 Memory: for A anchors and M candidates the reducers hold the logits plus one or two further
 A×M float32 buffers (listed per function), and the graph (an A×M bool or float32 matrix).
+Every loss here is row-wise — anchor i's loss needs only row i of the logits and the graph —
+so large batches run in row chunks (:func:`chunked_rows`): each chunk's A_c×M buffers exist
+only while it is computed, and again in backward (recomputed, ``torch.utils.checkpoint``),
+so the peak is one chunk's, not A×M. Chunking is automatic above :data:`LOGIT_BUDGET_BYTES`
+of logits; the values and gradients are those of the unchunked computation.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from components import checks, distributed
 from components.errors import NonFiniteError
 from components.memory import MemoryBank
 
 Metrics = dict[str, float]
+
+# Logits of one chunk at most (float32): 128 MiB is 1,024 rows at M = 32,768 candidates. With
+# the graph and the reducer's buffers a chunk needs a few times this.
+LOGIT_BUDGET_BYTES = 128 << 20
 
 
 def _check(cond: bool, message: str) -> None:
@@ -147,6 +158,22 @@ class Pairs:
     candidate_captions: Tensor | None = None
     views: int = 1  # V: batch candidates are [N·V] rows, sample-major
 
+    def rows(self, start: int, stop: int, anchors: Tensor | None = None,
+             candidates: Tensor | None = None) -> Pairs:
+        """The anchors ``start:stop`` against every candidate (``anchors`` / ``candidates``
+        replace the tensors, e.g. by checkpoint's own inputs)."""
+
+        def part(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t[start:stop]
+
+        return dataclasses.replace(
+            self,
+            anchors=self.anchors[start:stop] if anchors is None else anchors,
+            candidates=self.candidates if candidates is None else candidates,
+            self_index=self.self_index[start:stop], anchor_ids=self.anchor_ids[start:stop],
+            anchor_labels=part(self.anchor_labels), anchor_captions=part(self.anchor_captions),
+        )
+
     def self_mask(self) -> Tensor:
         """[A, M] bool, True at each anchor's own column."""
         mask = torch.zeros(
@@ -206,6 +233,34 @@ def pair_up(batch: ContrastiveBatch, bank: MemoryBank | None = None) -> Pairs:
         else:  # a bank without captions: no caption graph over these candidates
             pairs.candidate_captions = None
     return pairs
+
+
+def chunk_rows(rows: int, columns: int, budget_bytes: int = LOGIT_BUDGET_BYTES) -> int:
+    """Rows per chunk so that one chunk's float32 logits fit ``budget_bytes``; ``rows`` (one
+    chunk) when the whole matrix fits."""
+    per_row = 4 * max(columns, 1)
+    return rows if rows * per_row <= budget_bytes else max(1, budget_bytes // per_row)
+
+
+def chunked_rows(fn: Callable[..., tuple[Tensor, ...]], row_inputs: Sequence[Tensor],
+                 shared: Sequence[Tensor], rows: int) -> tuple[Tensor, ...]:
+    """``fn(start, stop, *row_slices, *shared)`` over row chunks of ``rows``, concatenated.
+
+    ``fn`` returns per-row tensors ([stop − start, ...] each) computed from row slices
+    ``start:stop`` of ``row_inputs`` and all of ``shared``. With more than one chunk, each runs
+    under ``torch.utils.checkpoint`` (non-reentrant): its intermediate buffers are freed after
+    the forward and recomputed in backward, so the peak is one chunk's. The results and their
+    gradients are those of one ``fn(0, n, ...)`` call: rows are independent.
+    """
+    n = row_inputs[0].shape[0]
+    if rows >= n:
+        return fn(0, n, *row_inputs, *shared)
+    parts = []
+    for start in range(0, n, rows):
+        stop = min(start + rows, n)
+        parts.append(checkpoint(fn, start, stop, *(t[start:stop] for t in row_inputs),
+                                *shared, use_reentrant=False))
+    return tuple(torch.cat(col) for col in zip(*parts, strict=True))
 
 
 def masked_logits(pairs: Pairs, tau: float) -> Tensor:
@@ -381,17 +436,35 @@ class BatchContrastive(Objective):
             self.bank = MemoryBank(bank_size, dim, caption_dim=caption_dim)
             self.requires = type(self).requires | {"ema_z"}
 
+    # Logit bytes per chunk (:func:`chunk_rows`); tests lower it to force several chunks.
+    logit_budget_bytes: int = LOGIT_BUDGET_BYTES
+
     def compute(self, batch: ContrastiveBatch) -> tuple[Tensor, Metrics]:
         pairs = pair_up(batch, self.bank)
-        per_anchor, valid, extra = self.per_anchor(pairs)
-        out = reduce(per_anchor, valid, **extra)
+        names: list[str] = []
+
+        def rows(start: int, stop: int, anchors: Tensor,
+                 candidates: Tensor) -> tuple[Tensor, ...]:
+            loss, valid, extra = self.per_anchor(pairs.rows(start, stop, anchors, candidates))
+            names[:] = sorted(extra)
+            return (loss, valid, *(extra[k].detach() for k in names))
+
+        per_anchor, valid, *extra = chunked_rows(
+            rows, [pairs.anchors], [pairs.candidates],
+            chunk_rows(pairs.anchors.shape[0], pairs.candidates.shape[0],
+                       self.logit_budget_bytes))
+        # Extras are per-anchor values: their mean over every rank's anchors.
+        out = reduce(per_anchor, valid, **{k: distributed.mean_over_ranks(v)
+                                           for k, v in zip(names, extra, strict=True)})
         if self.bank is not None:
             out[1]["bank_fill"] = len(self.bank) / self.bank.size
             self._enqueue(batch)
         return out
 
-    def per_anchor(self, pairs: Pairs) -> tuple[Tensor, Tensor, Metrics]:
-        """Per-anchor loss [A], validity [A] and extra metrics (already global means)."""
+    def per_anchor(self, pairs: Pairs) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """Per-anchor loss [A], validity [A] and extra per-anchor metrics ([A] each; logged as
+        their mean over all ranks' anchors). Must be row-wise (anchor i's values from row i
+        alone): :meth:`compute` may call it on row chunks of ``pairs``."""
         raise NotImplementedError
 
     @torch.no_grad()

@@ -21,7 +21,6 @@ from torch import Tensor
 
 from components.objectives.core import (
     BatchContrastive,
-    Metrics,
     Pairs,
     graph_cross_entropy,
     masked_logits,
@@ -30,6 +29,6 @@ from components.objectives.targets import instance_graph
 
 
 class InfoNCE(BatchContrastive):
-    def per_anchor(self, pairs: Pairs) -> tuple[Tensor, Tensor, Metrics]:
+    def per_anchor(self, pairs: Pairs) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         loss, valid = graph_cross_entropy(masked_logits(pairs, self.tau), instance_graph(pairs))
         return loss, valid, {}

@@ -23,7 +23,6 @@ from torch import Tensor
 
 from components.objectives.core import (
     BatchContrastive,
-    Metrics,
     Pairs,
     check_non_negative,
     masked_logits,
@@ -41,7 +40,7 @@ class SINCERE(BatchContrastive):
         super().__init__(tau, bank_size, dim)
         self.epsilon = check_non_negative("epsilon", epsilon)
 
-    def per_anchor(self, pairs: Pairs) -> tuple[Tensor, Tensor, Metrics]:
+    def per_anchor(self, pairs: Pairs) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         logits = masked_logits(pairs, self.tau)
         loss, valid = noise_contrastive(
             logits, label_graph(pairs), pairs.self_mask(), margin=self.epsilon / self.tau

@@ -25,7 +25,6 @@ from torch import Tensor
 
 from components.objectives.core import (
     BatchContrastive,
-    Metrics,
     Pairs,
     graph_cross_entropy,
     masked_logits,
@@ -49,7 +48,7 @@ class SupCon(BatchContrastive):
             raise ValueError(f"SupCon variant={variant!r} is not allowed: choose 'out' or 'in'")
         self.variant = variant
 
-    def per_anchor(self, pairs: Pairs) -> tuple[Tensor, Tensor, Metrics]:
+    def per_anchor(self, pairs: Pairs) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         logits, positives = masked_logits(pairs, self.tau), label_graph(pairs)
         if self.variant == "out":
             loss, valid = graph_cross_entropy(logits, positives)

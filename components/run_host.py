@@ -1,0 +1,185 @@
+"""Where a :class:`~components.recipe.PretrainRecipe` runs: what it asks of Ray, in one place.
+
+The recipe needs five things from its host: its rank and the world size, its device, the
+checkpoint to resume from, and a way to report an epoch's metrics (with a checkpoint every
+``checkpoint.every_epochs`` epochs). Two hosts give them:
+
+* :class:`TrainWorker` — a Ray Train V2 worker (``simgraph pretrain``, multi-worker sweep
+  trials): Ray Train owns the checkpoints (``ray.train.report``; it keeps
+  ``checkpoint.keep`` of them in the run dir) and resumes a run of the same name.
+* :class:`TuneTrial` — the Tune trial actor itself (one-worker sweep trials,
+  ``resources.mode``): no Train controller, worker group or process group is started, which
+  is most of a short trial's fixed cost. The host writes the checkpoints into the run dir in
+  the same layout (``epoch_NNNNN/`` with ``state.pt`` + ``meta.json``, the newest
+  ``checkpoint.keep`` kept), resumes from the newest complete one, and reports each epoch to
+  Tune (``ray.tune.report``), the sweep's metric first.
+
+Both leave the same run dir behind: ``simgraph evaluate``, ``latest_complete`` and a resumed
+sweep read either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+
+class RunHost(Protocol):
+    """What :class:`~components.recipe.PretrainRecipe` asks of the process it runs in."""
+
+    rank: int
+    world: int
+
+    def device(self) -> torch.device:
+        """The device this rank trains on."""
+
+    def ray_node_ranks(self) -> tuple[int, int] | None:
+        """Ray Train's (node rank, local rank) of this worker; ``None`` outside Ray Train."""
+
+    def latest_checkpoint(self) -> contextlib.AbstractContextManager[Path | None]:
+        """The checkpoint to resume from, as a local directory (``None``: a fresh start)."""
+
+    def report(self, row: dict[str, Any], checkpoint: str | None, name: str | None) -> None:
+        """Report one epoch's ``row``. On a checkpoint epoch every rank passes the
+        checkpoint's ``name`` and rank 0 its local dir ``checkpoint`` (kept as ``name`` in the
+        run dir); on other epochs both are ``None``. Every rank calls this once per epoch."""
+
+
+class TrainWorker:
+    """A Ray Train V2 worker: rank, device and checkpoints are Ray Train's."""
+
+    def __init__(self) -> None:
+        import ray.train
+
+        ctx = ray.train.get_context()
+        self._ctx = ctx
+        self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
+
+    def device(self) -> torch.device:
+        import ray.train.torch
+
+        device: torch.device = ray.train.torch.get_device()
+        return device
+
+    def ray_node_ranks(self) -> tuple[int, int] | None:
+        return self._ctx.get_node_rank(), self._ctx.get_local_rank()
+
+    @contextlib.contextmanager
+    def latest_checkpoint(self) -> Iterator[Path | None]:
+        import ray.train
+
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None:
+            yield None
+            return
+        with checkpoint.as_directory() as d:
+            yield Path(d)
+
+    def report(self, row: dict[str, Any], checkpoint: str | None, name: str | None) -> None:
+        import ray.train
+
+        if name is None:
+            ray.train.report(row)
+            return
+        ckpt = None if checkpoint is None else ray.train.Checkpoint.from_directory(checkpoint)
+        ray.train.report(row, checkpoint=ckpt, checkpoint_dir_name=name)
+
+
+class TuneTrial:
+    """The Tune trial actor as a one-rank host (``world`` 1, no process group).
+
+    Args:
+        run_dir: the trial's run dir (a path or URI); checkpoints go to ``run_dir/<name>``.
+        keep: how many of the newest checkpoints to keep (``None``: all), like Ray Train's
+            ``CheckpointConfig(num_to_keep)``.
+        metric: the sweep's metric, put first in every result (Tune's trial table shows the
+            first few metrics of a result).
+    """
+
+    rank, world = 0, 1
+
+    def __init__(self, run_dir: str, keep: int | None, metric: str) -> None:
+        self.run_dir, self.keep, self.metric = run_dir, keep, metric
+
+    def device(self) -> torch.device:
+        import ray
+        import torch
+
+        # Ray sets CUDA_VISIBLE_DEVICES to the trial's GPUs: the first one is index 0.
+        return torch.device("cuda", 0) if ray.get_gpu_ids() else torch.device("cpu")
+
+    def ray_node_ranks(self) -> tuple[int, int] | None:
+        return None
+
+    @contextlib.contextmanager
+    def latest_checkpoint(self) -> Iterator[Path | None]:
+        from components.checkpoint import local_copy
+        from components.run_dir import latest_complete
+
+        found = latest_complete(self.run_dir)
+        if found is None:
+            yield None
+            return
+        with local_copy(found[1]) as d:
+            yield d
+
+    def report(self, row: dict[str, Any], checkpoint: str | None, name: str | None) -> None:
+        if checkpoint is not None and name is not None:
+            publish_checkpoint(checkpoint, self.run_dir, name)
+            prune_checkpoints(self.run_dir, self.keep)
+        self.send(metric_first(row, self.metric))
+
+    def send(self, result: dict[str, Any]) -> None:
+        """Hand one epoch's result to Tune (after its checkpoint is in the run dir)."""
+        from ray import tune
+
+        tune.report(result)
+
+
+def metric_first(row: dict[str, Any], metric: str) -> dict[str, Any]:
+    """``row`` with ``metric``, ``epoch`` and ``lr`` as its first keys."""
+    first = {k: row[k] for k in (metric, "epoch", "lr") if k in row}
+    return {**first, **row}
+
+
+def publish_checkpoint(local_dir: str | Path, run_dir: str, name: str) -> str:
+    """Copy the checkpoint dir ``local_dir`` to ``run_dir/name`` (a path or URI); returns it.
+
+    Local: copied to a hidden sibling, then renamed into place (a killed copy leaves no
+    ``name`` dir). URI: uploaded file by file; an interrupted upload fails
+    :func:`~components.checkpoint.is_complete_at` (``meta.json``'s size check) and is never
+    resumed from."""
+    from components import storage
+
+    dest = storage.join(run_dir, name)
+    if storage.is_uri(run_dir):
+        storage.upload_dir(local_dir, dest)
+        return dest
+    tmp = Path(run_dir) / f".{name}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(local_dir, tmp)
+    shutil.rmtree(dest, ignore_errors=True)  # a redone epoch (resumed mid-way) replaces it
+    os.replace(tmp, dest)
+    return dest
+
+
+def prune_checkpoints(run_dir: str, keep: int | None) -> list[str]:
+    """Delete all but the newest ``keep`` ``epoch_NNNNN`` checkpoints of ``run_dir``
+    (``None``: keep all); returns the deleted names."""
+    from components import storage
+
+    if keep is None:
+        return []
+    names = sorted(n for n in storage.list_dir(run_dir)
+                   if n.startswith("epoch_") and n[6:].isdigit())
+    gone = names[:-keep] if keep > 0 else names
+    for n in gone:
+        storage.delete_dir(storage.join(run_dir, n))
+    return gone
