@@ -29,7 +29,10 @@ class AugmentConfig:
     Crop ``scale``/``ratio`` as torchvision's RandomResizedCrop; colour jitter with
     probability ``jitter_p``; grayscale ``grayscale_p``; Gaussian blur ``blur_p`` (0.5 for
     ImageNet-size images). Evaluation views are a centre crop of ``eval_crop_ratio`` of the
-    shorter side resized to ``resolution``.
+    shorter side resized to ``resolution``. ``interpolation``: how crops are resized —
+    ``bilinear`` (antialiased, as torchvision) or ``area`` (FFCV's own OpenCV ``INTER_AREA``,
+    nearest-like when a crop is enlarged; it cost SimCLR 15 % of its kNN gain on 28 px
+    Fashion-MNIST, docs/results.md).
     """
 
     resolution: int = 32
@@ -47,9 +50,13 @@ class AugmentConfig:
     mean: list[float] = dataclasses.field(default_factory=lambda: list(IMAGENET_MEAN))
     std: list[float] = dataclasses.field(default_factory=lambda: list(IMAGENET_STD))
     eval_crop_ratio: float = 1.0
+    interpolation: Literal["bilinear", "area"] = "bilinear"
 
     def __post_init__(self) -> None:
         check_at_least("data.augment.resolution", self.resolution, 4)
+        if self.interpolation not in ("bilinear", "area"):
+            raise ConfigError(f"data.augment.interpolation={self.interpolation!r} is not "
+                              "allowed: choose bilinear (torchvision's) or area (FFCV's)")
         for key, pair, low, high in (
             ("scale", self.scale, 0.0, 1.0), ("ratio", self.ratio, 0.0, 100.0),
             ("blur_sigma", self.blur_sigma, 0.0, 100.0),

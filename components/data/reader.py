@@ -255,13 +255,16 @@ class ViewLoader:
         from ffcv.fields.decoders import CenterCropRGBImageDecoder, RandomResizedCropRGBImageDecoder
         from ffcv.transforms import RandomHorizontalFlip
 
+        from components.data.augment.resize import BilinearCenterCrop, BilinearRandomResizedCrop
+
         a = self.augment
         size = (a.resolution, a.resolution)
+        bilinear = a.interpolation == "bilinear"
         if not self.train:
-            return [CenterCropRGBImageDecoder(size, ratio=a.eval_crop_ratio)]
-        ops: list[Any] = [
-            RandomResizedCropRGBImageDecoder(size, scale=tuple(a.scale), ratio=tuple(a.ratio)),
-        ]
+            centre = BilinearCenterCrop if bilinear else CenterCropRGBImageDecoder
+            return [centre(size, ratio=a.eval_crop_ratio)]
+        crop = BilinearRandomResizedCrop if bilinear else RandomResizedCropRGBImageDecoder
+        ops: list[Any] = [crop(size, scale=tuple(a.scale), ratio=tuple(a.ratio))]
         if a.flip_p > 0:
             ops.append(RandomHorizontalFlip(flip_prob=a.flip_p))
         if on_gpu or max(a.jitter_p, a.grayscale_p) == 0:

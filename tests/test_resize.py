@@ -1,0 +1,95 @@
+"""Crops are resized as torchvision resizes them (``components/data/augment/resize.py``):
+bilinear with antialias, within one grey level of ``torchvision.transforms.v2.functional.
+resized_crop`` when enlarging and when shrinking, also through the reader's FFCV pipeline;
+``interpolation: area`` keeps FFCV's own ``INTER_AREA`` decoders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torchvision.transforms.v2 import functional as TF
+
+from bench.parity import plain_transform
+from components.config import AugmentConfig, ConfigError
+from components.data.augment.resize import (
+    BilinearCenterCrop,
+    BilinearRandomResizedCrop,
+    resize_crop_bilinear,
+)
+from components.data.reader import ViewLoader, set_jit
+
+
+@pytest.mark.parametrize("smooth", [False, True])
+def test_resize_matches_torchvision_within_one_level(smooth: bool) -> None:
+    rng = np.random.default_rng(1)
+    worst, mean = 0, []
+    for _ in range(60):
+        hh, ww = (int(v) for v in rng.integers(6, 70, 2))
+        img = rng.integers(0, 256, (hh, ww, 3), dtype=np.uint8)
+        if smooth:
+            img = (np.cumsum(img, axis=1) // 8 % 256).astype(np.uint8)
+        h, w = int(rng.integers(1, hh + 1)), int(rng.integers(1, ww + 1))
+        i, j = int(rng.integers(0, hh - h + 1)), int(rng.integers(0, ww - w + 1))
+        oh, ow = (int(v) for v in rng.integers(3, 60, 2))  # enlarging and shrinking
+        out = np.zeros((oh, ow, 3), np.uint8)
+        resize_crop_bilinear(img, i, i + h, j, j + w, out)
+        want = TF.resized_crop(torch.from_numpy(img).permute(2, 0, 1), i, j, h, w, [oh, ow],
+                               antialias=True).permute(1, 2, 0).numpy()
+        d = np.abs(out.astype(int) - want.astype(int))
+        worst, mean = max(worst, int(d.max())), [*mean, float(d.mean())]
+    assert worst <= 1 and np.mean(mean) < 0.3
+
+
+def test_enlarged_crop_is_bilinear_not_blocky() -> None:
+    """The case FFCV's INTER_AREA gets wrong: a 2-pixel ramp enlarged to 8 pixels."""
+    img = np.zeros((1, 2, 3), np.uint8)
+    img[0, 1] = 200
+    out = np.zeros((1, 8, 3), np.uint8)
+    resize_crop_bilinear(img, 0, 1, 0, 2, out)
+    # half-pixel centres: flat at the ends, a linear ramp in between (nearest would be 4 + 4)
+    assert out[0, :, 0].tolist() == [0, 0, 25, 75, 125, 175, 200, 200]
+
+
+def _coordinate_image(side: int) -> np.ndarray:
+    y, x = np.mgrid[0:side, 0:side]
+    return np.stack([x * 255 // (side - 1), y * 255 // (side - 1),
+                     (x * y) % 256], -1).astype(np.uint8)
+
+
+@pytest.mark.parametrize("stored, resolution", [(20, 32), (48, 32)])
+def test_reader_eval_views_match_torchvision(tmp_path: Path, stored: int,
+                                             resolution: int) -> None:
+    """Through FFCV: the reader's centre views of a stored image, enlarged or shrunk, are
+    torchvision's ``Resize(antialias=True)`` of it to within one grey level."""
+    from components.data.shards import page_size_for, write_shard
+
+    img = _coordinate_image(stored)
+    write_shard(tmp_path / "val.beton", [img] * 4, np.zeros(4, int), np.arange(4), None,
+                write_mode="raw", jpeg_quality=90, page_size=page_size_for(stored, 0))
+    aug = AugmentConfig(resolution=resolution, mean=[0.0, 0.0, 0.0], std=[1 / 255] * 3)
+    set_jit(False)
+    loader = ViewLoader(tmp_path / "val.beton", batch_size=4, views=1, augment=aug,
+                        train=False, num_workers=1, with_captions=False)
+    got = next(iter(loader)).images[:, 0]  # [4, 3, r, r], 0..255 floats
+    want = plain_transform(aug, train=False)(torch.from_numpy(img).permute(2, 0, 1))
+    assert float((got - want[None]).abs().max()) <= 1.0 + 1e-3
+
+
+def test_interpolation_choice_picks_the_decoder() -> None:
+    from ffcv.fields.decoders import CenterCropRGBImageDecoder, RandomResizedCropRGBImageDecoder
+
+    def ops(interpolation: str, train: bool) -> list:
+        loader = ViewLoader.__new__(ViewLoader)
+        loader.augment = AugmentConfig(interpolation=interpolation)  # type: ignore[arg-type]
+        loader.train = train
+        return loader._image_ops(on_gpu=False)
+
+    assert type(ops("bilinear", True)[0]) is BilinearRandomResizedCrop
+    assert type(ops("bilinear", False)[0]) is BilinearCenterCrop
+    assert type(ops("area", True)[0]) is RandomResizedCropRGBImageDecoder
+    assert type(ops("area", False)[0]) is CenterCropRGBImageDecoder
+    with pytest.raises(ConfigError, match="interpolation='nearest' is not allowed"):
+        AugmentConfig(interpolation="nearest")  # type: ignore[arg-type]
