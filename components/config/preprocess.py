@@ -62,10 +62,14 @@ class CaptionConfig:
     a local sentence-transformers folder, or a name in the local cache (never downloaded).
     ``missing``: what to do with an item without a caption — ``error``, ``skip`` it, or
     ``from-label`` (its class's first template). Class captions come from ``templates``
-    (X-CLR: "a photo of a {}") or ``class_descriptions`` (YAML/JSON: class → text(s))."""
+    (X-CLR: "a photo of a {}") or ``class_descriptions`` (YAML/JSON: class → text(s)).
+    ``backend``: ``torch`` (sentence-transformers), ``onnx`` (the same model on ONNX Runtime,
+    float32: the same embeddings, faster) or ``onnx-int8`` (int8 weights: fastest, cosine
+    ≈ 0.99 to the reference; docs/benchmarks.md); the ONNX backends run on CPU only."""
 
     enabled: bool = True
     model: str = "default"
+    backend: Literal["torch", "onnx", "onnx-int8"] = "torch"
     dtype: Literal["float16", "float32"] = "float16"
     missing: Literal["error", "skip", "from-label"] = "from-label"
     templates: list[str] = dataclasses.field(default_factory=lambda: ["a photo of a {}"])
@@ -81,6 +85,9 @@ class CaptionConfig:
                 raise ConfigError(f"captions.templates entry {t!r} must contain '{{}}'")
         check_at_least("captions.batch_size", self.batch_size, 1)
         check_at_least("captions.actors", self.actors, 1)
+        if self.backend not in ("torch", "onnx", "onnx-int8"):
+            raise ConfigError(f"captions.backend={self.backend!r} is not allowed: choose one "
+                              "of torch, onnx, onnx-int8")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -442,6 +442,8 @@ def _params(cfg: PreprocessConfig) -> dict[str, Any]:
         p.pop(k)
     p["captions"].pop("actors")
     p["captions"].pop("batch_size")
+    if cfg.captions.backend == "torch":
+        p["captions"].pop("backend")  # the default: datasets built before it existed stay valid
     if cfg.source.label_depth == 1:
         p["source"].pop("label_depth")  # the default: datasets built before it existed stay valid
     if cfg.captions.class_descriptions:
@@ -459,16 +461,20 @@ def embed_captions(cfg: PreprocessConfig, texts: list[str], out: Path) -> np.nda
     import ray
 
     cache = out / "captions.npz"
-    key = _digest({"texts": texts, "model": cfg.captions.model})
+    key = _digest({"texts": texts, "model": cfg.captions.model,
+                   **({} if cfg.captions.backend == "torch" else
+                      {"backend": cfg.captions.backend})})
     if cache.exists():
         with np.load(cache) as z:
             if str(z["key"]) == key:
                 return np.asarray(z["embeddings"])
-    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    # The ONNX backends run on CPU (the same encoder as the driver's class embeddings).
+    use_gpu = cfg.captions.backend == "torch" and ray.cluster_resources().get("GPU", 0) > 0
     items = ray.data.from_items([{"caption_id": i, "text": t} for i, t in enumerate(texts)])
     ds = items.map_batches(
         cap.CaptionEmbedder,
-        fn_constructor_kwargs={"model": cfg.captions.model, "device": "cuda" if use_gpu else "cpu"},
+        fn_constructor_kwargs={"model": cfg.captions.model, "device": "cuda" if use_gpu else "cpu",
+                               "backend": cfg.captions.backend},
         batch_size=cfg.captions.batch_size,
         batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=cfg.captions.actors),
@@ -496,7 +502,8 @@ def write_class_files(
         else None
     )
     texts = cap.class_texts(classes, cfg.captions.templates, desc)
-    model = model if model is not None else cap.load_encoder(cfg.captions.model)
+    model = model if model is not None else cap.load_encoder(cfg.captions.model,
+                                                             backend=cfg.captions.backend)
     emb = cap.class_embeddings(model, texts)
     sim = (emb.astype(np.float64) @ emb.astype(np.float64).T).astype(np.float32)
     for name, arr in (("class_embeddings", emb), ("class_similarity", sim)):
@@ -774,7 +781,8 @@ def _run_locked(
             print(f"simgraph preprocess: {len(rows)} items in {len(by_shard)} shards "
                   f"({len(done)} already complete), {len(texts)} unique captions")
 
-        model = cap.load_encoder(cfg.captions.model) if cfg.captions.enabled else None
+        model = (cap.load_encoder(cfg.captions.model, backend=cfg.captions.backend)
+                 if cfg.captions.enabled else None)
         class_files = write_class_files(cfg, classes, out, model)
         checks: dict[str, Any] | None = None
         if model is not None:

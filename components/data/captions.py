@@ -43,11 +43,15 @@ def resolve_model(name: str) -> str:
     return name
 
 
-def load_encoder(name: str, device: str = "cpu") -> Any:
-    """A ``SentenceTransformer`` loaded without network access.
+def load_encoder(name: str, device: str = "cpu", backend: str = "torch",
+                 threads: int = 1) -> Any:
+    """The text encoder, loaded without network access: a ``SentenceTransformer``
+    (``backend="torch"``) or an :class:`~components.data.onnx_text.OnnxEncoder` of it
+    (``onnx`` / ``onnx-int8``, CPU, ``threads`` ONNX Runtime threads).
 
     Raises:
-        CaptionError: the model is neither a local folder nor in the local cache.
+        CaptionError: the model is neither a local folder nor in the local cache, or the
+            ONNX backend cannot run it.
     """
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -62,7 +66,16 @@ def load_encoder(name: str, device: str = "cpu") -> Any:
 
     path = resolve_model(name)
     try:
+        if backend != "torch":
+            from components.data.onnx_text import OnnxEncoder, OnnxEncoderError
+
+            try:
+                return OnnxEncoder(path, backend, threads)
+            except OnnxEncoderError as e:
+                raise CaptionError(str(e)) from None
         return SentenceTransformer(path, device=device)
+    except CaptionError:
+        raise
     except Exception as e:  # OSError / HF errors when the weights are not local
         raise CaptionError(
             f"captions.model={name!r} could not be loaded offline ({type(e).__name__}: {e}); "
@@ -81,6 +94,10 @@ def embed(model: Any, texts: Sequence[str], batch_size: int = 256) -> np.ndarray
     """``[len(texts), E]`` float32, L2-normalised rows."""
     if not texts:
         return np.zeros((0, embedding_dim(model)), dtype=np.float32)
+    from components.data.onnx_text import OnnxEncoder
+
+    if isinstance(model, OnnxEncoder):
+        return model.encode(list(texts), batch_size=batch_size)
     out = model.encode(
         list(texts), batch_size=batch_size, convert_to_numpy=True,
         normalize_embeddings=True, show_progress_bar=False,
@@ -170,11 +187,12 @@ class CaptionEmbedder:
     (RAY-NOTES.md); parallelism comes from the actor pool.
     """
 
-    def __init__(self, model: str, device: str = "cpu", threads: int = 1) -> None:
+    def __init__(self, model: str, device: str = "cpu", threads: int = 1,
+                 backend: str = "torch") -> None:
         import torch
 
         torch.set_num_threads(threads)
-        self.model = load_encoder(model, device)
+        self.model = load_encoder(model, device, backend, threads)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         texts = [str(t) for t in batch["text"]]

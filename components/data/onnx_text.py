@@ -1,0 +1,193 @@
+"""A sentence-transformers text encoder run by ONNX Runtime (``captions.backend``).
+
+The caption stage of ``simgraph preprocess`` embeds every unique caption once; with
+per-image captions (X-CLR's real use) that is millions of texts, and the PyTorch encoder does
+a few hundred a second per CPU core. This runs the same model through ONNX Runtime:
+
+* ``onnx``: the transformer exported to ONNX in float32 (``torch.onnx.export``): the same
+  embeddings (cosine ≥ 0.9999 with the reference);
+* ``onnx-int8``: the export with its weights quantised to int8 per output channel
+  (``onnxruntime.quantization.quantize_dynamic``): faster, cosine ≈ 0.99 on real captions
+  (docs/benchmarks.md gives the measured agreement and the X-CLR target-graph KL). Dynamic
+  quantisation scales activations per batch, so a caption's embedding moves slightly (cosine
+  ≥ 0.98) with the other captions of its batch: a rebuild is not bit-identical.
+
+Texts are batched in order of length (less padding) and truncated at the model's
+``max_seq_length``, then mean-pooled over the attention mask and L2-normalised — which is what
+the supported models do (a ``Transformer`` → mean ``Pooling`` → optional ``Normalize``
+sentence-transformers pipeline, e.g. all-MiniLM-L6-v2); other pipelines are refused.
+
+The exported files are cached under ``$SIMGRAPH_CACHE_DIR`` (default
+``~/.cache/simgraph``)/``onnx/<digest>``, keyed by the model folder's files, the variant and
+the torch / onnxruntime versions; a cache entry is written under a temporary name and renamed,
+so concurrent caption actors never read a partial file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components.errors import SimgraphError
+from components.files import replacing
+
+VARIANTS = ("onnx", "onnx-int8")
+
+
+class OnnxEncoderError(SimgraphError, ValueError):
+    """The model cannot run on the ONNX backend (use ``captions.backend: torch``)."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SIMGRAPH_CACHE_DIR", Path.home() / ".cache" / "simgraph"))
+
+
+def _model_digest(path: Path, variant: str) -> str:
+    import onnxruntime
+    import torch
+
+    h = hashlib.sha256(f"{variant}|{torch.__version__}|{onnxruntime.__version__}".encode())
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        st = f.stat()
+        h.update(f"{f.relative_to(path)}|{st.st_size}|{int(st.st_mtime)}".encode())
+    return h.hexdigest()[:16]
+
+
+def _check_pipeline(st_model: Any) -> bool:
+    """Whether the sentence-transformers pipeline is Transformer → mean Pooling [→ Normalize];
+    returns whether it normalises."""
+    names = [type(m).__name__ for m in st_model]
+    ok = (len(names) in (2, 3) and names[0] == "Transformer" and names[1] == "Pooling"
+          and (len(names) == 2 or names[2] == "Normalize"))
+    pooling = st_model[1] if len(names) > 1 else None
+    # sentence-transformers 6: pooling_mode "mean"; 5: pooling_mode_mean_tokens=True (alone)
+    mode = getattr(pooling, "pooling_mode", None)
+    mean = mode == "mean" if isinstance(mode, str) else (
+        bool(getattr(pooling, "pooling_mode_mean_tokens", False))
+        and sum(bool(getattr(pooling, a, False)) for a in dir(pooling)
+                if a.startswith("pooling_mode_") and a.endswith("_tokens")) == 1)
+    if not (ok and mean):
+        raise OnnxEncoderError(
+            f"captions.backend onnx supports Transformer → mean Pooling [→ Normalize] models; "
+            f"this one is {' → '.join(names)}: use captions.backend: torch")
+    return len(names) == 3
+
+
+class _Transformer:
+    """``input_ids, attention_mask, token_type_ids → last_hidden_state`` as a module (the
+    export needs keyword-free positional inputs)."""
+
+    def __new__(cls, auto_model: Any) -> Any:
+        import torch
+
+        class Wrapped(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.model = auto_model
+
+            def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+                return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                                  token_type_ids=token_type_ids).last_hidden_state
+
+        return Wrapped().eval()
+
+
+def export(st_model: Any, model_path: Path, variant: str) -> Path:
+    """The ONNX file of ``st_model`` for ``variant`` (exported and cached on first use)."""
+    import torch
+
+    if variant not in VARIANTS:
+        raise OnnxEncoderError(f"captions.backend={variant!r}: choose one of {VARIANTS}")
+    d = cache_dir() / "onnx" / _model_digest(model_path, variant)
+    target = d / "model.onnx"
+    if target.exists():
+        return target
+    d.mkdir(parents=True, exist_ok=True)
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    dummy = st_model.tokenizer(["a photo of a cat", "x"], padding=True, return_tensors="pt")
+    inputs = tuple(dummy[n] if n in dummy else torch.zeros_like(dummy["input_ids"])
+                   for n in names)
+    float_file = d / f"float32.{os.getpid()}.onnx"  # per process: actors may race here
+    with warnings.catch_warnings(), replacing(float_file) as tmp:
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notices
+        torch.onnx.export(
+            _Transformer(st_model[0].auto_model), inputs, str(tmp), input_names=names,
+            output_names=["last_hidden_state"], opset_version=17, dynamo=False,
+            dynamic_axes={n: {0: "batch", 1: "tokens"} for n in [*names, "last_hidden_state"]})
+    if variant == "onnx":
+        os.replace(float_file, target)
+        return target
+    import logging
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # its "consider pre-processing" advice, logged on the root
+    with replacing(target) as tmp:
+        # Per-channel weights: per-tensor int8 lost too much (mean cosine 0.96 on real captions).
+        try:
+            quantize_dynamic(str(float_file), str(tmp), weight_type=QuantType.QInt8,
+                             per_channel=True)
+        finally:
+            root.setLevel(level)
+    float_file.unlink(missing_ok=True)
+    return target
+
+
+class OnnxEncoder:
+    """A sentence-transformers model on ONNX Runtime, with the attributes and ``encode`` the
+    caption code uses (``tokenizer``, ``max_seq_length``, ``get_embedding_dimension``).
+
+    Raises:
+        OnnxEncoderError: the model's pipeline is not Transformer → mean Pooling [→ Normalize],
+            or ``variant`` is unknown.
+    """
+
+    def __init__(self, model_path: str, variant: str = "onnx", threads: int = 1) -> None:
+        import onnxruntime as ort
+        from sentence_transformers import SentenceTransformer
+
+        st_model: Any = SentenceTransformer(model_path, device="cpu")
+        self.normalize = _check_pipeline(st_model)
+        self.variant = variant
+        self.tokenizer = st_model.tokenizer
+        self.max_seq_length = int(st_model.max_seq_length)
+        pooling = st_model[1]
+        getter = getattr(pooling, "get_embedding_dimension", None)
+        self._dim = int((getter or pooling.get_sentence_embedding_dimension)())
+        path = export(st_model, Path(model_path), variant)
+        del st_model
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(str(path), options,
+                                            providers=["CPUExecutionProvider"])
+        self._inputs = [i.name for i in self.session.get_inputs()]
+
+    def get_embedding_dimension(self) -> int:
+        return self._dim
+
+    def encode(self, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
+        """``[len(texts), E]`` float32 embeddings (L2-normalised when the model normalises)."""
+        out = np.zeros((len(texts), self._dim), dtype=np.float32)
+        order = np.argsort([len(t) for t in texts], kind="stable")  # similar lengths together
+        for s in range(0, len(texts), batch_size):
+            idx = order[s:s + batch_size]
+            enc = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True,
+                                 max_length=self.max_seq_length, return_tensors="np")
+            feed = {n: np.asarray(enc[n], dtype=np.int64) if n in enc
+                    else np.zeros_like(enc["input_ids"], dtype=np.int64) for n in self._inputs}
+            hidden = self.session.run(None, feed)[0]  # [b, tokens, E]
+            mask = feed["attention_mask"][..., None].astype(np.float32)
+            pooled = (hidden * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)
+            if self.normalize:
+                pooled /= np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+            out[idx] = pooled
+        return out

@@ -1,0 +1,107 @@
+"""``captions.backend`` onnx / onnx-int8 (components/data/onnx_text.py): the ONNX Runtime
+encoder agrees with the sentence-transformers reference — float32 to 1e-4 in cosine, int8 to
+0.99 mean / 0.95 min cosine and a small KL of X-CLR's caption target rows — exports once into
+its cache, and refuses pipelines it cannot reproduce."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from components.data import captions as cap
+from components.data.onnx_text import OnnxEncoderError, _check_pipeline, cache_dir
+
+# Captions of the kind users bring (Tux Paint stamps' style; not installed in CI).
+CAPTIONS = [
+    "A US 25 cent piece called a quarter.", "A red apple.", "A bunch of yellow bananas.",
+    "A brown horse running in a field.", "A small grey mouse.", "A black and white cow.",
+    "A green frog sitting on a lily pad.", "A blue whale, the largest animal on earth.",
+    "An orange cat sleeping.", "A dog wagging its tail.", "A pair of blue jeans.",
+    "A woolly winter hat.", "A red sports car.", "A yellow school bus.", "A steam locomotive.",
+    "A sailing boat on the sea.", "An airplane in the sky.", "A hot air balloon.",
+    "A slice of pepperoni pizza.", "A chocolate birthday cake with candles.",
+    "A cup of hot coffee.", "A loaf of bread.", "A carrot.", "A head of broccoli.",
+    "A snowman with a carrot nose.", "A lightning bolt.", "A tornado.", "A rainbow.",
+    "A sunflower.", "A pine tree.", "A red rose.", "A cactus in the desert.",
+    "A soccer ball.", "A tennis racket.", "A guitar.", "A violin.", "A drum.",
+    "A hammer.", "A screwdriver.", "A star.", "A heart.", "The flag of Canada.",
+    "A stethoscope.", "A bandage.", "A knight in armour.", "A castle with towers.",
+    "An astronaut on the moon.", "A rocket taking off.", "The planet Saturn with its rings.",
+    "A penguin on the ice.",
+]
+
+
+def _target_rows(e: np.ndarray, tau_s: float) -> np.ndarray:
+    g = e @ e.T / tau_s
+    np.fill_diagonal(g, -np.inf)
+    g -= g.max(1, keepdims=True)
+    p = np.exp(g)
+    return p / p.sum(1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def reference() -> np.ndarray:
+    return cap.embed(cap.load_encoder(cap.DEFAULT_MODEL), CAPTIONS)
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SIMGRAPH_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+@pytest.mark.parametrize("backend, mean_cos, min_cos, max_kl", [
+    ("onnx", 0.9999, 0.9999, 1e-4),
+    ("onnx-int8", 0.99, 0.95, 0.02),  # measured on 805 Tux Paint captions: 0.992 / 0.963 / 0.008
+])
+def test_fast_backend_agrees_with_the_reference(reference: np.ndarray, backend: str,
+                                                mean_cos: float, min_cos: float,
+                                                max_kl: float) -> None:
+    model = cap.load_encoder(cap.DEFAULT_MODEL, backend=backend)
+    assert cap.embedding_dim(model) == 384
+    got = cap.embed(model, CAPTIONS, batch_size=16)  # several length-sorted batches
+    assert got.shape == reference.shape and got.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    cos = (got * reference).sum(1)
+    assert cos.mean() >= mean_cos and cos.min() >= min_cos, (cos.mean(), cos.min())
+    p, q = _target_rows(reference, 0.1), _target_rows(got, 0.1)
+    kl = np.where(p > 0, p * (np.log(np.maximum(p, 1e-30)) - np.log(np.maximum(q, 1e-30))),
+                  0.0).sum(1)
+    assert kl.mean() <= max_kl, kl.mean()
+    # the same texts in another order and batch size: the same rows in float32; int8 scales
+    # its activations per batch (dynamic quantisation), so a row moves a little with its batch
+    again = cap.embed(model, CAPTIONS[::-1], batch_size=7)[::-1]
+    if backend == "onnx":
+        np.testing.assert_allclose(again, got, atol=1e-5)
+    else:
+        assert (again * got).sum(1).min() >= 0.98
+    assert cap.token_counts(model, ["a cat"]) == [4]  # [CLS] a cat [SEP]
+
+
+def test_export_is_cached() -> None:
+    cap.load_encoder(cap.DEFAULT_MODEL, backend="onnx")
+    files = sorted(cache_dir().rglob("model.onnx"))
+    assert files, "no cached export"
+    stamp = {f: f.stat().st_mtime_ns for f in files}
+    cap.load_encoder(cap.DEFAULT_MODEL, backend="onnx")
+    assert {f: f.stat().st_mtime_ns for f in files} == stamp
+    assert not [f for f in files[0].parent.iterdir() if "float32" in f.name or ".tmp" in f.name]
+
+
+def test_unsupported_pipelines_are_refused() -> None:
+    class Transformer:
+        pass
+
+    class Pooling(SimpleNamespace):
+        pass
+
+    class Normalize:
+        pass
+
+    assert _check_pipeline([Transformer(), Pooling(pooling_mode="mean"), Normalize()])
+    assert not _check_pipeline([Transformer(), Pooling(pooling_mode="mean")])
+    with pytest.raises(OnnxEncoderError, match="use captions.backend: torch"):
+        _check_pipeline([Transformer(), Pooling(pooling_mode="cls"), Normalize()])
+    with pytest.raises(OnnxEncoderError, match="Transformer → Pooling → Dense"):
+        _check_pipeline([Transformer(), Pooling(pooling_mode="mean"), type("Dense", (), {})()])
