@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -185,6 +186,10 @@ def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
     from components.storage import display, join
 
     sweep = load_sweep(sweep_path, overrides)
+    # Tune snapshots the experiment at most every 10 s by default ("auto"); a trial that starts
+    # and ends between two snapshots is unknown to a resumed sweep, which re-suggests its
+    # parameters under a new id and trains them again. One-worker trials can take seconds.
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
     with ray_session(None):
         tuner = make_tuner(sweep, sweep_path, overrides, resume)
         results = tuner.fit()

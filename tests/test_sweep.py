@@ -101,8 +101,13 @@ def test_sweep_killed_after_two_trials_resumes_the_rest(tmp_path: Path) -> None:
 
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'sweeps' / 's' / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("s").experiment_id])
-    assert len({r.info.run_name for r in runs}) == 4, [r.info.run_name for r in runs]
-    assert all("knn_top1" in r.data.metrics for r in runs if r.info.status == "FINISHED")
+    by_name = {r.info.run_name: r for r in runs if r.info.status == "FINISHED"}
+    # every trial of the result finished its MLflow run with its kNN (a trial the driver
+    # started after Tune's last snapshot before the kill may have left a run of its own)
+    for r in rows:
+        run = by_name.get(f"trial_fn_{r['trial']}")
+        assert run is not None, (r["trial"], sorted(by_name))
+        assert "knn_top1" in run.data.metrics
 
 
 def test_failed_trials_are_reported_failed_never_with_a_value(tmp_path: Path) -> None:
