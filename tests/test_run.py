@@ -55,6 +55,11 @@ def test_tiny_pipeline_end_to_end(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "pipelines.cli", "run", str(tmp_path / "p.yaml")],
                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
+    # Quiet by default (issue 15): no Ray Train report dumps, about a screen per run (the
+    # demo's 3 runs × 8 epochs print 94 lines).
+    console = out.stdout + out.stderr
+    assert "TrainingReport(" not in console and "Checkpoint successfully created" not in console
+    assert len(console.splitlines()) <= 30 + 25 * 2, console
     table = out.stdout[out.stdout.index("| run |"):]
     assert "| simclr | simclr | 2 |" in table and "| xclr | xclr | 2 |" in table
     for name in ("tiny-simclr", "tiny-xclr"):
