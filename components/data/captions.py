@@ -192,8 +192,6 @@ class CaptionEmbedder:
         import torch
 
         torch.set_num_threads(threads)
-        if threads == 1:  # the Rust tokenizer would start a thread per core in every actor
-            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.model = load_encoder(model, device, backend, threads)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
