@@ -79,23 +79,22 @@ def _check_pipeline(st_model: Any) -> bool:
     return len(names) == 3
 
 
-class _Transformer:
-    """``input_ids, attention_mask, token_type_ids → last_hidden_state`` as a module (the
-    export needs keyword-free positional inputs)."""
+def _positional(auto_model: Any) -> Any:
+    """``auto_model`` as a module of ``input_ids, attention_mask, token_type_ids →
+    last_hidden_state`` (the export passes inputs by position; transformers 5's ``forward``
+    takes others in between)."""
+    import torch
 
-    def __new__(cls, auto_model: Any) -> Any:
-        import torch
+    class Positional(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = auto_model
 
-        class Wrapped(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.model = auto_model
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+            return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                              token_type_ids=token_type_ids).last_hidden_state
 
-            def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
-                return self.model(input_ids=input_ids, attention_mask=attention_mask,
-                                  token_type_ids=token_type_ids).last_hidden_state
-
-        return Wrapped().eval()
+    return Positional().eval()
 
 
 def export(st_model: Any, model_path: Path, variant: str) -> Path:
@@ -117,7 +116,7 @@ def export(st_model: Any, model_path: Path, variant: str) -> Path:
     with warnings.catch_warnings(), replacing(float_file) as tmp:
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notices
         torch.onnx.export(
-            _Transformer(st_model[0].auto_model), inputs, str(tmp), input_names=names,
+            _positional(st_model[0].auto_model), inputs, str(tmp), input_names=names,
             output_names=["last_hidden_state"], opset_version=17, dynamo=False,
             dynamic_axes={n: {0: "batch", 1: "tokens"} for n in [*names, "last_hidden_state"]})
     if variant == "onnx":
@@ -154,14 +153,14 @@ class OnnxEncoder:
         import onnxruntime as ort
         from sentence_transformers import SentenceTransformer
 
+        from components.data.captions import embedding_dim  # it imports this module lazily
+
         st_model: Any = SentenceTransformer(model_path, device="cpu")
         self.normalize = _check_pipeline(st_model)
         self.variant = variant
         self.tokenizer = st_model.tokenizer
         self.max_seq_length = int(st_model.max_seq_length)
-        pooling = st_model[1]
-        getter = getattr(pooling, "get_embedding_dimension", None)
-        self._dim = int((getter or pooling.get_sentence_embedding_dimension)())
+        self._dim = embedding_dim(st_model)
         path = export(st_model, Path(model_path), variant)
         del st_model
         options = ort.SessionOptions()
