@@ -105,3 +105,11 @@ def test_unsupported_pipelines_are_refused() -> None:
         _check_pipeline([Transformer(), Pooling(pooling_mode="cls"), Normalize()])
     with pytest.raises(OnnxEncoderError, match="Transformer → Pooling → Dense"):
         _check_pipeline([Transformer(), Pooling(pooling_mode="mean"), type("Dense", (), {})()])
+
+
+def test_unknown_backend_is_a_config_error() -> None:
+    from components.config import CaptionConfig, ConfigError
+
+    with pytest.raises(ConfigError, match="captions.backend='gpu' is not allowed: choose one "
+                                          "of torch, onnx, onnx-int8"):
+        CaptionConfig(backend="gpu")  # type: ignore[arg-type]
