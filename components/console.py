@@ -20,15 +20,23 @@ to be harmless. It drops:
   IP via external connectivity``; the actor-restart warning of Ray Data's caption actor pool,
   which the driver creates): they stay, and the docs say why they are harmless.
 
+Progress during an epoch: when the driver's stdout is a terminal (and not ``--verbose``), rank 0
+sends a progress event (:func:`progress_event`) about twice a second and the driver draws it
+as one live tqdm bar per epoch (:class:`LiveBar`: step / steps, loss, img/s, ETA), erased when
+the epoch's summary line prints. Otherwise (a log file, CI, ``--verbose``) rank 0 prints a
+plain :func:`progress_line` every 20 s of a long epoch instead.
+
 ``--verbose`` (``SIMGRAPH_VERBOSE=1``, inherited by a local cluster's workers and passed to
 training workers in their loop config) turns all of the above off: everything is shown.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
+import shutil
 import sys
 import threading
 from collections.abc import Callable
@@ -36,6 +44,8 @@ from typing import Any
 
 VERBOSE_ENV = "SIMGRAPH_VERBOSE"
 OWN_PREFIX = "[simgraph]"  # lines workers print for the user
+LIVE_TAG = f"{OWN_PREFIX} @progress "  # a progress event for the driver's live bar
+LIVE_EVERY_S = 0.5  # rank 0 sends a progress event this often when the bar is live
 
 # name -> pattern of a line that is harmless on the machines simgraph runs on (why: ray-notes).
 HARMLESS: dict[str, re.Pattern[str]] = {
@@ -56,10 +66,18 @@ CHATTER = re.compile(
     r"|Attempting to start training worker group|- \(ip=.*\) world_rank=")
 _hidden: dict[str, int] = {}
 _lock = threading.Lock()
+_forwarding_filtered = False  # the driver's filter of forwarded worker output is installed
 
 
 def verbose() -> bool:
     return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
+
+
+def live() -> bool:
+    """Whether this driver draws rank 0's progress as a live bar: its stdout is a terminal,
+    not ``--verbose``, and its filter of forwarded worker output is installed (the events
+    would print as raw lines otherwise)."""
+    return _forwarding_filtered and not verbose() and sys.stdout.isatty()
 
 
 def set_verbose(on: bool) -> None:
@@ -157,16 +175,20 @@ def _filter_forwarded_output() -> None:
         from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
     except ImportError:
         return
+    global _forwarding_filtered
     with dispatcher._lock:
         handlers: list[tuple[str, Callable[[dict[str, Any]], None]]] = dispatcher.handlers
         for i, (name, handle) in enumerate(handlers):
-            if name == "ray_print_logs" and not getattr(handle, "simgraph_filtered", False):
-                handlers[i] = (name, _filtered(handle))
+            if name == "ray_print_logs":
+                if not getattr(handle, "simgraph_filtered", False):
+                    handlers[i] = (name, _filtered(handle))
+                _forwarding_filtered = True
 
 
 def _filtered(handle: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
     """Ray's handler without the harmless lines; our own ``[simgraph]`` lines from a worker
-    (rank 0's epoch and progress lines) print as they are, without Ray's worker prefix."""
+    (rank 0's epoch and progress lines) print as they are, without Ray's worker prefix;
+    progress events (:data:`LIVE_TAG`) move the live bar."""
 
     def emit(data: dict[str, Any]) -> None:
         actor = HARMLESS_ACTORS.get(str(data.get("actor_name") or ""))
@@ -176,11 +198,15 @@ def _filtered(handle: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, A
         lines = filter_lines(list(data.get("lines", [])))
         ours = [line for line in lines if line.startswith(OWN_PREFIX)]
         rest = [line for line in lines if not line.startswith(OWN_PREFIX)]
-        if ours:
-            sink = sys.stderr if data.get("is_err") else sys.stdout
-            print("\n".join(ours), file=sink, flush=True)
+        sink = sys.stderr if data.get("is_err") else sys.stdout
+        for line in ours:
+            if line.startswith(LIVE_TAG):
+                BAR.event(line)
+            else:
+                BAR.close()
+                print(line, file=sink, flush=True)
         if rest:
-            handle({**data, "lines": rest})
+            BAR.around(lambda: handle({**data, "lines": rest}))
 
     emit.simgraph_filtered = True  # type: ignore[attr-defined]
     return emit
@@ -256,7 +282,79 @@ def progress_line(epoch: int, epochs: int, step: int, steps: int, loss: float,
             f"epoch ETA {duration(eta_epoch_s)}")
 
 
-__all__ = ["CHATTER", "HARMLESS", "HARMLESS_ACTORS", "OWN_PREFIX", "VERBOSE_ENV",
-           "after_ray_init", "before_ray_init", "duration", "epoch_line", "filter_lines",
-           "harmless", "hidden_counts", "progress_line", "run_summary", "say", "set_verbose",
-           "verbose"]
+def progress_event(epoch: int, epochs: int, step: int, steps: int, loss: float,
+                   samples_per_s: float) -> str:
+    """Rank 0's progress for the driver's :class:`LiveBar` (one forwarded output line)."""
+    return LIVE_TAG + json.dumps({"epoch": epoch, "epochs": epochs, "step": step,
+                                  "steps": steps, "loss": loss, "ips": samples_per_s})
+
+
+class LiveBar:
+    """The driver's live progress bar: one tqdm bar per epoch, drawn from rank 0's
+    :func:`progress_event` lines (step / steps, loss, img/s, tqdm's rate and ETA), erased
+    (``leave=False``) when one of our own lines prints (the epoch's summary line), cleared and
+    redrawn around any other output. ``file``: where to draw (stdout)."""
+
+    def __init__(self, file: Any = None) -> None:
+        self.file = file
+        self.bar: Any = None
+        self.epoch: int | None = None
+        self.lock = threading.Lock()
+
+    def event(self, line: str) -> None:
+        """Move the bar to the event in ``line`` (a :data:`LIVE_TAG` line); a malformed one
+        prints as it is."""
+        try:
+            e = json.loads(line[len(LIVE_TAG):])
+            epoch, step, steps = int(e["epoch"]), int(e["step"]), int(e["steps"])
+            post = f"loss {float(e['loss']):.4f}  {float(e['ips']):.0f} img/s"
+            desc = f"{OWN_PREFIX} epoch {epoch}/{int(e['epochs'])}"
+        except (ValueError, KeyError, TypeError):
+            print(line, file=self.file or sys.stdout, flush=True)
+            return
+        from tqdm import tqdm
+
+        with self.lock:
+            if self.bar is not None and self.epoch != epoch:
+                self._close()
+            if self.bar is None:
+                # A terminal that reports a 0 x 0 size (some ptys) gets no bar from tqdm.
+                size = shutil.get_terminal_size((100, 20))
+                self.bar = tqdm(total=steps, initial=step, desc=desc, unit="step",
+                                postfix=post, leave=False, mininterval=0,
+                                file=self.file or sys.stdout, ncols=size.columns,
+                                nrows=size.lines)
+                self.epoch = epoch
+            self.bar.set_postfix_str(post, refresh=False)
+            self.bar.update(max(0, step - self.bar.n))
+
+    def around(self, write: Callable[[], None]) -> None:
+        """Run ``write`` (other output) with the bar cleared, then draw the bar again."""
+        with self.lock:
+            if self.bar is None:
+                write()
+                return
+            self.bar.clear()
+            try:
+                write()
+            finally:
+                self.bar.refresh()
+
+    def close(self) -> None:
+        """Erase the bar (the next event starts a new one)."""
+        with self.lock:
+            self._close()
+
+    def _close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar, self.epoch = None, None
+
+
+BAR = LiveBar()
+
+
+__all__ = ["BAR", "CHATTER", "HARMLESS", "HARMLESS_ACTORS", "LIVE_EVERY_S", "LIVE_TAG",
+           "OWN_PREFIX", "VERBOSE_ENV", "LiveBar", "after_ray_init", "before_ray_init", "duration",
+           "epoch_line", "filter_lines", "harmless", "hidden_counts", "live", "progress_event",
+           "progress_line", "run_summary", "say", "set_verbose", "verbose"]

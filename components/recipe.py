@@ -85,6 +85,10 @@ def run_pretraining(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, An
         from components.tracking import require_mlflow
 
         require_mlflow("tracking.mlflow=true")
+    if cfg.tracking.wandb:
+        from components.tracking import require_wandb
+
+        require_wandb("tracking.wandb=true")
     run_dir = prepare_run_dir(cfg)
     history = finished_history(run_dir, cfg.train.epochs)
     if history is not None:
@@ -104,6 +108,8 @@ def run_pretraining(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, An
                 f"completed checkpoints stay in {display(run_dir)}; re-run the same command to "
                 "resume"
             ) from None
+        finally:
+            console.BAR.close()
     if result.checkpoint is None:
         raise PretrainError(f"run {cfg.name!r} finished without a checkpoint")
     with result.checkpoint.as_directory() as d:
@@ -141,7 +147,7 @@ def make_trainer(cfg: PretrainConfig, run_dir: str, facts: RunFacts,
         resources["GPU"] = s.gpus_per_worker
     return TorchTrainer(
         train_loop,
-        train_loop_config=loop_config(cfg, run_dir, facts, pause_at_step),
+        train_loop_config=loop_config(cfg, run_dir, facts, pause_at_step, live=console.live()),
         scaling_config=ray.train.ScalingConfig(
             num_workers=s.num_workers, use_gpu=s.use_gpu, resources_per_worker=resources,
             placement_strategy=s.placement_strategy,
@@ -157,13 +163,15 @@ def make_trainer(cfg: PretrainConfig, run_dir: str, facts: RunFacts,
 
 
 def loop_config(cfg: PretrainConfig, run_dir: str, facts: RunFacts,
-                pause_at_step: int | None = None) -> dict[str, Any]:
+                pause_at_step: int | None = None, live: bool = False) -> dict[str, Any]:
     """What :class:`PretrainRecipe` is built from (plain containers: Ray ships it to workers).
-    ``pause_at_step`` ``None``: read :data:`PAUSE_ENV` here, once."""
+    ``pause_at_step`` ``None``: read :data:`PAUSE_ENV` here, once. ``live``: rank 0 sends
+    progress events for the driver's live bar (:func:`components.console.live`) instead of
+    a progress line every :data:`PROGRESS_EVERY_S`."""
     if pause_at_step is None:
         pause_at_step = int(os.environ.get(PAUSE_ENV, "0") or 0)
     return {"config": to_dict(cfg), "run_dir": run_dir, "facts": facts.to_dict(),
-            "pause_at_step": pause_at_step, "verbose": console.verbose()}
+            "pause_at_step": pause_at_step, "verbose": console.verbose(), "live": live}
 
 
 def train_in_trial(cfg: PretrainConfig, run_dir: str, facts: RunFacts, metric: str) -> None:
@@ -214,6 +222,7 @@ class PretrainRecipe:
         self.run_dir = str(loop_config["run_dir"])
         self.facts = RunFacts(**loop_config["facts"])
         self.pause_at_step = int(loop_config.get("pause_at_step", 0))
+        self.live = bool(loop_config.get("live", False))
         console.set_verbose(bool(loop_config.get("verbose", False)))
 
     # -- setup ---------------------------------------------------------------------------------
@@ -329,7 +338,8 @@ class PretrainRecipe:
         self.train_loader.set_epoch(epoch)
         self.model.train()
         acc, wait, t0 = StepState(), 0.0, time.perf_counter()
-        shown = t0  # the last progress line (rank 0), one every PROGRESS_EVERY_S at most
+        shown = t0  # rank 0's last progress line / event
+        every = console.LIVE_EVERY_S if self.live else PROGRESS_EVERY_S
         last_lr = float(self.optimizer.param_groups[0]["lr"])
         batches = iter(self.train_loader)
         for i in range(n):
@@ -353,12 +363,14 @@ class PretrainRecipe:
                 console.say(f"[simgraph] epoch {epoch + 1} step {i + 1}/{n} "
                             f"loss {metrics['loss']:.4f} lr {last_lr:.4g}")
             now = time.perf_counter()
-            if self.rank == 0 and now - shown >= PROGRESS_EVERY_S and i + 1 < n:
+            if self.rank == 0 and now - shown >= every and i + 1 < n:
                 shown, done = now, now - t0
-                console.say(console.progress_line(
-                    epoch + 1, cfg.train.epochs, i + 1, n, float(metrics["loss"]),
-                    (i + 1) * cfg.data.batch_size * self.world / done, done * (n - i - 1) / (i + 1),
-                ))
+                ips = (i + 1) * cfg.data.batch_size * self.world / done
+                loss = float(metrics["loss"])
+                console.say(console.progress_event(epoch + 1, cfg.train.epochs, i + 1, n, loss,
+                                                   ips) if self.live else
+                            console.progress_line(epoch + 1, cfg.train.epochs, i + 1, n, loss,
+                                                  ips, done * (n - i - 1) / (i + 1)))
         for _ in batches:  # let FFCV finish the epoch's order (nothing left: exact count)
             pass
         elapsed = time.perf_counter() - t0
@@ -473,6 +485,12 @@ class _RunLog:
 
             self.mlflow = MLflowRun(self.mirror.local, cfg.name, to_dict(cfg), t.mlflow_uri,
                                     t.mlflow_experiment)
+        self.wandb = None
+        if t.wandb:
+            from components.tracking import WandbRun
+
+            self.wandb = WandbRun(self.mirror.local, cfg.name, to_dict(cfg), t.wandb_project,
+                                  t.wandb_mode)
 
     def write(self, history: list[dict[str, Any]]) -> None:
         keys: list[str] = []
@@ -489,6 +507,8 @@ class _RunLog:
         self.tb.flush()
         if self.mlflow is not None:
             self.mlflow.log_epoch(row)
+        if self.wandb is not None:
+            self.wandb.log_epoch(row)
         self.mirror.sync()
 
     def close(self) -> None:
@@ -496,6 +516,8 @@ class _RunLog:
         MLflow run stays RUNNING until a resume finishes it)."""
         if self.mlflow is not None:
             self.mlflow.finish()
+        if self.wandb is not None:
+            self.wandb.finish()
         self.tb.close()
         self.mirror.close()
 

@@ -29,6 +29,9 @@ Format (every key but ``name``, ``base`` and ``space`` is optional; defaults sho
     mlflow: false                 # log every trial to MLflow (Ray Tune's MLflowLoggerCallback,
     mlflow_uri: null              # experiment = name); default store sqlite:///<sweep dir>/
                                   # mlflow.db; needs mlflow-skinny
+    wandb: false                  # log every trial to W&B (Ray Tune's WandbLoggerCallback,
+    wandb_project: simgraph       # group = name; offline: each trial dir's wandb/, no
+    wandb_mode: offline           # account needed, `wandb sync` uploads); needs wandb
     space:                        # unconditional parameters, keyed by config path
       loss.name: {choice: [simclr, xclr]}
       loss.tau: {loguniform: [0.05, 0.5]}
@@ -80,6 +83,7 @@ from components.config import (
     check_at_least,
     check_non_negative,
     check_positive,
+    check_wandb_mode,
     from_dict,
     load_config,
     load_yaml,
@@ -94,7 +98,8 @@ REPORTED_METRICS = ("knn_top1", "loss", "lr", "samples_per_s", "data_wait",
                     "anchors_without_positive")
 # Keys of a sweep file that load_sweep's overrides may set; the sections take sub-keys.
 OVERRIDABLE_KEYS = ("name", "storage", "metric", "mode", "num_samples", "max_concurrent",
-                    "study_storage", "mlflow", "mlflow_uri", "overrides")
+                    "study_storage", "mlflow", "mlflow_uri", "wandb", "wandb_project",
+                    "wandb_mode", "overrides")
 OVERRIDABLE_SECTIONS = ("resources", "searcher", "scheduler")
 # Config keys every trial gets from the sweep itself: not searchable, not in ``overrides``.
 SET_BY_SWEEP = {
@@ -368,6 +373,9 @@ class _SweepSettings:
     study_storage: str | None = None
     mlflow: bool = False
     mlflow_uri: str | None = None
+    wandb: bool = False
+    wandb_project: str = "simgraph"
+    wandb_mode: str = "offline"
 
 
 SETTINGS = tuple(f.name for f in dataclasses.fields(_SweepSettings))
@@ -430,6 +438,10 @@ class SweepConfig(_SweepSettings):
             raise ConfigError(f"mlflow: true with storage={self.storage!r} needs mlflow_uri (a "
                               "tracking server, or sqlite:///<local path>): the default SQLite "
                               "store lives in a local sweep dir")
+        if not self.wandb_project:
+            raise ConfigError("wandb_project='' is not allowed: name the project, e.g. "
+                              "simgraph")
+        check_wandb_mode("wandb_mode", self.wandb_mode)
         self._check_overrides()
         self._check_parameters()
 

@@ -1,4 +1,5 @@
-"""Opt-in experiment trackers (``tracking:`` in a pretrain config, ``mlflow:`` in a sweep file).
+"""Opt-in experiment trackers (``tracking:`` in a pretrain config, ``mlflow:`` / ``wandb:`` in a
+sweep file).
 
 MLflow through its own client API: :class:`MLflowRun` is rank 0's run of one pretraining run
 (the flattened config as parameters, every epoch's metrics at step = epoch, the MLflow run id
@@ -6,19 +7,28 @@ kept in the run dir so a resumed run continues the same MLflow run); sweeps use 
 ``MLflowLoggerCallback`` (:func:`tune_callbacks`). The default store is SQLite in the run or
 sweep dir (MLflow 3 refuses its old file store), readable with ``mlflow ui
 --backend-store-uri sqlite:///<dir>/mlflow.db`` or ``mlflow.MlflowClient``.
+
+Weights & Biases the same way: :class:`WandbRun` is rank 0's run (config, every epoch's
+metrics against ``epoch``, the run id kept in the run dir so a resume continues it), sweeps
+use Ray Tune's ``WandbLoggerCallback``. Offline mode (the default) needs no account or
+network: runs are written under ``<run dir>/wandb/`` (a sweep's under each trial dir) and
+``wandb sync <dir>`` uploads them later.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
+import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from components.errors import SimgraphError
 
 RUN_ID_FILE = "mlflow_run_id"
 DB_FILE = "mlflow.db"
+WANDB_ID_FILE = "wandb_run_id"
 
 
 class TrackingError(SimgraphError, RuntimeError):
@@ -32,6 +42,25 @@ def require_mlflow(what: str) -> None:
     except ImportError:
         raise TrackingError(f"{what} needs MLflow: pip install mlflow-skinny (or the project's "
                             "'tracking' extra: pip install -e '.[tracking]')") from None
+
+
+def require_wandb(what: str) -> None:
+    """Raises :class:`TrackingError` (before any work starts) when wandb is missing."""
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        raise TrackingError(f"{what} needs Weights & Biases: pip install wandb (or the "
+                            "project's 'tracking' extra: pip install -e '.[tracking]')") from None
+
+
+def _wandb_settings() -> Any:
+    """No console capture (rank 0's stdout is forwarded by Ray line by line), and wandb's
+    banner lines only with ``--verbose``."""
+    import wandb
+
+    from components.console import verbose
+
+    return wandb.Settings(console="off", quiet=not verbose(), silent=not verbose())
 
 
 def default_uri(local_dir: str | Path) -> str:
@@ -85,24 +114,78 @@ class MLflowRun:
         self.client.set_terminated(self.run_id)
 
 
+class WandbRun:
+    """Rank 0's W&B run for the pretraining run in ``local_dir`` (the run dir, or its local
+    mirror when the run dir is a URI): files under ``local_dir/wandb/``."""
+
+    def __init__(self, local_dir: Path, name: str, config: dict[str, Any], project: str,
+                 mode: str) -> None:
+        import wandb
+
+        # A wandb-core service inherited from a parent process (wandb exports WANDB_SERVICE)
+        # is not ours: a killed run's stream stays registered there and its resume would be
+        # refused ("run ID ... is in use"). This process starts its own.
+        os.environ.pop("WANDB_SERVICE", None)
+        id_file = local_dir / WANDB_ID_FILE
+        resumed = id_file.exists()
+        run_id = id_file.read_text().strip() if resumed else uuid.uuid4().hex[:12]
+        self.run = wandb.init(project=project, name=name, id=run_id, resume="allow",
+                              mode=cast(Any, mode), dir=str(local_dir), config=config,
+                              settings=_wandb_settings(), reinit="create_new")
+        self.run.define_metric("epoch")
+        self.run.define_metric("*", step_metric="epoch")
+        if not resumed:
+            id_file.write_text(run_id + "\n")
+        self.run_id = run_id
+
+    def log_epoch(self, row: dict[str, Any]) -> None:
+        self.run.log({k: float(v) for k, v in row.items()
+                      if isinstance(v, int | float) and not isinstance(v, bool)})
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+def prepare_sweep_trackers(sweep: Any) -> None:
+    """What a sweep's trackers need in the driver, for a new sweep and for a resumed one
+    (whose callbacks Tune unpickles): the packages, and ``WANDB_MODE=offline`` for an
+    offline W&B sweep (Ray's ``WandbLoggerCallback.setup`` asks for an API key otherwise)."""
+    if sweep.mlflow:
+        require_mlflow("mlflow: true in the sweep file")
+    if sweep.wandb:
+        require_wandb("wandb: true in the sweep file")
+        if sweep.wandb_mode == "offline":
+            os.environ["WANDB_MODE"] = "offline"
+
+
 def tune_callbacks(sweep: Any, sweep_dir: str | Path) -> list[Any]:
-    """Ray Tune callbacks for a sweep's trackers: MLflow's, one MLflow run per trial in
-    experiment ``<sweep name>``, when the sweep file says ``mlflow: true``. Without
-    ``mlflow_uri`` the store is SQLite in ``sweep_dir`` (local: the sweep config refuses a URI
-    storage without ``mlflow_uri``), created here since Tune has not made the dir yet."""
-    if not sweep.mlflow:
-        return []
-    require_mlflow("mlflow: true in the sweep file")
-    _quiet()
-    from ray.air.integrations.mlflow import MLflowLoggerCallback
+    """Ray Tune callbacks for a sweep's trackers. ``mlflow: true``: MLflow's, one MLflow run
+    per trial in experiment ``<sweep name>``; without ``mlflow_uri`` the store is SQLite in
+    ``sweep_dir`` (local: the sweep config refuses a URI storage without ``mlflow_uri``),
+    created here since Tune has not made the dir yet. ``wandb: true``: W&B's, one run per
+    trial in project ``wandb_project``, group ``<sweep name>``, under each trial dir's
+    ``wandb/`` in offline mode (see :func:`prepare_sweep_trackers`)."""
+    prepare_sweep_trackers(sweep)
+    callbacks: list[Any] = []
+    if sweep.mlflow:
+        _quiet()
+        from ray.air.integrations.mlflow import MLflowLoggerCallback
 
-    uri = sweep.mlflow_uri
-    if uri is None:
-        Path(sweep_dir).mkdir(parents=True, exist_ok=True)
-        uri = default_uri(sweep_dir)
-    return [MLflowLoggerCallback(tracking_uri=uri, experiment_name=sweep.name,
-                                 save_artifact=False)]
+        uri = sweep.mlflow_uri
+        if uri is None:
+            Path(sweep_dir).mkdir(parents=True, exist_ok=True)
+            uri = default_uri(sweep_dir)
+        callbacks.append(MLflowLoggerCallback(tracking_uri=uri, experiment_name=sweep.name,
+                                              save_artifact=False))
+    if sweep.wandb:
+        from ray.air.integrations.wandb import WandbLoggerCallback
+
+        callbacks.append(WandbLoggerCallback(project=sweep.wandb_project, group=sweep.name,
+                                             mode=sweep.wandb_mode,
+                                             settings=_wandb_settings()))
+    return callbacks
 
 
-__all__ = ["DB_FILE", "MLflowRun", "RUN_ID_FILE", "TrackingError", "default_uri",
-           "require_mlflow", "tune_callbacks"]
+__all__ = ["DB_FILE", "MLflowRun", "RUN_ID_FILE", "TrackingError", "WANDB_ID_FILE", "WandbRun",
+           "default_uri", "prepare_sweep_trackers", "require_mlflow", "require_wandb",
+           "tune_callbacks"]

@@ -120,7 +120,7 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
     from components.paths import resolve_path
     from components.search_space import define_by_run, make_sampler
     from components.storage import display, list_dir
-    from components.tracking import tune_callbacks
+    from components.tracking import prepare_sweep_trackers, tune_callbacks
 
     # In-trial: the actor holds the worker's CPUs/GPUs. Otherwise it only drives its
     # TorchTrainer, whose workers reserve their own.
@@ -130,6 +130,7 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
         sweep.resources.trial_resources(),
     )
     path = sweep_dir(sweep)
+    prepare_sweep_trackers(sweep)
     if resume:
         if not ray.tune.Tuner.can_restore(path):
             raise SweepError(f"nothing to resume in {display(path)}: start the sweep without "

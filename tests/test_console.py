@@ -94,3 +94,54 @@ def test_verbose_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert console.verbose() and console.before_ray_init() == {}
     console.set_verbose(False)
     assert not console.verbose()
+
+
+def test_live_bar_draws_progress_events_and_is_erased_before_other_lines(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import io
+
+    screen = io.StringIO()
+    monkeypatch.setattr(console, "BAR", console.LiveBar(file=screen))
+    got: list[dict] = []
+    emit = console._filtered(got.append)
+    events = [console.progress_event(2, 15, s, 8, 3.5 - 0.1 * s, 650.0) for s in (2, 5)]
+    emit({"lines": events, "pid": 7, "is_err": False, "actor_name": "RayTrainWorker"})
+    bar = console.BAR.bar
+    assert bar is not None and (bar.n, bar.total) == (5, 8)
+    drawn = screen.getvalue()
+    assert "epoch 2/15" in drawn and "5/8" in drawn and "loss 3.0000" in drawn
+    assert "650 img/s" in drawn
+    assert capsys.readouterr().out == ""  # events never print as lines
+    # An epoch line (or any other output) erases the bar and prints as it is.
+    emit({"lines": ["[simgraph] epoch 2/15  loss 3.1"], "pid": 7, "is_err": False,
+          "actor_name": "RayTrainWorker"})
+    assert console.BAR.bar is None
+    assert capsys.readouterr().out == "[simgraph] epoch 2/15  loss 3.1\n"
+    # The next epoch's first event starts a new bar where the worker is.
+    emit({"lines": [console.progress_event(3, 15, 4, 8, 2.9, 700.0)], "pid": 7,
+          "is_err": False, "actor_name": "RayTrainWorker"})
+    assert console.BAR.bar is not None and console.BAR.bar.n == 4 and console.BAR.epoch == 3
+    # Other output passes through with the bar cleared and drawn again after it.
+    emit({"lines": ["a real warning"], "pid": 7, "is_err": True, "actor_name": "RayTrainWorker"})
+    assert console.BAR.bar is not None and got[-1]["lines"] == ["a real warning"]
+    console.BAR.close()
+    # A malformed event is shown, not swallowed.
+    emit({"lines": [console.LIVE_TAG + "{not json"], "pid": 7, "is_err": False,
+          "actor_name": "RayTrainWorker"})
+    assert screen.getvalue().endswith(console.LIVE_TAG + "{not json\n")
+
+
+def test_live_bar_only_on_a_terminal_without_verbose(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Tty:
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(console, "_forwarding_filtered", True)
+    monkeypatch.setattr(console.sys, "stdout", Tty())
+    monkeypatch.delenv(console.VERBOSE_ENV, raising=False)
+    assert console.live()
+    monkeypatch.setenv(console.VERBOSE_ENV, "1")
+    assert not console.live()
+    monkeypatch.delenv(console.VERBOSE_ENV)
+    monkeypatch.setattr(console, "_forwarding_filtered", False)  # events would print raw
+    assert not console.live()

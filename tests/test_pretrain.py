@@ -93,7 +93,7 @@ def test_killed_run_resumes_to_identical_weights_and_metrics(dataset: Path,
     assert "TrainingReport(" in loud  # --verbose: Ray Train's own lines too
 
     killed = tiny_run_config(dataset, tmp_path / "runs", name="killed",
-                             tracking={"mlflow": True})
+                             tracking={"mlflow": True, "wandb": True})
     steps = 4  # 128 train samples / (2 workers × 16)
     proc = _start(killed, tmp_path, pause_at_step=2 * steps + 1)
     run_dir = tmp_path / "runs" / "killed"
@@ -123,6 +123,15 @@ def test_killed_run_resumes_to_identical_weights_and_metrics(dataset: Path,
     (mrun,) = client.search_runs([client.get_experiment_by_name("simgraph").experiment_id])
     assert mrun.info.status == "FINISHED" and mrun.data.params["loss.name"] == "supcon"
     assert [m.step for m in client.get_metric_history(mrun.info.run_id, "loss")] == [1, 2, 3, 4]
+    # tracking.wandb (offline): the resumed process continues the same W&B run id with the
+    # epochs it trained (the killed process's run may have lost unflushed records)
+    from tests.wandb_offline import offline_runs
+
+    *_, resumed = offline_runs(run_dir)
+    dirs = sorted((run_dir / "wandb").glob("offline-run-*"))  # <time>-<run id>, per process
+    assert len(dirs) == 2 and {d.name.rsplit("-", 1)[1] for d in dirs} == {resumed.run_id}
+    assert resumed.name == "killed" and resumed.config["loss"]["name"] == "supcon"
+    assert [h["epoch"] for h in resumed.history if "loss" in h] == [3, 4]
 
     a, b = _final(tmp_path / "runs" / "straight"), _final(run_dir)
     assert a["epoch"] == b["epoch"] == 4 and a["step"] == b["step"] == 16

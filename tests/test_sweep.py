@@ -41,6 +41,7 @@ def _space(tmp: Path) -> Path:
         "scheduler": {"name": "fifo"},
         "study_storage": f"sqlite:///{tmp / 'study.db'}",
         "mlflow": True,  # Ray Tune's MLflowLoggerCallback, into sweeps/s/mlflow.db
+        "wandb": True,  # Ray Tune's WandbLoggerCallback, offline, under each trial dir
         "space": {"loss.name": {"choice": ["simclr", "xclr"]},
                   "optim.lr": {"loguniform": [0.01, 0.5]}},
         "conditional": {"loss.name": {"xclr": {"loss.tau_s": {"loguniform": [0.05, 1.0]}}}},
@@ -108,6 +109,14 @@ def test_sweep_killed_after_two_trials_resumes_the_rest(tmp_path: Path) -> None:
         run = by_name.get(f"trial_fn_{r['trial']}")
         assert run is not None, (r["trial"], sorted(by_name))
         assert "knn_top1" in run.data.metrics
+    # W&B (offline): every trial of the result has a run in group "s" with its 2 epochs' kNN
+    from tests.wandb_offline import offline_runs
+
+    wb = offline_runs(tmp_path / "sweeps" / "s")
+    for r in rows:
+        knn = [h["knn_top1"] for w in wb if w.name == f"trial_fn_{r['trial']}"
+               for h in w.history if "knn_top1" in h]
+        assert len(knn) >= 2 and knn[-1] == pytest.approx(float(r["knn_top1"])), (r, knn)
 
 
 def test_failed_trials_are_reported_failed_never_with_a_value(tmp_path: Path) -> None:

@@ -59,3 +59,57 @@ def test_sweep_mlflow_settings(tmp_path: Path) -> None:
     assert type(cb).__name__ == "MLflowLoggerCallback"
     assert tune_callbacks(load_sweep(space), tmp_path) == []
     assert yaml.safe_load(space.read_text()).get("mlflow") is None  # opt-in
+
+
+def test_wandb_offline_run_logs_config_and_epochs_and_a_resume_continues_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SERVICE", "")  # wandb exports its service: not to later tests
+    from components.tracking import WANDB_ID_FILE, WandbRun
+    from tests.wandb_offline import offline_runs
+
+    cfg = from_dict(PretrainConfig, {"name": "r", "data": {"dataset": "/d"},
+                                     "loss": {"name": "xclr", "tau": 0.2, "tau_s": 0.1},
+                                     "tracking": {"wandb": True}})
+    run = WandbRun(tmp_path, "r", to_dict(cfg), "simgraph", "offline")
+    for epoch in (1, 2):
+        run.log_epoch({"epoch": epoch, "loss": 5.0 - epoch, "knn_top1": 0.1 * epoch,
+                       "note": "not a number"})
+    run.finish()
+    again = WandbRun(tmp_path, "r", to_dict(cfg), "simgraph", "offline")  # the resumed run
+    assert again.run_id == run.run_id and (tmp_path / WANDB_ID_FILE).exists()
+    again.log_epoch({"epoch": 3, "loss": 1.5, "knn_top1": 0.35})
+    again.finish()
+
+    first, second = offline_runs(tmp_path)  # one offline-run dir per process, same run id
+    assert first.run_id == second.run_id == run.run_id
+    assert (first.name, first.project) == ("r", "simgraph")
+    assert first.config["loss"] == to_dict(cfg)["loss"]
+    assert first.config["loss"]["tau_s"] == 0.1
+    rows = [r for r in first.history + second.history if "knn_top1" in r]
+    assert [(r["epoch"], round(r["knn_top1"], 6)) for r in rows] == [(1, 0.1), (2, 0.2),
+                                                                     (3, 0.35)]
+    assert all("note" not in r for r in rows)
+
+
+def test_sweep_wandb_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("wandb")
+    from components.search_space import load_sweep
+    from components.tracking import tune_callbacks
+
+    root = Path(__file__).resolve().parents[1]
+    space = root / "search_spaces/small_data/simclr.yaml"
+    with pytest.raises(ConfigError, match="wandb_mode='cloud' is not allowed: choose one of "
+                                          "offline, online"):
+        load_sweep(space, ["wandb=true", "wandb_mode=cloud"])
+    with pytest.raises(ConfigError, match="tracking.wandb_mode='x' is not allowed"):
+        from_dict(PretrainConfig, {"name": "r", "data": {"dataset": "/d"},
+                                   "tracking": {"wandb": True, "wandb_mode": "x"}})
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    (cb,) = tune_callbacks(load_sweep(space, ["wandb=true", "wandb_project=p"]), tmp_path)
+    assert type(cb).__name__ == "WandbLoggerCallback"
+    assert (cb.project, cb.group, cb.kwargs["mode"]) == ("p", "small-simclr", "offline")
+    import os
+
+    assert os.environ["WANDB_MODE"] == "offline"
+    cb.setup()  # Ray's callback: no API key asked for offline

@@ -72,6 +72,7 @@ from components.config.pretrain import (
     ScalingSection,
     TrackingConfig,
     TrainConfig,
+    check_wandb_mode,
 )
 
 __all__ = [
@@ -107,6 +108,7 @@ __all__ = [
     "TAGGED_SECTIONS",
     "TEMPERATURE_KEYS",
     "TrackingConfig",
+    "check_wandb_mode",
     "TrainConfig",
     "XCLRConfig",
     "apply_overrides",

@@ -262,16 +262,39 @@ class TrackingConfig:
     the run dir (``sqlite:///<run dir>/mlflow.db``; ``mlflow ui --backend-store-uri`` that
     URI shows it), in experiment ``mlflow_experiment``. A resumed run continues the same
     MLflow run. Needs the ``mlflow-skinny`` package (``pip install -e '.[tracking]'``).
+
+    ``wandb: true`` logs the config and every epoch's metrics (x-axis ``epoch``) to Weights &
+    Biases from rank 0, in project ``wandb_project``; ``wandb_mode: offline`` (the default)
+    writes the run under ``<run dir>/wandb/`` without a network or account (``wandb sync``
+    uploads it later), ``online`` needs ``WANDB_API_KEY`` or ``wandb login``. A resumed run
+    continues the same W&B run id. Needs the ``wandb`` package.
     """
 
     mlflow: bool = False
     mlflow_uri: str | None = None
     mlflow_experiment: str = "simgraph"
+    wandb: bool = False
+    wandb_project: str = "simgraph"
+    wandb_mode: str = "offline"
 
     def __post_init__(self) -> None:
         if not self.mlflow_experiment:
             raise ConfigError("tracking.mlflow_experiment='' is not allowed: name the "
                               "experiment, e.g. simgraph")
+        if not self.wandb_project:
+            raise ConfigError("tracking.wandb_project='' is not allowed: name the project, "
+                              "e.g. simgraph")
+        check_wandb_mode("tracking.wandb_mode", self.wandb_mode)
+
+
+WANDB_MODES = ("offline", "online")
+
+
+def check_wandb_mode(key: str, mode: str) -> None:
+    if mode not in WANDB_MODES:
+        raise ConfigError(f"{key}={mode!r} is not allowed: choose one of "
+                          f"{', '.join(WANDB_MODES)} (offline writes the run locally; "
+                          "`wandb sync` uploads it later)")
 
 
 @dataclasses.dataclass(frozen=True)
