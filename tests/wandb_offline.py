@@ -77,5 +77,7 @@ def read_offline_run(path: Path) -> OfflineRun:
 
 
 def offline_runs(root: Path) -> list[OfflineRun]:
-    """Every offline run under ``root`` (``**/wandb/offline-run-*``), oldest first."""
-    return [read_offline_run(d) for d in sorted(root.glob("**/wandb/offline-run-*"))]
+    """Every offline run under ``root`` (``**/wandb/offline-run-*``), oldest first; a run
+    killed before its ``.wandb`` file was created is left out."""
+    return [read_offline_run(d) for d in sorted(root.glob("**/wandb/offline-run-*"))
+            if any(d.glob("run-*.wandb"))]
