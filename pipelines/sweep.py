@@ -25,11 +25,13 @@ Top to bottom:
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -367,11 +369,45 @@ def plot_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> None:
         plt.close(fig)
     if len(good) < 2:
         return
-    study = _study(sweep, rows)
-    importances = param_importances(sweep, rows, study)
-    if importances:
-        (out / "param_importances.yaml").write_text(yaml.safe_dump(importances))
-    _optuna_plots(study, out, list(importances))
+    with _optuna_console():
+        study = _study(sweep, rows)
+        importances = param_importances(sweep, rows, study)
+        if importances:
+            (out / "param_importances.yaml").write_text(yaml.safe_dump(importances))
+        _optuna_plots(study, out, list(importances))
+
+
+@contextlib.contextmanager
+def _optuna_console() -> Iterator[None]:
+    """Optuna while the sweep's results are drawn: its INFO lines ("A new study created in
+    memory") and repeated importance warnings ("Some regimes for parameter ... have less than
+    2 trials") only with ``--verbose``; quiet, the warnings become one line."""
+    import warnings
+
+    import optuna
+
+    from components import console
+
+    if console.verbose():
+        yield
+        return
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+    finally:
+        optuna.logging.set_verbosity(level)
+    rough = sorted({m.group(1) for w in caught
+                    if (m := re.search(r"parameter `(.+?)` have less than 2 trials",
+                                       str(w.message)))})
+    if rough:
+        print(f"simgraph sweep: parameter importances are rough: some values of "
+              f"{', '.join(rough)} have fewer than 2 trials", file=sys.stderr)
+    for w in caught:
+        if "have less than 2 trials" not in str(w.message):
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
 
 
 def _log_axis(ax: Any, which: str = "x") -> None:
