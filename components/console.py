@@ -244,7 +244,10 @@ def run_summary(cfg: Any, facts: Any, run_dir: str) -> str:
         f"{steps} steps/epoch x {cfg.train.epochs} epochs = {steps * cfg.train.epochs} steps",
         f"  optim   {o.name}, peak LR {lr:.4g} = {how}; warm-up {o.warmup_epochs:g} epochs, "
         f"then {o.schedule}" + (f" to {o.final_lr_fraction:g} x peak"
-                                if o.schedule == "cosine" else ""),
+                                if o.schedule == "cosine" else
+                                f" x {o.step_gamma:g} at epochs "
+                                f"{', '.join(f'{x:g}' for x in o.step_epochs)}"
+                                if o.schedule == "step" else ""),
         f"  kNN     {knn}",
         *(f"  warning {note}" for note in facts.warnings),
     ])

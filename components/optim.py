@@ -8,7 +8,8 @@
 * :func:`scaled_lr`: the linear (Goyal et al. 2017) and square-root (SimCLR App. B.1) rules.
 * :func:`warmup_cosine` / :func:`build_scheduler`: linear warm-up then cosine decay
   (Loshchilov & Hutter 2017, SGDR; SimCLR uses 10 warm-up epochs then cosine, no restarts),
-  or linear warm-up then a constant LR (:func:`warmup_constant`).
+  or linear warm-up then a constant LR (:func:`warmup_constant`), or linear warm-up then step
+  decay at milestones (:func:`warmup_step`, the ``MultiStepLR`` rule of He et al. 2016).
 
 The scheduler is stepped once per optimiser step (not per epoch); ``step`` counts optimiser steps
 from 0.
@@ -31,11 +32,11 @@ if TYPE_CHECKING:
     from components.config import OptimConfig
 
 OptimizerName = Literal["sgd", "lars", "adam", "adamw"]
-ScheduleName = Literal["cosine", "constant"]
+ScheduleName = Literal["cosine", "constant", "step"]
 ScalingRule = Literal["linear", "sqrt", "none"]
 
 OPTIMIZERS: tuple[str, ...] = ("sgd", "lars", "adam", "adamw")
-SCHEDULES: tuple[str, ...] = ("cosine", "constant")
+SCHEDULES: tuple[str, ...] = ("cosine", "constant", "step")
 SCALING_RULES: tuple[str, ...] = ("linear", "sqrt", "none")
 
 
@@ -314,15 +315,42 @@ def warmup_constant(
     return (step + 1) / warmup_steps if step < warmup_steps else 1.0
 
 
+def warmup_step(
+    step: int, total_steps: int, warmup_steps: int, milestones: tuple[int, ...] = (),
+    gamma: float = 0.1,
+) -> float:
+    """LR multiplier: ``(step + 1) / W`` during the ``W = warmup_steps`` warm-up steps, then
+    ``gamma ** k`` where ``k`` is the number of ``milestones`` (optimiser steps, increasing)
+    at or before ``step`` — torch's ``MultiStepLR`` after a linear warm-up.
+
+    Raises:
+        ValueError: as :func:`warmup_cosine`; ``gamma`` outside ``(0, 1]``; milestones that are
+            not increasing integers in ``[1, total_steps)``.
+    """
+    warmup_cosine(step, total_steps, warmup_steps)  # the same checks
+    if not (isinstance(gamma, int | float) and 0.0 < gamma <= 1.0):
+        raise ValueError(f"gamma={gamma!r} is not allowed: must be in (0, 1]")
+    if not all(_is_int(m) and 1 <= m < total_steps for m in milestones) or any(
+            b <= a for a, b in zip(milestones, milestones[1:], strict=False)):
+        raise ValueError(f"milestones={milestones!r} are not allowed: give increasing steps in "
+                         f"[1, total_steps={total_steps})")
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    return float(gamma ** sum(step >= m for m in milestones))
+
+
 def build_scheduler(
     optimizer: torch.optim.Optimizer,
     total_steps: int,
     warmup_steps: int,
     final_fraction: float = 0.0,
     schedule: ScheduleName = "cosine",
+    milestones: tuple[int, ...] = (),
+    gamma: float = 0.1,
 ) -> LambdaLR:
-    """``LambdaLR`` with multiplier :func:`warmup_cosine` (``schedule="cosine"``) or
-    :func:`warmup_constant` (``"constant"``); call ``.step()`` after each ``optimizer.step()``.
+    """``LambdaLR`` with multiplier :func:`warmup_cosine` (``schedule="cosine"``),
+    :func:`warmup_constant` (``"constant"``) or :func:`warmup_step` (``"step"``: ``milestones``
+    in optimiser steps, ``gamma``); call ``.step()`` after each ``optimizer.step()``.
 
     The multiplier is a :func:`functools.partial` (not a lambda), so the scheduler pickles;
     its ``state_dict()`` holds only plain values (the partial's empty ``__dict__``), which
@@ -335,12 +363,17 @@ def build_scheduler(
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule={schedule!r} is not one of {', '.join(SCHEDULES)}")
     warmup_cosine(0, total_steps, warmup_steps, final_fraction)  # validate now, not mid-run
-    fn = functools.partial(
-        warmup_cosine if schedule == "cosine" else warmup_constant,
-        total_steps=total_steps,
-        warmup_steps=warmup_steps,
-        final_fraction=final_fraction,
-    )
+    if schedule == "step":
+        warmup_step(0, total_steps, warmup_steps, milestones, gamma)
+        fn = functools.partial(warmup_step, total_steps=total_steps, warmup_steps=warmup_steps,
+                               milestones=tuple(milestones), gamma=gamma)
+    else:
+        fn = functools.partial(
+            warmup_cosine if schedule == "cosine" else warmup_constant,
+            total_steps=total_steps,
+            warmup_steps=warmup_steps,
+            final_fraction=final_fraction,
+        )
     return LambdaLR(optimizer, lr_lambda=fn)
 
 
@@ -417,6 +450,9 @@ def build_for_run(
                                 betas=(cfg.betas[0], cfg.betas[1]),
                                 trust_coefficient=cfg.trust_coefficient)
     warmup = min(total, round(cfg.warmup_epochs * steps_per_epoch))
+    # step: milestones in epochs -> optimiser steps (one past the run's end drops out)
+    milestones = tuple(m for m in (round(e * steps_per_epoch) for e in cfg.step_epochs)
+                       if 1 <= m < total)
     return optimizer, build_scheduler(optimizer, total, warmup, cfg.final_lr_fraction,
-                                      cfg.schedule)
+                                      cfg.schedule, milestones, cfg.step_gamma)
 

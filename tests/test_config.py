@@ -131,3 +131,20 @@ def test_config_diff_treats_keys_added_later_as_their_defaults() -> None:
     assert config_diff(old, new) == ["optim.lr"]
     old["model"]["backbone"] = "tiny"  # no longer loads: compared as stored
     assert "model.backbone" in config_diff(old, new)
+
+
+def test_step_schedule_settings() -> None:
+    from components.config import ConfigError, OptimConfig
+
+    cfg = OptimConfig(schedule="step", step_epochs=[30, 40.5], step_gamma=0.2)
+    assert cfg.step_epochs == [30, 40.5]
+    with pytest.raises(ConfigError, match=r"schedule=step needs optim.step_epochs.*\[60, 80\]"):
+        OptimConfig(schedule="step")
+    with pytest.raises(ConfigError, match=r"step_epochs=\[40, 30\] is not allowed: give "
+                                          "increasing epochs > 0"):
+        OptimConfig(schedule="step", step_epochs=[40, 30])
+    with pytest.raises(ConfigError, match=r"step_epochs=\[30\] is only used by "
+                                          "optim.schedule=step \\(schedule is cosine\\)"):
+        OptimConfig(step_epochs=[30])
+    with pytest.raises(ConfigError, match="optim.step_gamma"):
+        OptimConfig(schedule="step", step_epochs=[30], step_gamma=1.5)

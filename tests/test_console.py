@@ -85,6 +85,10 @@ def test_run_summary_shows_the_effective_learning_rate_and_how_it_was_derived() 
                                      "optim": {"lr": 0.001, "lr_scaling": "linear",
                                                "reference_batch": 256}})
     assert "peak LR 0.0005 = optim.lr 0.001 × 128/256" in console.run_summary(one, facts, "/r")
+    step = from_dict(PretrainConfig, {"name": "d", "data": {"dataset": "/d"}, "optim": {
+        "schedule": "step", "step_epochs": [6, 8], "step_gamma": 0.1, "warmup_epochs": 0}})
+    assert "warm-up 0 epochs, then step x 0.1 at epochs 6, 8" in console.run_summary(
+        step, facts, "/r")
 
 
 def test_verbose_switch(monkeypatch: pytest.MonkeyPatch) -> None:

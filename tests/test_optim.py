@@ -21,6 +21,7 @@ from components.optim import (
     scaled_lr,
     warmup_constant,
     warmup_cosine,
+    warmup_step,
 )
 
 
@@ -348,8 +349,37 @@ def test_constant_schedule_warms_up_then_holds() -> None:
     assert [warmup_constant(s, 5, 0) for s in range(7)] == [1.0] * 7
     with pytest.raises(ValueError, match="warmup_steps=9"):
         warmup_constant(0, 5, 9)
-    with pytest.raises(ValueError, match="schedule='step'.*cosine, constant"):
-        build_scheduler(opt, total_steps=8, warmup_steps=0, schedule="step")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="schedule='linear'.*cosine, constant, step"):
+        build_scheduler(opt, total_steps=8, warmup_steps=0, schedule="linear")  # type: ignore[arg-type]
+
+
+def test_step_schedule_warms_up_then_decays_at_the_milestones() -> None:
+    p = nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([p], lr=0.4)
+    sched = build_scheduler(opt, total_steps=10, warmup_steps=2, schedule="step",
+                            milestones=(4, 7), gamma=0.5)
+    lrs = []
+    for _ in range(11):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    np.testing.assert_allclose(lrs, [0.2, 0.4, 0.4, 0.4, 0.2, 0.2, 0.2, 0.1, 0.1, 0.1, 0.1],
+                               rtol=1e-15)
+    # torch's MultiStepLR gives the same LRs after the warm-up
+    opt2 = torch.optim.SGD([nn.Parameter(torch.ones(2))], lr=0.4)
+    ref = torch.optim.lr_scheduler.MultiStepLR(opt2, milestones=[2, 5], gamma=0.5)
+    want = []
+    for _ in range(9):
+        want.append(opt2.param_groups[0]["lr"])
+        opt2.step()
+        ref.step()
+    np.testing.assert_allclose(lrs[2:], want, rtol=1e-15)
+    assert warmup_step(3, 10, 0, (3,), 0.1) == pytest.approx(0.1)
+    for bad in [(0,), (5, 5), (4, 2), (10,)]:
+        with pytest.raises(ValueError, match="milestones"):
+            build_scheduler(opt, total_steps=10, warmup_steps=0, schedule="step", milestones=bad)
+    with pytest.raises(ValueError, match="gamma=0"):
+        warmup_step(0, 10, 0, (3,), 0.0)
 
 
 def test_build_scheduler_validates_early() -> None:
@@ -423,3 +453,9 @@ def test_build_for_run_scales_warms_up_and_schedules() -> None:
     opt, sched = build_for_run(net, cfg, global_batch=64, steps_per_epoch=2, epochs=2)
     assert type(opt) is torch.optim.Adam
     assert [sched.lr_lambdas[0](s) for s in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    # step: milestones in epochs become optimiser steps; one at or past the end drops out
+    cfg = OptimConfig(name="sgd", lr=0.1, lr_scaling="none", warmup_epochs=0.0,
+                      schedule="step", step_epochs=[1.5, 3, 4], step_gamma=0.1)
+    opt, sched = build_for_run(net, cfg, global_batch=64, steps_per_epoch=2, epochs=4)
+    np.testing.assert_allclose([sched.lr_lambdas[0](s) for s in range(8)],
+                               [1, 1, 1, 0.1, 0.1, 0.1, 0.01, 0.01], rtol=1e-12)

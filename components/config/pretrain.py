@@ -144,9 +144,10 @@ class OptimConfig:
     """Optimiser and LR schedule. The peak LR is ``lr`` scaled from ``reference_batch`` to the
     global batch (``lr_scaling``: linear, as SimCLR's 0.3 × B/256; sqrt; or none), reached
     after ``warmup_epochs`` of linear warm-up, then (``schedule``) cosine-decayed to
-    ``final_lr_fraction`` × peak, or held ``constant``. ``adam`` is plain Adam (L2 weight decay
-    in the gradient), ``adamw`` decoupled decay. Weight decay and LARS skip biases and norm
-    parameters."""
+    ``final_lr_fraction`` × peak, held ``constant``, or ``step``: multiplied by ``step_gamma``
+    at each epoch of ``step_epochs`` (e.g. ``[60, 80]`` of 100; fractional epochs allowed).
+    ``adam`` is plain Adam (L2 weight decay in the gradient), ``adamw`` decoupled decay.
+    Weight decay and LARS skip biases and norm parameters."""
 
     name: Literal["sgd", "lars", "adam", "adamw"] = "sgd"
     lr: float = 0.3
@@ -157,8 +158,10 @@ class OptimConfig:
     betas: list[float] = dataclasses.field(default_factory=lambda: [0.9, 0.999])
     trust_coefficient: float = 0.001
     warmup_epochs: float = 10.0
-    schedule: Literal["cosine", "constant"] = "cosine"
+    schedule: Literal["cosine", "constant", "step"] = "cosine"
     final_lr_fraction: float = 0.0
+    step_epochs: list[float] = dataclasses.field(default_factory=list)
+    step_gamma: float = 0.1
 
     def __post_init__(self) -> None:
         check_positive("optim.lr", self.lr)
@@ -170,6 +173,18 @@ class OptimConfig:
         check_positive("optim.trust_coefficient", self.trust_coefficient)
         check_non_negative("optim.warmup_epochs", self.warmup_epochs)
         check_in_range("optim.final_lr_fraction", self.final_lr_fraction, 0.0, 1.0)
+        check_in_range("optim.step_gamma", self.step_gamma, 1e-12, 1.0)
+        e = self.step_epochs
+        if self.schedule == "step" and not e:
+            raise ConfigError("optim.schedule=step needs optim.step_epochs: the epochs at which "
+                              "the LR is multiplied by optim.step_gamma, e.g. [60, 80]")
+        if any(not isinstance(x, int | float) or x <= 0 for x in e) or any(
+                b <= a for a, b in zip(e, e[1:], strict=False)):
+            raise ConfigError(f"optim.step_epochs={e!r} is not allowed: give increasing "
+                              "epochs > 0, e.g. [60, 80]")
+        if e and self.schedule != "step":
+            raise ConfigError(f"optim.step_epochs={e!r} is only used by optim.schedule=step "
+                              f"(schedule is {self.schedule}): set schedule: step or remove it")
 
 
 @dataclasses.dataclass(frozen=True)
