@@ -470,7 +470,10 @@ def embed_captions(cfg: PreprocessConfig, texts: list[str], out: Path) -> np.nda
                 return np.asarray(z["embeddings"])
     # The ONNX backends run on CPU (the same encoder as the driver's class embeddings).
     use_gpu = cfg.captions.backend == "torch" and ray.cluster_resources().get("GPU", 0) > 0
-    items = ray.data.from_items([{"caption_id": i, "text": t} for i, t in enumerate(texts)])
+    # Shortest first: each actor batch then holds captions of similar length, so the encoder
+    # pads little (the table itself is sorted alphabetically); caption_id maps rows back.
+    by_length = sorted(range(len(texts)), key=lambda i: (len(texts[i]), i))
+    items = ray.data.from_items([{"caption_id": i, "text": texts[i]} for i in by_length])
     ds = items.map_batches(
         cap.CaptionEmbedder,
         fn_constructor_kwargs={"model": cfg.captions.model, "device": "cuda" if use_gpu else "cpu",
