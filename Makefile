@@ -46,11 +46,19 @@ $(STAMP): pyproject.toml
 # The suite runs inside a loopback-only network namespace: Ray stays on 127.0.0.1 and
 # anything that tries to download at run time fails. Local Rays start without their
 # dashboard (components/session.py: ~2.4 s a start; the suite starts ~25).
+# Two phases: every test but the cluster ones on TEST_WORKERS pytest-xdist workers (a test
+# file stays on one worker: its module fixtures are built once; most slow tests wait on Ray
+# and process start-up, so two streams overlap well on 2 cores), then tests/test_cluster.py
+# alone (it runs `ray stop --force`, which would kill the other stream's Rays). Exit status 5
+# (nothing selected, e.g. PYTEST_ARGS="-k cone" in the cluster phase) counts as success.
 PYTEST_ARGS ?= --durations=25
+TEST_WORKERS ?= 2
 
 test: setup lint
 	@unshare -n true 2>/dev/null || { echo "make test: cannot create a network namespace (unshare -n); run as root or with CAP_SYS_ADMIN" >&2; exit 1; }
-	unshare -n bash -c 'ip link set lo up && HF_HUB_OFFLINE=1 SIMGRAPH_RAY_DASHBOARD=0 $(PY) -m pytest -q $(PYTEST_ARGS)'
+	unshare -n bash -c 'ip link set lo up && export HF_HUB_OFFLINE=1 SIMGRAPH_RAY_DASHBOARD=0 && \
+	  $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --ignore=tests/test_cluster.py $(PYTEST_ARGS) && \
+	  { $(PY) -m pytest -q tests/test_cluster.py $(PYTEST_ARGS); rc=$$?; [ $$rc = 5 ] && rc=0; exit $$rc; }'
 
 lint: setup
 	$(VENV)/bin/ruff check components pipelines tests bench
