@@ -385,8 +385,8 @@ class BatchedSimCLRAugment(torch.nn.Module):
     Input/output: ``[B, 3, H, W]`` uint8 in [0, 255] or float in [0, 1]; same dtype out.
 
     Raises:
-        ValueError: an argument outside its range (the message names value and range).
-        TypeError: an argument that is not a real number.
+        ValueError: an argument that is not a real number or lies outside its range (the
+            message names value and range; :mod:`components.checks`).
     """
 
     def __init__(

@@ -1,12 +1,14 @@
 """What both augmentation implementations share: torchvision's constants and the argument
-checks (so the FFCV operations and the torch module refuse the same values)."""
+checks (so the FFCV operations and the torch module refuse the same values; the checks are
+:mod:`components.checks`' with these arguments' ranges)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
+
+from components import checks
 
 # torchvision's grayscale weights (ITU-R 601-2 luma with R rounded to 0.2989, as in PIL).
 LUMA_WEIGHTS: tuple[float, float, float] = (0.2989, 0.587, 0.114)
@@ -23,50 +25,31 @@ _ONE_SIXTH = np.float32(1.0 / 6.0)
 # --------------------------------------------------------------------------------------------
 
 
-def _as_real(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-        raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
-    return float(value)
-
-
 def _check_probability(name: str, value: object) -> float:
-    v = _as_real(name, value)
-    if not 0.0 <= v <= 1.0:
-        raise ValueError(f"{name} must be in [0, 1], got {value!r}")
-    return v
+    return checks.in_range(name, value, 0.0, 1.0)
 
 
 def _check_magnitude(name: str, value: object) -> float:
-    v = _as_real(name, value)
-    if not 0.0 <= v < math.inf:
-        raise ValueError(f"{name} must be a finite number >= 0 (range [0, inf)), got {value!r}")
-    return v
+    return checks.non_negative(name, value)
 
 
 def _check_hue(value: object) -> float:
-    v = _as_real("hue", value)
-    if not 0.0 <= v <= 0.5:
-        raise ValueError(f"hue must be in [0, 0.5], got {value!r}")
-    return v
+    return checks.in_range("hue", value, 0.0, 0.5)
 
 
 def _check_sigma(value: object) -> tuple[float, float]:
     if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != 2:
-        raise ValueError(f"sigma must be a (min, max) pair with 0 < min <= max, got {value!r}")
-    lo = _as_real("sigma[0]", value[0])
-    hi = _as_real("sigma[1]", value[1])
-    if not (0.0 < lo <= hi < math.inf):
-        raise ValueError(
-            f"sigma must be a (min, max) pair with 0 < min <= max < inf, got {value!r}"
-        )
+        raise ValueError(f"sigma={value!r} is not allowed: it must be a (min, max) pair with "
+                         "0 < min <= max")
+    lo, hi = checks.positive("sigma[0]", value[0]), checks.positive("sigma[1]", value[1])
+    if lo > hi:
+        raise ValueError(f"sigma={value!r} is not allowed: it must be a (min, max) pair with "
+                         "0 < min <= max")
     return lo, hi
 
 
 def _check_kernel_fraction(value: object) -> float:
-    v = _as_real("kernel_fraction", value)
-    if not 0.0 < v <= 1.0:
-        raise ValueError(f"kernel_fraction must be in (0, 1], got {value!r}")
-    return v
+    return checks.in_range("kernel_fraction", value, 0.0, 1.0, low_open=True)
 
 
 def _factor_range(magnitude: float) -> tuple[float, float]:

@@ -267,9 +267,8 @@ class RandomColorJitter(Operation):
         p: probability of jittering an image, in [0, 1].
 
     Raises:
-        ValueError: a magnitude or ``p`` outside its range.
-        TypeError: an argument that is not a real number; (in the pipeline) input that is not
-            uint8 ``[H, W, 3]`` numpy images.
+        ValueError: a magnitude or ``p`` that is not a real number or lies outside its range.
+        TypeError: (in the pipeline) input that is not uint8 ``[H, W, 3]`` numpy images.
     """
 
     def __init__(
@@ -337,9 +336,8 @@ class RandomGrayscale(Operation):
         p: probability of converting an image, in [0, 1].
 
     Raises:
-        ValueError: ``p`` outside [0, 1].
-        TypeError: ``p`` not a real number; (in the pipeline) input that is not uint8
-            ``[H, W, 3]`` numpy images.
+        ValueError: ``p`` not a real number in [0, 1].
+        TypeError: (in the pipeline) input that is not uint8 ``[H, W, 3]`` numpy images.
     """
 
     def __init__(self, p: float = 0.2) -> None:
