@@ -328,8 +328,7 @@ def warmup_step(
             not increasing integers in ``[1, total_steps)``.
     """
     warmup_cosine(step, total_steps, warmup_steps)  # the same checks
-    if not (isinstance(gamma, int | float) and 0.0 < gamma <= 1.0):
-        raise ValueError(f"gamma={gamma!r} is not allowed: must be in (0, 1]")
+    checks.in_range("gamma", gamma, 0.0, 1.0, low_open=True)
     if not all(_is_int(m) and 1 <= m < total_steps for m in milestones) or any(
             b <= a for a, b in zip(milestones, milestones[1:], strict=False)):
         raise ValueError(f"milestones={milestones!r} are not allowed: give increasing steps in "

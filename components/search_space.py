@@ -83,7 +83,7 @@ from components.config import (
     check_at_least,
     check_non_negative,
     check_positive,
-    check_wandb_mode,
+    check_wandb,
     from_dict,
     load_config,
     load_yaml,
@@ -438,10 +438,7 @@ class SweepConfig(_SweepSettings):
             raise ConfigError(f"mlflow: true with storage={self.storage!r} needs mlflow_uri (a "
                               "tracking server, or sqlite:///<local path>): the default SQLite "
                               "store lives in a local sweep dir")
-        if not self.wandb_project:
-            raise ConfigError("wandb_project='' is not allowed: name the project, e.g. "
-                              "simgraph")
-        check_wandb_mode("wandb_mode", self.wandb_mode)
+        check_wandb("", self.wandb_project, self.wandb_mode)
         self._check_overrides()
         self._check_parameters()
 

@@ -72,7 +72,7 @@ from components.config.pretrain import (
     ScalingSection,
     TrackingConfig,
     TrainConfig,
-    check_wandb_mode,
+    check_wandb,
 )
 
 __all__ = [
@@ -108,7 +108,7 @@ __all__ = [
     "TAGGED_SECTIONS",
     "TEMPERATURE_KEYS",
     "TrackingConfig",
-    "check_wandb_mode",
+    "check_wandb",
     "TrainConfig",
     "XCLRConfig",
     "apply_overrides",

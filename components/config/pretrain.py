@@ -296,18 +296,20 @@ class TrackingConfig:
         if not self.mlflow_experiment:
             raise ConfigError("tracking.mlflow_experiment='' is not allowed: name the "
                               "experiment, e.g. simgraph")
-        if not self.wandb_project:
-            raise ConfigError("tracking.wandb_project='' is not allowed: name the project, "
-                              "e.g. simgraph")
-        check_wandb_mode("tracking.wandb_mode", self.wandb_mode)
+        check_wandb("tracking.", self.wandb_project, self.wandb_mode)
 
 
 WANDB_MODES = ("offline", "online")
 
 
-def check_wandb_mode(key: str, mode: str) -> None:
+def check_wandb(prefix: str, project: str, mode: str) -> None:
+    """The W&B settings of a pretrain config (``prefix`` ``tracking.``) or a sweep file
+    (``prefix`` empty): a project name, and a mode of :data:`WANDB_MODES`."""
+    if not project:
+        raise ConfigError(f"{prefix}wandb_project='' is not allowed: name the project, "
+                          "e.g. simgraph")
     if mode not in WANDB_MODES:
-        raise ConfigError(f"{key}={mode!r} is not allowed: choose one of "
+        raise ConfigError(f"{prefix}wandb_mode={mode!r} is not allowed: choose one of "
                           f"{', '.join(WANDB_MODES)} (offline writes the run locally; "
                           "`wandb sync` uploads it later)")
 
