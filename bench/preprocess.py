@@ -1,13 +1,21 @@
-"""Preprocessing benchmark: images/s with 1 and 2 Ray CPUs, captions/s of the embedding stage.
+"""Preprocessing benchmark: how a build scales from 1 to 2 Ray CPUs, and captions/s.
 
-    python bench/preprocess.py [--per-class 600] [--captions 4000]
+    python bench/preprocess.py [--per-class 600] [--photos 6000] [--captions 4000]
 
-Images: Fashion-MNIST (``max_per_class`` per class and split), captions disabled so the
-image stages (read → decode → group by shard → write FFCV shards → merge) are measured alone.
-Captions: ``--captions`` unique texts through the Ray Data actor pool with 1 and 2 actors
-(one all-MiniLM-L6-v2 per actor, one thread each). Ray start-up is excluded; each setting
-runs in a fresh local Ray with that many CPUs. Run it inside a loopback-only namespace like
-the tests (``unshare -n``) or on a machine where Ray may bind its interface.
+Images, captions disabled so the image stages (content hashes → plan → decode and write one
+shard per task → merge) are measured alone, each setting in a fresh local Ray with that many
+CPUs (Ray start-up excluded, worker start-up and imports included), two workloads:
+
+* ``fashion-mnist``: the built-in source, ``--per-class`` per class and split, 28 px raw. Each
+  image costs ~0.1 ms to decode, so fixed costs (worker imports, Ray scheduling) dominate.
+* ``photos``: ``--photos`` JPEG files (256×256, made once from Fashion-MNIST images upscaled,
+  tinted and noised, so no two are duplicates) in a class-folder source, stored at
+  ``max_side`` 64: per-image work like a real photo collection's.
+
+For each: images/s, the 2-vs-1 speed-up S, the serial fraction it implies (Amdahl:
+f = 2/S − 1) and the speed-up that fraction allows at 16 and 64 CPUs. Captions: ``--captions``
+unique texts through the Ray Data actor pool with 1 and 2 actors (``bench/captions.py`` compares
+the backends). Run it inside a loopback-only namespace like the tests (``unshare -n``).
 """
 
 from __future__ import annotations
@@ -18,21 +26,42 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+CPUS = (1, 2)
 
-def images_per_second(per_class: int, cpus: int, tmp: Path) -> tuple[float, int]:
+
+def make_photos(n: int, root: Path) -> None:
+    """``n`` 256×256 JPEGs in ten class folders, from Fashion-MNIST train images (upscaled,
+    tinted per channel and noised: distinct files, distinct pixels)."""
+    import cv2
+    import numpy as np
+
+    from components.data.sources import FASHION_MNIST_DIR, _idx_images
+
+    images = _idx_images(f"{FASHION_MNIST_DIR}/train-images-idx3-ubyte.gz")
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        big = cv2.resize(images[i], (256, 256), interpolation=cv2.INTER_CUBIC).astype(np.float32)
+        rgb = big[..., None] * rng.uniform(0.4, 1.0, 3) + rng.normal(0, 6, (256, 256, 3))
+        d = root / f"class{i % 10}"
+        d.mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(d / f"{i:06d}.jpg"), np.clip(rgb, 0, 255).astype(np.uint8),
+                    [cv2.IMWRITE_JPEG_QUALITY, 90])
+
+
+def build_seconds(source: dict[str, Any], image: dict[str, Any], cpus: int,
+                  out: Path) -> tuple[float, int]:
     import ray
 
     from components.config import PreprocessConfig, from_dict
     from pipelines.preprocess import run
 
     cfg = from_dict(PreprocessConfig, {
-        "output": str(tmp / f"fm-{cpus}"),
-        "source": {"kind": "fashion-mnist", "max_per_class": per_class},
-        "image": {"max_side": 28, "min_side": 28}, "captions": {"enabled": False},
-        "shard_size": 1000,
+        "output": str(out), "source": source, "image": image,
+        "captions": {"enabled": False}, "shard_size": 1000,
     })
     ray.init(num_cpus=cpus, object_store_memory=1 << 30, include_dashboard=False,
              log_to_driver=False)
@@ -42,8 +71,19 @@ def images_per_second(per_class: int, cpus: int, tmp: Path) -> tuple[float, int]
         wall = time.perf_counter() - t0
     finally:
         ray.shutdown()
-    n = sum(s["samples"] for s in m["splits"].values())
-    return n / wall, n
+    return wall, sum(s["samples"] for s in m["splits"].values())
+
+
+def report(name: str, walls: dict[int, tuple[float, int]]) -> None:
+    n = walls[1][1]
+    print(f"{name} ({n} images):")
+    for c in CPUS:
+        print(f"  {c} Ray CPU(s): {walls[c][0]:6.1f} s  {n / walls[c][0]:7.0f} images/s")
+    s = walls[1][0] / walls[2][0]
+    f = min(max(2 / s - 1, 0.0), 1.0)  # Amdahl: S(2) = 1 / (f + (1 - f) / 2)
+    proj = {k: 1 / (f + (1 - f) / k) for k in (16, 64)}
+    print(f"  2 vs 1 CPU: {s:.2f}x  serial fraction {f:.2f}  ->  "
+          f"16 CPUs {proj[16]:.1f}x, 64 CPUs {proj[64]:.1f}x (Amdahl)")
 
 
 def captions_per_second(n: int, actors: int, tmp: Path) -> float:
@@ -80,20 +120,32 @@ def captions_per_second(n: int, actors: int, tmp: Path) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--per-class", type=int, default=600)
-    ap.add_argument("--captions", type=int, default=4000)
+    ap.add_argument("--photos", type=int, default=6000)
+    ap.add_argument("--captions", type=int, default=4000, help="0 skips the caption rows")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        img = {c: images_per_second(a.per_class, c, tmp) for c in (1, 2)}
-        cap = {k: captions_per_second(a.captions, k, tmp) for k in (1, 2)}
-    n = img[1][1]
-    print(f"images ({n} Fashion-MNIST, raw, shards of 1000, incl. merge):")
-    for c in (1, 2):
-        print(f"  {c} Ray CPU(s): {img[c][0]:8.0f} images/s")
-    print(f"  2 vs 1 CPU: {img[2][0] / img[1][0]:.2f}x")
-    print(f"captions ({a.captions} unique, all-MiniLM-L6-v2, Ray Data actor pool):")
-    for k in (1, 2):
-        print(f"  {k} actor(s): {cap[k]:8.0f} captions/s")
+        make_photos(a.photos, tmp / "photos")
+        workloads = {
+            "fashion-mnist, 28 px raw": (
+                {"kind": "fashion-mnist", "max_per_class": a.per_class},
+                {"max_side": 28, "min_side": 28}),
+            "photos, 256 px JPEG -> 64 px raw": (
+                {"kind": "folder", "path": str(tmp / "photos")},
+                {"max_side": 64, "min_side": 8}),
+        }
+        walls = {name: {c: build_seconds(src, img, c, tmp / f"out-{k}-{c}")
+                        for c in CPUS}
+                 for k, (name, (src, img)) in enumerate(workloads.items())}
+        cap = ({k: captions_per_second(a.captions, k, tmp) for k in CPUS}
+               if a.captions else {})
+    print("preprocess, captions off, shards of 1000, incl. hashes, plan and merge:")
+    for name, w in walls.items():
+        report(name, w)
+    if cap:
+        print(f"captions ({a.captions} unique, all-MiniLM-L6-v2, Ray Data actor pool):")
+        for k in CPUS:
+            print(f"  {k} actor(s): {cap[k]:8.0f} captions/s")
 
 
 if __name__ == "__main__":

@@ -302,6 +302,28 @@ def test_text_encoder_is_offline_and_deterministic() -> None:
 # --------------------------------------------------------------------------- shards
 
 
+def test_ffcv_imports_without_compiling_a_typed_dict() -> None:
+    """components.data.ffcv_import: FFCV's image-mode table is a plain dict with FFCV's items,
+    and importing FFCV in a fresh process compiles no numba function (the hook is why)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import components.data, numba.core.dispatcher as d\n"
+        "compiled = []\n"
+        "orig = d.Dispatcher._compile_for_args\n"
+        "def spy(self, *a, **k):\n"
+        "    compiled.append(self.py_func.__qualname__)\n"
+        "    return orig(self, *a, **k)\n"
+        "d.Dispatcher._compile_for_args = spy\n"
+        "import ffcv, ffcv.fields.rgb_image as r\n"
+        "print(type(r.IMAGE_MODES).__name__, sorted(r.IMAGE_MODES.items()), compiled)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[1]).stdout.split("\n")
+    assert out[-2] == "dict [('jpg', 0), ('raw', 1)] []"
+
+
 def test_merge_equals_concatenation(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     parts, images, ids, caps = [], [], [], []
@@ -325,6 +347,36 @@ def test_merge_equals_concatenation(tmp_path: Path) -> None:
         np.testing.assert_array_equal(s["caption"], allcaps[i])
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["0.beton", "1.beton", "2.beton", "all.beton"]  # no temporary left
+
+
+def test_merge_stage_verifies_shard_checksums(tmp_path: Path) -> None:
+    """The build's merge task re-hashes every shard against its sidecar before merging (the
+    driver no longer re-reads just-written shards): a changed shard is an error, not a merge."""
+    from components.data.build import PreprocessError, merge_batch
+    from components.files import sha256_file
+
+    rng = np.random.default_rng(2)
+    parts, sums = [], []
+    for k in range(2):
+        imgs = [rng.integers(0, 256, (10, 10, 3), dtype=np.uint8) for _ in range(5)]
+        write_shard(tmp_path / f"{k}.beton", imgs, np.zeros(5, int), np.arange(5) + 5 * k,
+                    None, write_mode="raw", jpeg_quality=90, page_size=page_size_for(10, 0))
+        parts.append(str(tmp_path / f"{k}.beton"))
+        sums.append(sha256_file(parts[-1]))
+    batch = {"split": np.array(["train"], object), "target": np.array([str(tmp_path / "m")]),
+             "parts": np.array([parts], object), "sha256": np.array([sums], object)}
+    got = merge_batch(batch)
+    assert got["sha256"][0] == sha256_file(tmp_path / "m")
+    assert len(read_samples(tmp_path / "m")) == 10
+    (tmp_path / "m").unlink()
+    with open(parts[1], "r+b") as f:  # flip one byte of the second shard's last page
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+    with pytest.raises(PreprocessError, match=r"1\.beton changed since it was written"):
+        merge_batch(batch)
+    assert not (tmp_path / "m").exists()
 
 
 def test_merged_file_reads_through_ffcv_loader(tmp_path: Path) -> None:

@@ -9,9 +9,13 @@ Reads top to bottom as the data flow in DESIGN.md:
    duplicates (``duplicate-of``), group near duplicates (and ``split.group_by`` values), then
    assign stratified splits group by group and cut each split into shards of ``shard_size``;
 3. embed the unique captions and the class captions (Ray Data actor pool, one model each);
-4. Ray Data: read → validate → decode/RGB/resize (tasks) → group by shard → write each shard
-   (temp name, then rename, with a sidecar JSON holding its checksum and skipped items);
-5. merge each split's shards into ``<split>.beton`` and write ``manifest.json`` last.
+4. Ray Data, one task per shard: read → validate → decode/RGB/resize → write the shard (temp
+   name, then rename, with a sidecar JSON holding its checksum and skipped items);
+5. merge each split's shards into ``<split>.beton`` (one Ray task per split) and write
+   ``manifest.json`` last.
+
+Every stage runs in Ray tasks of hundreds of items or more: per-task overhead (tens of ms) and
+a shuffle would otherwise bound how far more CPUs speed a build up (``bench/preprocess.py``).
 
 Re-running skips every shard whose sidecar matches the plan and whose checksum verifies, so a
 killed run continues where it stopped and produces identical files. ``--overwrite`` rebuilds.
@@ -34,11 +38,12 @@ import dataclasses
 import datetime
 import hashlib
 import json
+import math
 import os
 import platform
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +53,7 @@ from components.config import PreprocessConfig, to_dict
 from components.data import captions as cap
 from components.data import integrity, shards
 from components.data.images import ImageError, decode_image
-from components.data.reader import FORMAT, MANIFEST
+from components.data.shards import FORMAT, MANIFEST
 from components.data.sources import (
     FASHION_SCHEME,
     MISSING_CAPTION,
@@ -69,6 +74,12 @@ from components.session import ray_session
 DUPLICATE_OF = "duplicate-of"
 CAPTION_TRUNCATED = "caption-truncated"
 LISTED_MAX = 1000  # near-duplicate groups / truncated captions listed in full in the manifest
+ITEMS_PER_TASK = 1000  # hashing: enough per Ray task that its fixed cost (~10-30 ms) is small
+# The build's Ray tasks import ffcv only to write and merge files, which runs no numba code;
+# with JIT off its import skips compiling a typed dict (2-8 s per worker process, paid again by
+# every worker, so it bounded how much more CPUs helped). The runtime env also gives these
+# tasks their own worker processes, apart from any that later run (compiled) FFCV Loaders.
+TASK_ENV: dict[str, Any] = {"env_vars": {"NUMBA_DISABLE_JIT": "1"}}
 
 
 class PreprocessError(SimgraphError, RuntimeError):
@@ -272,10 +283,11 @@ def hash_with_ray(cfg: PreprocessConfig, items: Sequence[Item], out: Path) -> Co
                                [str(x) for x in z["bytes_sha256"]],
                                [str(x) for x in z["pixels_sha256"]],
                                z["phash"].copy(), z["thumbs"].copy())
-    ds = ray.data.from_items([{"idx": i, "path": it.path} for i, it in enumerate(items)])
+    ds = ray.data.from_items([{"idx": i, "path": it.path} for i, it in enumerate(items)],
+                             override_num_blocks=_task_count(len(items)))
     got = ds.map_batches(
         hash_batch,  # type: ignore[arg-type]
-        batch_size=256, batch_format="numpy",
+        batch_size=256, batch_format="numpy", runtime_env=TASK_ENV,
         fn_kwargs={"max_side": cfg.image.max_side, "min_side": cfg.image.min_side},
     ).to_pandas()
     content = Content.from_columns({k: got[k].to_numpy() for k in got.columns})
@@ -582,6 +594,45 @@ def decode_batch(batch: dict[str, np.ndarray], max_side: int, min_side: int) -> 
     }
 
 
+SHARD_COLUMNS = ("sample_id", "path", "label", "caption_id")
+
+
+def shard_specs(todo: Sequence[Planned]) -> list[dict[str, Any]]:
+    """One row per shard still to write (its members' columns as lists), largest first so the
+    last tasks to start are the short ones."""
+    by: dict[str, list[Planned]] = collections.defaultdict(list)
+    for r in todo:
+        by[r.shard].append(r)
+    specs = [{"shard": name, **{c: [getattr(m, c) for m in members] for c in SHARD_COLUMNS}}
+             for name, members in by.items()]
+    return sorted(specs, key=lambda sp: (-len(sp["path"]), sp["shard"]))
+
+
+def write_shards(
+    batch: dict[str, np.ndarray],
+    out_dir: str,
+    table_ref: list[Any],
+    shard_digests: dict[str, str],
+    image_cfg: dict[str, Any],
+    caption_dtype: str,
+    bad_input: str,
+) -> dict[str, np.ndarray]:
+    """Ray Data stage over :func:`shard_specs` rows: decode and write each row's shard."""
+    names, counts = [], []
+    for k, name in enumerate(batch["shard"]):
+        group = {"shard": np.array([name] * len(batch["path"][k]), dtype=object),
+                 "sample_id": np.asarray(batch["sample_id"][k], dtype=np.int64),
+                 "path": np.asarray(batch["path"][k], dtype=object),
+                 "label": np.asarray(batch["label"][k], dtype=np.int64),
+                 "caption_id": np.asarray(batch["caption_id"][k], dtype=np.int64)}
+        group = decode_batch(group, image_cfg["max_side"], image_cfg["min_side"])
+        done = write_group(group, out_dir, table_ref, shard_digests, image_cfg, caption_dtype,
+                           bad_input)
+        names.append(str(done["shard"][0]))
+        counts.append(int(done["samples"][0]))
+    return {"shard": np.array(names, dtype=object), "samples": np.array(counts, dtype=np.int64)}
+
+
 def write_group(
     group: dict[str, np.ndarray],
     out_dir: str,
@@ -643,17 +694,76 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def _shard_done(out: Path, name: str, digest: str) -> dict[str, Any] | None:
-    """The sidecar if the shard is complete, matches the plan and its checksum verifies."""
+def _shard_done(out: Path, name: str, digest: str, verify: bool = True) -> dict[str, Any] | None:
+    """The sidecar if the shard is complete, matches the plan and (``verify``) its checksum
+    verifies."""
     side = _read_json(out / "shards" / f"{name}.json")
     if not side or side.get("digest") != digest:
         return None
     if side["samples"] == 0:
         return side
     beton = out / "shards" / f"{name}.beton"
-    if beton.exists() and sha256_file(beton) == side.get("sha256"):
+    if beton.exists() and (not verify or sha256_file(beton) == side.get("sha256")):
         return side
     return None
+
+
+def _task_count(n: int) -> int:
+    """Blocks for a Ray Data stage over ``n`` items: about ``ITEMS_PER_TASK`` items a task, and
+    at least 4 per cluster CPU (load balance) while that leaves ≥ 1 item each."""
+    import ray
+
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    return max(1, min(n, max(math.ceil(n / ITEMS_PER_TASK), 4 * cpus)))
+
+
+def _run_stage(execute: Callable[[], Any]) -> Any:
+    """Run a Ray Data stage; a task's PreprocessError (which Ray wraps) is re-raised as is."""
+    try:
+        return execute()
+    except Exception as e:
+        cause = root_cause(e)
+        if isinstance(cause, PreprocessError):
+            raise PreprocessError(str(cause)) from None
+        raise
+
+
+def merge_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Ray Data stage, one split per row: verify its shards' checksums, merge them into
+    ``target`` (:func:`shards.merge_shards`), return the merged file's checksum."""
+    digests = []
+    for parts, sums, target in zip(batch["parts"], batch["sha256"], batch["target"],
+                                   strict=True):
+        for part, want in zip(parts, sums, strict=True):
+            if sha256_file(part) != want:
+                raise PreprocessError(f"shard {part} changed since it was written (checksum "
+                                      "mismatch); re-run to rebuild it")
+        shards.merge_shards([str(x) for x in parts], str(target))
+        digests.append(sha256_file(target))
+    return {"split": batch["split"], "sha256": np.array(digests, dtype=object)}
+
+
+def merge_splits(out: Path, sides: dict[str, dict[str, Any]]) -> dict[str, str | None]:
+    """Merge each split's non-empty shards into ``<split>.beton`` (one Ray task per split);
+    ``{split: sha256 of the file, or None when the split is empty (file removed)}``."""
+    import ray
+
+    rows: list[dict[str, Any]] = []
+    merged: dict[str, str | None] = {}
+    for split in SPLITS:
+        names = sorted(n for n, sd in sides.items() if sd["split"] == split and sd["samples"])
+        if names:
+            rows.append({"split": split, "target": str(out / f"{split}.beton"),
+                         "parts": [str(out / "shards" / f"{n}.beton") for n in names],
+                         "sha256": [sides[n]["sha256"] for n in names]})
+        else:
+            (out / f"{split}.beton").unlink(missing_ok=True)
+            merged[split] = None
+    if rows:
+        got = _run_stage(ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
+            merge_batch, batch_size=1, batch_format="numpy", runtime_env=TASK_ENV).take_all)
+        merged.update({str(r["split"]): str(r["sha256"]) for r in got})
+    return merged
 
 
 def versions() -> dict[str, str]:
@@ -779,7 +889,7 @@ def _run_locked(
         for name, members in by_shard.items():
             digests[name] = _digest([params_digest, [dataclasses.astuple(m) for m in members]])
         done = {n: s for n in by_shard if (s := _shard_done(out, n, digests[n])) is not None}
-        todo = [dataclasses.asdict(r) for r in rows if r.shard not in done]
+        todo = [r for r in rows if r.shard not in done]
         if echo:
             print(f"simgraph preprocess: {len(rows)} items in {len(by_shard)} shards "
                   f"({len(done)} already complete), {len(texts)} unique captions")
@@ -799,16 +909,12 @@ def _run_locked(
                   f"({len(texts) / max(took, 1e-9):.0f}/s, reused when cached)", flush=True)
         t0 = time.perf_counter()
         if todo:
-            ds = ray.data.from_items(todo).map_batches(
-                decode_batch,  # type: ignore[arg-type]
-                batch_size=64,
+            specs = shard_specs(todo)
+            ds = ray.data.from_items(specs, override_num_blocks=len(specs)).map_batches(
+                write_shards,  # type: ignore[arg-type]
+                batch_size=1,  # one shard per task: no shuffle, each task writes what it read
                 batch_format="numpy",
-                fn_kwargs={"max_side": cfg.image.max_side, "min_side": cfg.image.min_side},
-            )
-            n_shards = len({r["shard"] for r in todo})
-            ds = ds.groupby("shard", num_partitions=n_shards).map_groups(
-                write_group,  # type: ignore[arg-type]
-                batch_format="numpy",
+                runtime_env=TASK_ENV,
                 fn_kwargs={
                     "out_dir": str(out),
                     "table_ref": [ray.put(table)] if table is not None else [],
@@ -818,27 +924,28 @@ def _run_locked(
                     "bad_input": cfg.bad_input,
                 },
             )
-            try:
-                ds.materialize()
-            except Exception as e:  # a task's PreprocessError arrives wrapped by Ray
-                cause = root_cause(e)
-                if isinstance(cause, PreprocessError):
-                    raise PreprocessError(str(cause)) from None
-                raise
+            _run_stage(ds.materialize)
             if echo:
                 took = time.perf_counter() - t0
                 print(f"simgraph preprocess: decoded and wrote {len(todo)} images in "
-                      f"{n_shards} shards in {took:.1f} s ({len(todo) / max(took, 1e-9):.0f} "
+                      f"{len(specs)} shards in {took:.1f} s ({len(todo) / max(took, 1e-9):.0f} "
                       "images/s)", flush=True)
+        sides = dict(done)
+        for name in by_shard.keys() - done.keys():
+            # Just written: the task hashed the file it renamed; the merge verifies it again.
+            side = _shard_done(out, name, digests[name], verify=False)
+            if side is None:
+                raise PreprocessError(f"shard {name} did not complete; re-run to continue")
+            sides[name] = side
+        t0 = time.perf_counter()
+        merged = merge_splits(out, sides)
+        if echo:
+            print(f"simgraph preprocess: merged {len(sides)} shards into "
+                  f"{len(merged)} split files in {time.perf_counter() - t0:.1f} s", flush=True)
         dim = int(table.shape[1]) if table is not None else _stored_dim(out, by_shard)
 
-    sides = {}
-    for name, digest in digests.items():
-        side = _shard_done(out, name, digest)
-        if side is None:
-            raise PreprocessError(f"shard {name} did not complete; re-run to continue")
-        sides[name] = side
-    manifest = _assemble(cfg, out, params, params_digest, p, sides, class_files, dim, checks)
+    manifest = _assemble(cfg, out, params, params_digest, p, sides, merged, class_files, dim,
+                         checks)
     _cleanup(out, cfg, manifest)
     if echo:
         print(summary(manifest))
@@ -855,26 +962,20 @@ def _stored_dim(out: Path, by_shard: dict[str, list[Planned]]) -> int:
 
 def _assemble(
     cfg: PreprocessConfig, out: Path, params: dict[str, Any], params_digest: str, p: Plan,
-    sides: dict[str, dict[str, Any]], class_files: dict[str, str], dim: int,
-    caption_checks: dict[str, Any] | None,
+    sides: dict[str, dict[str, Any]], merged: dict[str, str | None], class_files: dict[str, str],
+    dim: int, caption_checks: dict[str, Any] | None,
 ) -> dict[str, Any]:
     classes, texts = p.classes, p.texts
     splits: dict[str, Any] = {}
     for split in SPLITS:
         names = sorted(n for n, s in sides.items() if s["split"] == split and s["samples"])
-        target = out / f"{split}.beton"
-        count = sum(sides[n]["samples"] for n in names)
         per_class: collections.Counter[str] = collections.Counter()
         for n in names:
             for lab, c in sides[n]["labels"].items():
                 per_class[classes[int(lab)] if int(lab) >= 0 else "unlabelled"] += c
-        if names:
-            shards.merge_shards([out / "shards" / f"{n}.beton" for n in names], target)
-        else:
-            target.unlink(missing_ok=True)
         splits[split] = {
-            "file": target.name, "samples": count,
-            "sha256": sha256_file(target) if names else None,
+            "file": f"{split}.beton", "samples": sum(sides[n]["samples"] for n in names),
+            "sha256": merged[split],
             "per_class": dict(sorted(per_class.items())), "shards": names,
         }
     all_skipped = [skip_record(s) for s in p.skipped]

@@ -35,11 +35,8 @@ import numpy as np
 import torch
 
 from components.config import AugmentConfig
-from components.data.shards import F16_BITS
+from components.data.shards import F16_BITS, FORMAT, MANIFEST
 from components.errors import SimgraphError
-
-MANIFEST = "manifest.json"
-FORMAT = "simgraph-dataset/1"
 
 
 class DatasetError(SimgraphError, ValueError):

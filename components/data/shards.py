@@ -29,6 +29,10 @@ IMAGE, LABEL, SAMPLE_ID, CAPTION = "image", "label", "sample_id", "caption"
 # A caption field of this dtype holds float16 bit patterns (see write_shard).
 F16_BITS = np.dtype(np.int16)
 MIN_PAGE_SIZE = 1 << 21
+# A dataset dir: its manifest (written last by the build, read by the reader) and format.
+# Here, not in reader.py, so the build's Ray tasks need not import torch.
+MANIFEST = "manifest.json"
+FORMAT = "simgraph-dataset/1"
 
 
 class ShardError(SimgraphError, ValueError):
