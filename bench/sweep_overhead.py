@@ -3,10 +3,13 @@ way a trial can run (``resources.mode``: ``in_trial`` — inside the Tune trial 
 ``worker_group`` — a Ray Train worker group per trial), side by side in one Ray session.
 
 Per trial: training = the sum of its per-epoch ``time_s`` (the epoch loop), evaluation = the
-sum of ``eval_s`` (the online kNN). Overhead per trial = (wall − Σ training − Σ evaluation) /
-trials: Tune's trial actor, Train's controller / worker group / process group when used, the
-model and FFCV Loaders, checkpoints. Ray itself starts once, before both, and is reported on
-its own line. Epochs saved = 1 − epochs run / (trials × max epochs) (ASHA).
+sum of ``eval_s`` (the online kNN). Slots = trials that run at once (``max_concurrent``;
+``auto``: as many as the cluster's CPUs hold). Training share = Σ training / (slots × wall):
+the fraction of the reserved trial-seconds spent training. Overhead per trial = (slots × wall
+− Σ training − Σ evaluation) / trials: Tune's trial actor, Train's controller / worker group /
+process group when used, imports, the model and FFCV Loaders, checkpoints, idle slots, the
+results and plots at the end. Ray itself starts once, before all rows, and is reported on its
+own line. Epochs saved = 1 − epochs run / (trials × max epochs) (ASHA).
 
     python bench/sweep_overhead.py [SPACE.yaml] [--modes in_trial worker_group] [key=value ...]
 
@@ -36,6 +39,7 @@ def measure(space: str, overrides: list[str], mode: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         args = [f"storage={tmp}", f"resources.mode={mode}", *overrides]
         sweep = load_sweep(space, args)
+        slots = sweep_pipeline.concurrency(sweep)
         t0 = time.perf_counter()
         rows = sweep_pipeline.run(space, args, echo=False)
         wall = time.perf_counter() - t0
@@ -50,8 +54,9 @@ def measure(space: str, overrides: list[str], mode: str) -> dict[str, float]:
         max_epochs = (sweep.scheduler.max_epochs
                       or trial_config(sweep, {}, name="x", storage=tmp).train.epochs)
     n = max(len(rows), 1)
-    return {"trials": len(rows), "wall": wall, "train": train_s, "eval": eval_s,
-            "overhead": (wall - train_s - eval_s) / n, "epochs": epochs,
+    return {"trials": len(rows), "slots": slots, "wall": wall, "train": train_s,
+            "eval": eval_s, "share": train_s / (slots * wall),
+            "overhead": (slots * wall - train_s - eval_s) / n, "epochs": epochs,
             "max_epochs": len(rows) * max_epochs}
 
 
@@ -60,6 +65,8 @@ def main() -> None:
     p.add_argument("space", nargs="?", default=str(ROOT / "search_spaces/demo.yaml"))
     p.add_argument("--modes", nargs="+", default=["in_trial", "worker_group"],
                    choices=["in_trial", "worker_group"])
+    p.add_argument("--concurrency", nargs="+", default=[None],
+                   help="max_concurrent values to compare (1, 2, auto, ...; default: the file's)")
     args, overrides = p.parse_known_args()
     bad = [o for o in overrides if "=" not in o]
     if bad:
@@ -70,25 +77,23 @@ def main() -> None:
     t0 = time.perf_counter()
     ray.init(address="local", object_store_memory=1 << 30, log_to_driver=False)
     ray_start = time.perf_counter() - t0
+    rows = [(m, c) for m in args.modes for c in args.concurrency]
     try:
-        results = {m: measure(args.space, overrides, m) for m in args.modes}
+        results = {(m, c): measure(args.space, overrides + ([f"max_concurrent={c}"] if c else []),
+                                   m)
+                   for m, c in rows}
     finally:
         ray.shutdown()
 
     print(f"{args.space} {' '.join(overrides)} — {datetime.date.today()}, {platform.machine()}, "
           f"{platform.node()}; Ray start-up {ray_start:.1f} s (once, not in the rows)\n")
-    print("| mode | trials | sweep wall | Σ training | Σ kNN eval | training share | "
-          "overhead per trial | epochs run |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for m, r in results.items():
-        print(f"| {m} | {r['trials']} | {r['wall']:.1f} s | {r['train']:.1f} s | "
-              f"{r['eval']:.1f} s | {r['train'] / r['wall']:.0%} | {r['overhead']:.1f} s | "
-              f"{r['epochs']} of {r['max_epochs']} |")
-    if len(results) == 2:
-        a, b = results["in_trial"], results["worker_group"]
-        print(f"\noverhead per trial, worker_group / in_trial: "
-              f"{b['overhead'] / max(a['overhead'], 1e-9):.1f}x; wall: "
-              f"{b['wall'] / a['wall']:.2f}x")
+    print("| mode | max_concurrent (slots) | trials | sweep wall | Σ training | Σ kNN eval | "
+          "training share | overhead per trial | epochs run |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for (m, c), r in results.items():
+        print(f"| {m} | {c or 'file'} ({r['slots']}) | {r['trials']} | {r['wall']:.1f} s | "
+              f"{r['train']:.1f} s | {r['eval']:.1f} s | {r['share']:.0%} | "
+              f"{r['overhead']:.1f} s | {r['epochs']} of {r['max_epochs']} |")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ Format (every key but ``name``, ``base`` and ``space`` is optional; defaults sho
                                   # samples_per_s, data_wait, anchors_without_positive, loss_*
     mode: max                     # max | min
     num_samples: 8                # trials
-    max_concurrent: 1             # trials at a time
+    max_concurrent: 1             # trials at a time; auto: as many as the cluster's CPUs and
+                                  # GPUs hold when the sweep starts (resources below)
     resources: {workers: 1, cpus_per_worker: 1.0, gpus_per_worker: 0.0, mode: auto}
                                   # each trial's workers; fractions allowed; they set the
                                   # trial's scaling.* (use_gpu = gpus_per_worker > 0); mode:
@@ -317,6 +318,18 @@ class Resources:
             out["GPU"] = float(self.gpus_per_worker)
         return out
 
+    def per_trial(self) -> dict[str, float]:
+        """Everything one running trial holds: its actor, plus its worker group if any."""
+        if self.in_trial:
+            return self.trial_resources()
+        return {"CPU": 0.25 + self.workers * self.cpus_per_worker,
+                "GPU": self.workers * self.gpus_per_worker}
+
+    def trials_that_fit(self, cluster: dict[str, float]) -> int:
+        """How many trials ``cluster`` (``ray.cluster_resources()``) runs at once (≥ 1)."""
+        fits = [int(cluster.get(k, 0.0) / v + 1e-9) for k, v in self.per_trial().items() if v > 0]
+        return max(1, min(fits, default=1))
+
 
 @dataclasses.dataclass(frozen=True)
 class Searcher:
@@ -366,7 +379,7 @@ class _SweepSettings:
     metric: str = "knn_top1"
     mode: Literal["max", "min"] = "max"
     num_samples: int = 8
-    max_concurrent: int = 1
+    max_concurrent: int | Literal["auto"] = 1
     resources: Resources = dataclasses.field(default_factory=Resources)
     searcher: Searcher = dataclasses.field(default_factory=Searcher)
     scheduler: Scheduler = dataclasses.field(default_factory=Scheduler)
@@ -428,7 +441,8 @@ class SweepConfig(_SweepSettings):
                               f"it would pick the worst trial; use "
                               f"mode={'max' if self.mode == 'min' else 'min'}")
         check_at_least("num_samples", self.num_samples, 1)
-        check_at_least("max_concurrent", self.max_concurrent, 1)
+        if self.max_concurrent != "auto":
+            check_at_least("max_concurrent", self.max_concurrent, 1)
         s = self.study_storage
         if s is not None and not (s.startswith("sqlite:///") and len(s) > len("sqlite:///")
                                   or s.startswith("journal:") and len(s) > len("journal:")):

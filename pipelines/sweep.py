@@ -31,6 +31,7 @@ import math
 import os
 import re
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -64,7 +65,6 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
              cwd: str) -> None:
     """Tune function trainable: pretrain one configuration; Train resumes it if it ran before."""
     from ray import tune
-    from ray.tune.integration.ray_train import TuneReportCallback
 
     from components.paths import localize
     from components.recipe import make_trainer, train_in_trial
@@ -95,6 +95,7 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
     if sweep.resources.in_trial:
         train_in_trial(cfg, run_dir, facts, sweep.metric)
         return
+    from ray.tune.integration.ray_train import TuneReportCallback  # Ray Train: ~1 s to import
 
     class Report(TuneReportCallback):  # type: ignore[misc]
         """Tune's callback, with the sweep's metric and the epoch first in every result: Tune's
@@ -144,7 +145,7 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
     searcher = ConcurrencyLimiter(
         OptunaSearch(space=define_by_run(sweep), metric=sweep.metric, mode=sweep.mode,
                      sampler=make_sampler(sweep)),
-        max_concurrent=sweep.max_concurrent,
+        max_concurrent=concurrency(sweep),
     )
     s = sweep.scheduler
     if s.name == "asha":
@@ -171,6 +172,19 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
     )
 
 
+def concurrency(sweep: Any, cluster: dict[str, float] | None = None) -> int:
+    """``max_concurrent``; ``auto``: as many trials as ``cluster`` (default: the running Ray
+    cluster's resources now) holds, at most ``num_samples``, so no CPU idles while trials
+    wait."""
+    if sweep.max_concurrent != "auto":
+        return int(sweep.max_concurrent)
+    if cluster is None:
+        import ray
+
+        cluster = ray.cluster_resources()
+    return min(sweep.resources.trials_that_fit(cluster), sweep.num_samples)
+
+
 def _base_config(sweep: Any) -> Any:
     from components.search_space import trial_config
 
@@ -195,6 +209,7 @@ def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
     with ray_session(None):
         tuner = make_tuner(sweep, sweep_path, overrides, resume)
+        prefetch_plotting()
         results = tuner.fit()
     rows = trial_rows(results, sweep)
     write_results(sweep, rows)
@@ -310,6 +325,26 @@ def _write_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> Non
             f"{best[f'best_{sweep.metric}']:.4g}\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False)
         )
     plot_results(sweep, rows, out)
+
+
+def prefetch_plotting() -> threading.Thread:
+    """Import matplotlib and Optuna's plotting in a background thread while the trials run
+    (the driver mostly waits then), so the plots are drawn as soon as the last trial ends:
+    1.6 s of imports off every sweep's wall time here. A failed import is left for
+    :func:`plot_results` to report."""
+
+    def load() -> None:
+        with contextlib.suppress(Exception):
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot  # noqa: F401
+            import optuna.importance  # noqa: F401
+            import optuna.visualization.matplotlib  # noqa: F401
+
+    thread = threading.Thread(target=load, name="simgraph-prefetch-plotting", daemon=True)
+    thread.start()
+    return thread
 
 
 def plot_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> None:

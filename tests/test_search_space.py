@@ -265,6 +265,26 @@ def test_trial_config_takes_the_sweeps_resources(tmp_path: Path) -> None:
     assert (s.num_workers, s.cpus_per_worker, s.use_gpu, s.gpus_per_worker) == (2, 2.0, True, 0.5)
 
 
+def test_max_concurrent_auto_packs_trials_into_the_cluster(tmp_path: Path) -> None:
+    """``max_concurrent: auto``: as many trials as the cluster's CPUs and GPUs hold, counting
+    everything a running trial reserves (its actor, and its worker group if any)."""
+    from pipelines.sweep import concurrency
+
+    def fit(resources: dict[str, Any], cluster: dict[str, float], **over: Any) -> int:
+        over.setdefault("max_concurrent", "auto")
+        return concurrency(load_sweep(_write(tmp_path, resources=resources, **over)), cluster)
+
+    assert fit({"workers": 1}, {"CPU": 2.0}) == 2  # in-trial, 1 CPU each
+    assert fit({"workers": 1, "cpus_per_worker": 0.5}, {"CPU": 2.0}) == 4
+    assert fit({"workers": 1}, {"CPU": 2.0}, num_samples=1) == 1  # never more than trials
+    # A worker group: 2 x 1 CPU + the trial actor's 0.25 = 2.25 CPUs a trial.
+    assert fit({"workers": 2, "mode": "worker_group"}, {"CPU": 8.0}) == 3
+    # GPUs bind first: 0.5 GPU per in-trial trial, 1 GPU.
+    assert fit({"workers": 1, "gpus_per_worker": 0.5}, {"CPU": 16.0, "GPU": 1.0}) == 2
+    assert fit({"workers": 1, "gpus_per_worker": 1}, {"CPU": 16.0}) == 1  # none yet: one
+    assert fit({"workers": 1}, {"CPU": 16.0}, max_concurrent=3) == 3  # a number is kept
+
+
 # ---------------------------------------------------------------------------------------------
 # Refusals: each names the parameter path (or key) and what is allowed.
 
@@ -382,6 +402,8 @@ def test_range_ends_are_checked_by_the_config(tmp_path: Path) -> None:
         ({"metric": "loss", "mode": "max"}, r"mode='max' is not allowed with metric='loss'"),
         ({"mode": "maximize"}, r"mode='maximize' is not allowed: choose one of 'max', 'min'"),
         ({"num_samples": 0}, r"num_samples=0 is not allowed"),
+        ({"max_concurrent": 0}, r"max_concurrent=0 is not allowed"),
+        ({"max_concurrent": "all"}, r"max_concurrent='all' matches none of int \| 'auto'"),
         ({"searcher": {"name": "grid"}}, r"searcher\.name='grid' is not allowed: choose one of"),
         ({"searcher": {"name": "tpe", "n": 1}},
          r"unknown key searcher\.n .*allowed keys: name, seed, startup_trials"),

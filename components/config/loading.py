@@ -23,6 +23,8 @@ T = TypeVar("T")
 def _type_name(tp: Any) -> str:
     if get_origin(tp) is Literal:
         return " | ".join(repr(a) for a in get_args(tp))
+    if get_origin(tp) in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in get_args(tp))
     if isinstance(tp, type):
         return tp.__name__
     return str(tp).replace("typing.", "")
