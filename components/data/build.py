@@ -75,11 +75,6 @@ DUPLICATE_OF = "duplicate-of"
 CAPTION_TRUNCATED = "caption-truncated"
 LISTED_MAX = 1000  # near-duplicate groups / truncated captions listed in full in the manifest
 ITEMS_PER_TASK = 1000  # hashing: enough per Ray task that its fixed cost (~10-30 ms) is small
-# The build's Ray tasks import ffcv only to write and merge files, which runs no numba code;
-# with JIT off its import skips compiling a typed dict (2-8 s per worker process, paid again by
-# every worker, so it bounded how much more CPUs helped). The runtime env also gives these
-# tasks their own worker processes, apart from any that later run (compiled) FFCV Loaders.
-TASK_ENV: dict[str, Any] = {"env_vars": {"NUMBA_DISABLE_JIT": "1"}}
 
 
 class PreprocessError(SimgraphError, RuntimeError):
@@ -287,7 +282,7 @@ def hash_with_ray(cfg: PreprocessConfig, items: Sequence[Item], out: Path) -> Co
                              override_num_blocks=_task_count(len(items)))
     got = ds.map_batches(
         hash_batch,  # type: ignore[arg-type]
-        batch_size=256, batch_format="numpy", runtime_env=TASK_ENV,
+        batch_size=256, batch_format="numpy",
         fn_kwargs={"max_side": cfg.image.max_side, "min_side": cfg.image.min_side},
     ).to_pandas()
     content = Content.from_columns({k: got[k].to_numpy() for k in got.columns})
@@ -761,7 +756,7 @@ def merge_splits(out: Path, sides: dict[str, dict[str, Any]]) -> dict[str, str |
             merged[split] = None
     if rows:
         got = _run_stage(ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
-            merge_batch, batch_size=1, batch_format="numpy", runtime_env=TASK_ENV).take_all)
+            merge_batch, batch_size=1, batch_format="numpy").take_all)
         merged.update({str(r["split"]): str(r["sha256"]) for r in got})
     return merged
 
@@ -914,7 +909,6 @@ def _run_locked(
                 write_shards,  # type: ignore[arg-type]
                 batch_size=1,  # one shard per task: no shuffle, each task writes what it read
                 batch_format="numpy",
-                runtime_env=TASK_ENV,
                 fn_kwargs={
                     "out_dir": str(out),
                     "table_ref": [ray.put(table)] if table is not None else [],
