@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -185,6 +186,21 @@ class Pairs:
         return mask.scatter_(1, self.self_index[:, None], True)
 
 
+class PositivePairs(NamedTuple):
+    """A hard graph as its True entries: ``rows`` [P] and ``cols`` [P] int64, row-major (the
+    order ``mask.nonzero()`` lists them in), for reducers that only read the positives. Built
+    without an A×M mask (:func:`components.objectives.targets.label_pairs`)."""
+
+    rows: Tensor
+    cols: Tensor
+
+    def dense(self, anchors: int, candidates: int) -> Tensor:
+        """The [anchors, candidates] bool mask, True at the pairs."""
+        mask = torch.zeros(anchors, candidates, dtype=torch.bool, device=self.rows.device)
+        return mask.index_put_((self.rows, self.cols), torch.ones((), dtype=torch.bool,
+                                                                  device=mask.device))
+
+
 def pair_up(batch: ContrastiveBatch, bank: MemoryBank | None = None) -> Pairs:
     """Gather candidates from every rank (with autograd) and append the bank's rows."""
     b, v, _ = batch.z.shape
@@ -270,19 +286,21 @@ def masked_logits(pairs: Pairs, tau: float) -> Tensor:
     return logits.scatter_(1, pairs.self_index[:, None], torch.finfo(logits.dtype).min)
 
 
-def graph_cross_entropy(logits: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
+def graph_cross_entropy(logits: Tensor, weights: Tensor | PositivePairs) -> tuple[Tensor, Tensor]:
     """``H(t_i, softmax(s_i))`` with ``t_i = w_i / Σ_j w_ij`` — SimCLR, SupCon L_out, X-CLR.
 
     Since Σ_j t_ij = 1, ``H = logsumexp_j s_ij − Σ_j t_ij s_ij``: no log-softmax matrix is built.
 
     Args:
         logits: [A, M] masked logits (:func:`masked_logits`; the own column is excluded).
-        weights: [A, M] non-negative graph weights (bool or float), 0 on the own column.
+        weights: [A, M] non-negative graph weights (bool or float), 0 on the own column; or a
+            hard graph's :class:`PositivePairs` (the same loss, without the A×M mask).
 
     Returns:
         per-anchor loss [A] and validity [A] (anchors with Σ_j w_ij > 0).
     """
-    if weights.dtype == torch.bool:  # hard graph: sum the positive logits sparsely
+    if isinstance(weights, PositivePairs) or weights.dtype == torch.bool:
+        # hard graph: sum the positive logits sparsely
         rows, values, count = _positive_entries(logits, weights)
         pulled = logits.new_zeros(logits.shape[0]).index_add(0, rows, values)
         valid = count > 0
@@ -317,9 +335,14 @@ class _SoftCrossEntropy(torch.autograd.Function):
         return out, None
 
 
-def _positive_entries(logits: Tensor, positives: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Row index, logit and per-row count of every positive pair: O(#positives), not O(A·M)."""
-    rows, cols = positives.nonzero(as_tuple=True)
+def _positive_entries(logits: Tensor, positives: Tensor | PositivePairs
+                      ) -> tuple[Tensor, Tensor, Tensor]:
+    """Row index, logit and per-row count of every positive pair: O(#positives) given the
+    pairs, O(A·M) for a mask (its ``nonzero``)."""
+    if isinstance(positives, PositivePairs):
+        rows, cols = positives
+    else:
+        rows, cols = positives.nonzero(as_tuple=True)
     count = torch.bincount(rows, minlength=logits.shape[0]).to(logits.dtype)
     return rows, logits[rows, cols], count
 
@@ -338,11 +361,13 @@ def _segment_logsumexp(rows: Tensor, values: Tensor, n: int, valid: Tensor) -> T
     return torch.where(valid, torch.log(torch.where(valid, total, 1.0)) + shift, 0.0)
 
 
-def positive_log_mass(logits: Tensor, positives: Tensor) -> tuple[Tensor, Tensor]:
+def positive_log_mass(logits: Tensor, positives: Tensor | PositivePairs
+                      ) -> tuple[Tensor, Tensor]:
     """``−log (1/|P(i)|) Σ_{p∈P(i)} softmax(s_i)_p`` — SupCon L_in (supcon.txt Eq. 3).
 
     The positives' log-sum-exp runs over the positive entries only, so the cost beyond the
-    all-candidates log-sum-exp is O(#positives). Buffers: the bool mask, no A×M float copy.
+    all-candidates log-sum-exp is O(#positives). ``positives``: an [A, M] bool mask or its
+    :class:`PositivePairs`. Buffers: no A×M float copy (nor a mask, given the pairs).
     """
     rows, values, count = _positive_entries(logits, positives)
     valid = count > 0
