@@ -46,7 +46,11 @@ def _check(cond: bool, message: str) -> None:
 
 
 def _finite(name: str, x: Tensor | None) -> None:
-    if x is not None and x.is_floating_point() and not bool(torch.isfinite(x).all()):
+    if x is None or not x.is_floating_point() or not x.numel():
+        return
+    # min and max propagate NaN, and are ±inf if any value is: one reduction pass with no
+    # x-sized temporary (isfinite(x).all() makes four), counted only on failure.
+    if not bool(torch.isfinite(torch.stack(torch.aminmax(x.detach()))).all()):
         bad = int((~torch.isfinite(x)).sum())
         raise NonFiniteError(f"{name} has {bad} non-finite value(s) (NaN or inf); fix the "
                              "model/input")
