@@ -304,18 +304,44 @@ def graph_cross_entropy(logits: Tensor, weights: Tensor | PositivePairs) -> tupl
         per-anchor loss [A] and validity [A] (anchors with Σ_j w_ij > 0).
     """
     if isinstance(weights, PositivePairs) or weights.dtype == torch.bool:
-        # hard graph: sum the positive logits sparsely
-        rows, values, count = _positive_entries(logits, weights)
-        pulled = logits.new_zeros(logits.shape[0]).index_add(0, rows, values)
-        valid = count > 0
-        pulled = pulled / count.clamp_min(1)
-    else:  # soft graph: one fused function, gradient softmax(s) − t computed in place
-        w = weights.detach().to(logits.dtype)
-        mass = w.sum(1, keepdim=True)
-        valid = mass.flatten() > 0
-        targets = w / mass.clamp_min(torch.finfo(w.dtype).tiny)
-        return _SoftCrossEntropy.apply(logits, targets), valid
-    return torch.logsumexp(logits, dim=1) - pulled, valid
+        # hard graph: the positive logits summed sparsely, in one fused function
+        pairs = weights if isinstance(weights, PositivePairs) else PositivePairs(
+            *weights.nonzero(as_tuple=True))
+        count = torch.bincount(pairs.rows, minlength=logits.shape[0]).to(logits.dtype)
+        return _HardCrossEntropy.apply(logits, pairs.rows, pairs.cols, count), count > 0
+    # soft graph: one fused function, gradient softmax(s) − t computed in place
+    w = weights.detach().to(logits.dtype)
+    mass = w.sum(1, keepdim=True)
+    valid = mass.flatten() > 0
+    targets = w / mass.clamp_min(torch.finfo(w.dtype).tiny)
+    return _SoftCrossEntropy.apply(logits, targets), valid
+
+
+class _HardCrossEntropy(torch.autograd.Function):
+    """``logsumexp(s_i) − (1/|P(i)|) Σ_{p∈P(i)} s_ip`` per row, P given as (rows, cols) pairs.
+
+    Backward is ``softmax(s_i) · g_i`` with ``g_i / |P(i)|`` subtracted at the positives, built
+    in one A×M buffer: the same operations, in the same order, as autograd of the two-term
+    expression (so bitwise the same gradient), which would also allocate a zero A×M matrix for
+    the positives' part and one more for the sum. Saves the logits, the log-sum-exp and the
+    index lists.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, rows: Tensor, cols: Tensor,  # type: ignore[override]
+                count: Tensor) -> Tensor:
+        lse = torch.logsumexp(logits, dim=1)  # [A]
+        count = count.clamp_min(1)  # anchors without a positive pull nothing (and are masked)
+        pulled = logits.new_zeros(logits.shape[0]).index_add(0, rows, logits[rows, cols])
+        ctx.save_for_backward(logits, lse, rows, cols, count)
+        return lse - pulled / count
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None]:  # type: ignore[override]
+        logits, lse, rows, cols, count = ctx.saved_tensors
+        out = (logits - lse[:, None]).exp_().mul_(grad[:, None])
+        out.index_put_((rows, cols), (-grad / count)[rows], accumulate=True)
+        return out, None, None, None
 
 
 class _SoftCrossEntropy(torch.autograd.Function):
