@@ -223,18 +223,23 @@ def pair_up(batch: ContrastiveBatch, bank: MemoryBank | None = None) -> Pairs:
     labels = batch.labels if batch.labels is not None else torch.full_like(ids, -1)
     # Per-sample metadata travels once (not once per view), in one collective.
     meta = torch.stack([ids.to(device).long(), labels.to(device).long()], dim=1)  # [B, 2]
-    all_meta = distributed.gather(meta, grad=False)  # [N, 2]
+    anchor_ids, anchor_labels = per_view(meta).T.contiguous()  # [B·V] each
+    if distributed.is_distributed():
+        all_meta = distributed.gather(meta, grad=False)  # [N, 2]
+        candidate_ids, candidate_labels = per_view(all_meta).T.contiguous()  # [N·V] each
+    else:  # the gather would be this batch: same rows, no second expansion
+        candidate_ids, candidate_labels = anchor_ids, anchor_labels
     pairs = Pairs(
         anchors=anchors,
         candidates=candidates,
         self_index=self_index,
-        anchor_ids=per_view(meta[:, 0]),
-        candidate_ids=per_view(all_meta[:, 0]),
+        anchor_ids=anchor_ids,
+        candidate_ids=candidate_ids,
         views=v,
     )
     if batch.labels is not None:
-        pairs.anchor_labels = per_view(meta[:, 1])
-        pairs.candidate_labels = per_view(all_meta[:, 1])
+        pairs.anchor_labels = anchor_labels
+        pairs.candidate_labels = candidate_labels
     if batch.captions is not None:
         captions = unit(batch.captions)  # [B, E]
         pairs.anchor_captions = per_view(captions)

@@ -31,9 +31,10 @@ def _equal_key_pairs(anchor_keys: Tensor, candidate_keys: Tensor,
     runs = torch.searchsorted(ordered, anchor_keys, side="right") - lo
     runs = torch.where(anchor_keys >= 0, runs, 0)
     rows = torch.repeat_interleave(runs)  # [P + own columns]: i repeated runs_i times
-    # The k-th match of anchor i sits at lo_i + k in the sorted keys.
-    first = torch.cumsum(runs, 0) - runs  # [A], position of anchor i's first match in rows
-    cols = order[lo[rows] + torch.arange(rows.numel(), device=rows.device) - first[rows]]
+    # Anchor i's k-th match is entry first_i + k of rows and sits at lo_i + k in the sorted
+    # keys, first_i = Σ_{i'<i} runs_i'.
+    shift = lo - (torch.cumsum(runs, 0) - runs)  # [A], lo_i − first_i
+    cols = order[shift[rows] + torch.arange(rows.numel(), device=rows.device)]
     keep = cols != self_index[rows]  # the own column is in its run: drop it
     return PositivePairs(rows[keep], cols[keep])
 
