@@ -11,7 +11,8 @@ Layout: a batch ``z`` of shape [B, V, D] is flattened sample-major (row ``b·V +
 gathered candidates are rank 0's rows, then rank 1's, …, then the bank's.
 
 Memory: for A anchors and M candidates the reducers hold the logits plus one or two further
-A×M float32 buffers (listed per function), and the graph (an A×M bool or float32 matrix).
+A×M float32 buffers (listed per function), and the graph (an A×M bool or float32 matrix,
+or for SimCLR / SupCon only the positive pairs: :class:`PositivePairs`).
 Every loss here is row-wise — anchor i's loss needs only row i of the logits and the graph —
 so large batches run in row chunks (:func:`chunked_rows`): each chunk's A_c×M buffers exist
 only while it is computed, and again in backward (recomputed, ``torch.utils.checkpoint``),
