@@ -115,9 +115,11 @@ def global_mean(per_anchor: Tensor, valid: Tensor) -> tuple[Tensor, float, int, 
     """
     # where(): invalid rows may hold inf/NaN placeholders; never multiply them by 0.
     local_sum = torch.where(valid, per_anchor, torch.zeros_like(per_anchor)).sum()
-    counts = torch.tensor([valid.sum(), valid.numel()], dtype=local_sum.dtype, device=valid.device)
-    stats = all_reduce_sum(torch.cat([local_sum.detach()[None], counts]))
-    loss_sum, count, total = float(stats[0]), int(stats[1].round()), int(stats[2].round())
+    stats = all_reduce_sum(torch.stack([
+        local_sum.detach(), valid.sum().to(local_sum.dtype),
+        torch.full((), valid.numel(), dtype=local_sum.dtype, device=valid.device)]))
+    loss_sum, count_f, total_f = stats.tolist()  # one device-to-host copy, not three
+    count, total = round(count_f), round(total_f)
     if count == 0:
         return local_sum * 0.0, 0.0, 0, total
     share = local_sum * (world_size() / count)

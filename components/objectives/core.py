@@ -11,7 +11,8 @@ Layout: a batch ``z`` of shape [B, V, D] is flattened sample-major (row ``b·V +
 gathered candidates are rank 0's rows, then rank 1's, …, then the bank's.
 
 Memory: for A anchors and M candidates the reducers hold the logits plus one or two further
-A×M float32 buffers (listed per function), and the graph (an A×M bool or float32 matrix).
+A×M float32 buffers (listed per function), and the graph (an A×M bool or float32 matrix,
+or for SimCLR / SupCon only the positive pairs: :class:`PositivePairs`).
 Every loss here is row-wise — anchor i's loss needs only row i of the logits and the graph —
 so large batches run in row chunks (:func:`chunked_rows`): each chunk's A_c×M buffers exist
 only while it is computed, and again in backward (recomputed, ``torch.utils.checkpoint``),
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -45,7 +47,11 @@ def _check(cond: bool, message: str) -> None:
 
 
 def _finite(name: str, x: Tensor | None) -> None:
-    if x is not None and x.is_floating_point() and not bool(torch.isfinite(x).all()):
+    if x is None or not x.is_floating_point() or not x.numel():
+        return
+    # min and max propagate NaN, and are ±inf if any value is: one reduction pass with no
+    # x-sized temporary (isfinite(x).all() makes four), counted only on failure.
+    if not bool(torch.isfinite(torch.stack(torch.aminmax(x.detach()))).all()):
         bad = int((~torch.isfinite(x)).sum())
         raise NonFiniteError(f"{name} has {bad} non-finite value(s) (NaN or inf); fix the "
                              "model/input")
@@ -185,6 +191,21 @@ class Pairs:
         return mask.scatter_(1, self.self_index[:, None], True)
 
 
+class PositivePairs(NamedTuple):
+    """A hard graph as its True entries: ``rows`` [P] and ``cols`` [P] int64, row-major (the
+    order ``mask.nonzero()`` lists them in), for reducers that only read the positives. Built
+    without an A×M mask (:func:`components.objectives.targets.label_pairs`)."""
+
+    rows: Tensor
+    cols: Tensor
+
+    def dense(self, anchors: int, candidates: int) -> Tensor:
+        """The [anchors, candidates] bool mask, True at the pairs."""
+        mask = torch.zeros(anchors, candidates, dtype=torch.bool, device=self.rows.device)
+        return mask.index_put_((self.rows, self.cols), torch.ones((), dtype=torch.bool,
+                                                                  device=mask.device))
+
+
 def pair_up(batch: ContrastiveBatch, bank: MemoryBank | None = None) -> Pairs:
     """Gather candidates from every rank (with autograd) and append the bank's rows."""
     b, v, _ = batch.z.shape
@@ -203,18 +224,23 @@ def pair_up(batch: ContrastiveBatch, bank: MemoryBank | None = None) -> Pairs:
     labels = batch.labels if batch.labels is not None else torch.full_like(ids, -1)
     # Per-sample metadata travels once (not once per view), in one collective.
     meta = torch.stack([ids.to(device).long(), labels.to(device).long()], dim=1)  # [B, 2]
-    all_meta = distributed.gather(meta, grad=False)  # [N, 2]
+    anchor_ids, anchor_labels = per_view(meta).T.contiguous()  # [B·V] each
+    if distributed.is_distributed():
+        all_meta = distributed.gather(meta, grad=False)  # [N, 2]
+        candidate_ids, candidate_labels = per_view(all_meta).T.contiguous()  # [N·V] each
+    else:  # the gather would be this batch: same rows, no second expansion
+        candidate_ids, candidate_labels = anchor_ids, anchor_labels
     pairs = Pairs(
         anchors=anchors,
         candidates=candidates,
         self_index=self_index,
-        anchor_ids=per_view(meta[:, 0]),
-        candidate_ids=per_view(all_meta[:, 0]),
+        anchor_ids=anchor_ids,
+        candidate_ids=candidate_ids,
         views=v,
     )
     if batch.labels is not None:
-        pairs.anchor_labels = per_view(meta[:, 1])
-        pairs.candidate_labels = per_view(all_meta[:, 1])
+        pairs.anchor_labels = anchor_labels
+        pairs.candidate_labels = candidate_labels
     if batch.captions is not None:
         captions = unit(batch.captions)  # [B, E]
         pairs.anchor_captions = per_view(captions)
@@ -270,30 +296,58 @@ def masked_logits(pairs: Pairs, tau: float) -> Tensor:
     return logits.scatter_(1, pairs.self_index[:, None], torch.finfo(logits.dtype).min)
 
 
-def graph_cross_entropy(logits: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
+def graph_cross_entropy(logits: Tensor, weights: Tensor | PositivePairs) -> tuple[Tensor, Tensor]:
     """``H(t_i, softmax(s_i))`` with ``t_i = w_i / Σ_j w_ij`` — SimCLR, SupCon L_out, X-CLR.
 
     Since Σ_j t_ij = 1, ``H = logsumexp_j s_ij − Σ_j t_ij s_ij``: no log-softmax matrix is built.
 
     Args:
         logits: [A, M] masked logits (:func:`masked_logits`; the own column is excluded).
-        weights: [A, M] non-negative graph weights (bool or float), 0 on the own column.
+        weights: [A, M] non-negative graph weights (bool or float), 0 on the own column; or a
+            hard graph's :class:`PositivePairs` (the same loss, without the A×M mask).
 
     Returns:
         per-anchor loss [A] and validity [A] (anchors with Σ_j w_ij > 0).
     """
-    if weights.dtype == torch.bool:  # hard graph: sum the positive logits sparsely
-        rows, values, count = _positive_entries(logits, weights)
-        pulled = logits.new_zeros(logits.shape[0]).index_add(0, rows, values)
-        valid = count > 0
-        pulled = pulled / count.clamp_min(1)
-    else:  # soft graph: one fused function, gradient softmax(s) − t computed in place
-        w = weights.detach().to(logits.dtype)
-        mass = w.sum(1, keepdim=True)
-        valid = mass.flatten() > 0
-        targets = w / mass.clamp_min(torch.finfo(w.dtype).tiny)
-        return _SoftCrossEntropy.apply(logits, targets), valid
-    return torch.logsumexp(logits, dim=1) - pulled, valid
+    if isinstance(weights, PositivePairs) or weights.dtype == torch.bool:
+        # hard graph: the positive logits summed sparsely, in one fused function
+        pairs = weights if isinstance(weights, PositivePairs) else PositivePairs(
+            *weights.nonzero(as_tuple=True))
+        count = torch.bincount(pairs.rows, minlength=logits.shape[0]).to(logits.dtype)
+        return _HardCrossEntropy.apply(logits, pairs.rows, pairs.cols, count), count > 0
+    # soft graph: one fused function, gradient softmax(s) − t computed in place
+    w = weights.detach().to(logits.dtype)
+    mass = w.sum(1, keepdim=True)
+    valid = mass.flatten() > 0
+    targets = w / mass.clamp_min(torch.finfo(w.dtype).tiny)
+    return _SoftCrossEntropy.apply(logits, targets), valid
+
+
+class _HardCrossEntropy(torch.autograd.Function):
+    """``logsumexp(s_i) − (1/|P(i)|) Σ_{p∈P(i)} s_ip`` per row, P given as (rows, cols) pairs.
+
+    Backward is ``softmax(s_i) · g_i`` with ``g_i / |P(i)|`` subtracted at the positives, built
+    in one A×M buffer: the same operations, in the same order, as autograd of the two-term
+    expression (so bitwise the same gradient), which would also allocate a zero A×M matrix for
+    the positives' part and one more for the sum. Saves the logits, the log-sum-exp and the
+    index lists.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, rows: Tensor, cols: Tensor,  # type: ignore[override]
+                count: Tensor) -> Tensor:
+        lse = torch.logsumexp(logits, dim=1)  # [A]
+        count = count.clamp_min(1)  # anchors without a positive pull nothing (and are masked)
+        pulled = logits.new_zeros(logits.shape[0]).index_add(0, rows, logits[rows, cols])
+        ctx.save_for_backward(logits, lse, rows, cols, count)
+        return lse - pulled / count
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None]:  # type: ignore[override]
+        logits, lse, rows, cols, count = ctx.saved_tensors
+        out = (logits - lse[:, None]).exp_().mul_(grad[:, None])
+        out.index_put_((rows, cols), (-grad / count)[rows], accumulate=True)
+        return out, None, None, None
 
 
 class _SoftCrossEntropy(torch.autograd.Function):
@@ -317,9 +371,14 @@ class _SoftCrossEntropy(torch.autograd.Function):
         return out, None
 
 
-def _positive_entries(logits: Tensor, positives: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Row index, logit and per-row count of every positive pair: O(#positives), not O(A·M)."""
-    rows, cols = positives.nonzero(as_tuple=True)
+def _positive_entries(logits: Tensor, positives: Tensor | PositivePairs
+                      ) -> tuple[Tensor, Tensor, Tensor]:
+    """Row index, logit and per-row count of every positive pair: O(#positives) given the
+    pairs, O(A·M) for a mask (its ``nonzero``)."""
+    if isinstance(positives, PositivePairs):
+        rows, cols = positives
+    else:
+        rows, cols = positives.nonzero(as_tuple=True)
     count = torch.bincount(rows, minlength=logits.shape[0]).to(logits.dtype)
     return rows, logits[rows, cols], count
 
@@ -338,11 +397,13 @@ def _segment_logsumexp(rows: Tensor, values: Tensor, n: int, valid: Tensor) -> T
     return torch.where(valid, torch.log(torch.where(valid, total, 1.0)) + shift, 0.0)
 
 
-def positive_log_mass(logits: Tensor, positives: Tensor) -> tuple[Tensor, Tensor]:
+def positive_log_mass(logits: Tensor, positives: Tensor | PositivePairs
+                      ) -> tuple[Tensor, Tensor]:
     """``−log (1/|P(i)|) Σ_{p∈P(i)} softmax(s_i)_p`` — SupCon L_in (supcon.txt Eq. 3).
 
     The positives' log-sum-exp runs over the positive entries only, so the cost beyond the
-    all-candidates log-sum-exp is O(#positives). Buffers: the bool mask, no A×M float copy.
+    all-candidates log-sum-exp is O(#positives). ``positives``: an [A, M] bool mask or its
+    :class:`PositivePairs`. Buffers: no A×M float copy (nor a mask, given the pairs).
     """
     rows, values, count = _positive_entries(logits, positives)
     valid = count > 0

@@ -25,10 +25,10 @@ from components.objectives.core import (
     graph_cross_entropy,
     masked_logits,
 )
-from components.objectives.targets import instance_graph
+from components.objectives.targets import instance_pairs
 
 
 class InfoNCE(BatchContrastive):
     def per_anchor(self, pairs: Pairs) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        loss, valid = graph_cross_entropy(masked_logits(pairs, self.tau), instance_graph(pairs))
+        loss, valid = graph_cross_entropy(masked_logits(pairs, self.tau), instance_pairs(pairs))
         return loss, valid, {}

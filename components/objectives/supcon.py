@@ -30,7 +30,7 @@ from components.objectives.core import (
     masked_logits,
     positive_log_mass,
 )
-from components.objectives.targets import label_graph
+from components.objectives.targets import label_pairs
 
 
 class SupCon(BatchContrastive):
@@ -49,7 +49,7 @@ class SupCon(BatchContrastive):
         self.variant = variant
 
     def per_anchor(self, pairs: Pairs) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        logits, positives = masked_logits(pairs, self.tau), label_graph(pairs)
+        logits, positives = masked_logits(pairs, self.tau), label_pairs(pairs)
         if self.variant == "out":
             loss, valid = graph_cross_entropy(logits, positives)
         else:

@@ -1,7 +1,9 @@
 """Target graphs over candidates: which candidates an anchor should be close to, how much.
 
 Each function returns an [A, M] matrix over (anchors, candidates) of a :class:`Pairs`, zero
-(or False) on each anchor's own column. A new graph source (a WordNet distance, a random
+(or False) on each anchor's own column; a hard graph also comes as its list of True entries
+(``*_pairs``, :class:`PositivePairs`), which reducers that read only the positives take
+instead of the mask. A new graph source (a WordNet distance, a random
 graph, …) is one more function here returning such a matrix.
 """
 
@@ -10,27 +12,54 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from components.objectives.core import Pairs, at_least_fp32
+from components.objectives.core import Pairs, PositivePairs, at_least_fp32
 
 
-def _without_self(mask: Tensor, pairs: Pairs) -> Tensor:
-    return mask.scatter_(1, pairs.self_index[:, None], False)
+def _equal_key_pairs(anchor_keys: Tensor, candidate_keys: Tensor,
+                     self_index: Tensor) -> PositivePairs:
+    """Pairs (i, j) with ``anchor_keys[i] == candidate_keys[j] >= 0`` and j ≠ ``self_index[i]``,
+    row-major (as ``mask.nonzero()`` lists the mask's True entries), without an A×M mask.
+
+    The candidates' keys are sorted once (stably, so equal keys keep ascending column order);
+    anchor i's matches are then the run ``order[lo_i:hi_i]`` found by binary search. Cost
+    O((A + M) log M + #pairs) instead of the mask's O(A·M) compare and ``nonzero`` scan.
+    Keys are [A] / [M] int64; a negative key (unknown id or label) never matches.
+    """
+    order = torch.argsort(candidate_keys, stable=True)  # [M]
+    ordered = candidate_keys[order]
+    lo = torch.searchsorted(ordered, anchor_keys, side="left")  # [A]
+    runs = torch.searchsorted(ordered, anchor_keys, side="right") - lo
+    runs = torch.where(anchor_keys >= 0, runs, 0)
+    rows = torch.repeat_interleave(runs)  # [P + own columns]: i repeated runs_i times
+    # Anchor i's k-th match is entry first_i + k of rows and sits at lo_i + k in the sorted
+    # keys, first_i = Σ_{i'<i} runs_i'.
+    shift = lo - (torch.cumsum(runs, 0) - runs)  # [A], lo_i − first_i
+    cols = order[shift[rows] + torch.arange(rows.numel(), device=rows.device)]
+    keep = cols != self_index[rows]  # the own column is in its run: drop it
+    return PositivePairs(rows[keep], cols[keep])
+
+
+def instance_pairs(pairs: Pairs) -> PositivePairs:
+    """The other views of the same image (same sample id ≥ 0), bank rows included."""
+    return _equal_key_pairs(pairs.anchor_ids, pairs.candidate_ids, pairs.self_index)
+
+
+def label_pairs(pairs: Pairs) -> PositivePairs:
+    """Candidates with the anchor's label (SupCon's P(i)), other than the anchor; unlabelled
+    (label −1) candidates never match."""
+    if pairs.anchor_labels is None or pairs.candidate_labels is None:
+        raise ValueError("the label graph needs labels for every anchor and candidate")
+    return _equal_key_pairs(pairs.anchor_labels, pairs.candidate_labels, pairs.self_index)
 
 
 def instance_graph(pairs: Pairs) -> Tensor:
     """[A, M] bool: the other views of the same image (same sample id), bank rows included."""
-    same = pairs.anchor_ids[:, None] == pairs.candidate_ids[None, :]
-    same &= pairs.candidate_ids[None, :] >= 0  # rows with unknown id never match
-    return _without_self(same, pairs)
+    return instance_pairs(pairs).dense(pairs.anchors.shape[0], pairs.candidates.shape[0])
 
 
 def label_graph(pairs: Pairs) -> Tensor:
     """[A, M] bool: candidates with the anchor's label (SupCon's P(i)); unlabelled never match."""
-    if pairs.anchor_labels is None or pairs.candidate_labels is None:
-        raise ValueError("label_graph needs labels for every anchor and candidate")
-    same = pairs.anchor_labels[:, None] == pairs.candidate_labels[None, :]
-    same &= pairs.candidate_labels[None, :] >= 0
-    return _without_self(same, pairs)
+    return label_pairs(pairs).dense(pairs.anchors.shape[0], pairs.candidates.shape[0])
 
 
 def class_similarity_graph(pairs: Pairs, class_similarity: Tensor) -> Tensor:
