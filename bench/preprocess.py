@@ -1,6 +1,6 @@
 """Preprocessing benchmark: how a build scales from 1 to 2 Ray CPUs, and captions/s.
 
-    python bench/preprocess.py [--per-class 600] [--photos 6000] [--captions 4000]
+    python bench/preprocess.py [--per-class 600] [--photos 6000 24000] [--captions 4000]
 
 Images, captions disabled so the image stages (content hashes → plan → decode and write one
 shard per task → merge) are measured alone, each setting in a fresh local Ray with that many
@@ -10,10 +10,14 @@ CPUs (Ray start-up excluded, worker start-up and imports included), two workload
   image costs ~0.1 ms to decode, so fixed costs (worker imports, Ray scheduling) dominate.
 * ``photos``: ``--photos`` JPEG files (256×256, made once from Fashion-MNIST images upscaled,
   tinted and noised, so no two are duplicates) in a class-folder source, stored at
-  ``max_side`` 64: per-image work like a real photo collection's.
+  ``max_side`` 64: per-image work like a real photo collection's; at each size given.
 
 For each: images/s, the 2-vs-1 speed-up S, the serial fraction it implies (Amdahl:
-f = 2/S − 1) and the speed-up that fraction allows at 16 and 64 CPUs. Captions: ``--captions``
+f = 2/S − 1) and the speed-up that fraction allows at 16 and 64 CPUs. The serial fraction
+depends on the size (fixed start-up costs amortise), so with two photo sizes the wall times are
+also fitted to T(n, c) = a + s·n + w·n/c (a: fixed seconds, s: serial seconds per image — the
+driver's listing, planning, collecting — w: parallel CPU-seconds per image) and the speed-up
+projected per dataset size. Captions: ``--captions``
 unique texts through the Ray Data actor pool with 1 and 2 actors (``bench/captions.py`` compares
 the backends). Run it inside a loopback-only namespace like the tests (``unshare -n``).
 """
@@ -86,6 +90,26 @@ def report(name: str, walls: dict[int, tuple[float, int]]) -> None:
           f"16 CPUs {proj[16]:.1f}x, 64 CPUs {proj[64]:.1f}x (Amdahl)")
 
 
+def fit_cost_model(runs: list[tuple[int, int, float]]) -> tuple[float, float, float]:
+    """Least-squares (a, s, w) of T(n, c) = a + s·n + w·n/c over ``(n, cpus, wall)`` runs."""
+    import numpy as np
+
+    x = np.array([[1.0, n, n / c] for n, c, _ in runs])
+    y = np.array([t for _, _, t in runs])
+    a, s, w = np.linalg.lstsq(x, y, rcond=None)[0]
+    return float(a), float(s), float(w)
+
+
+def report_model(runs: list[tuple[int, int, float]]) -> None:
+    a, s, w = fit_cost_model(runs)
+    print(f"  fit T(n, c) = a + s*n + w*n/c over {len(runs)} runs: a = {a:.1f} s fixed, "
+          f"s = {s * 1e3:.3f} ms/image serial, w = {w * 1e3:.3f} CPU-ms/image parallel")
+    for n in (24_000, 100_000, 1_000_000):
+        t1 = a + s * n + w * n
+        print(f"  n = {n:>9,}: " + ", ".join(
+            f"{c} CPUs {t1 / (a + s * n + w * n / c):.1f}x" for c in (2, 16, 64)))
+
+
 def captions_per_second(n: int, actors: int, tmp: Path) -> float:
     import ray
 
@@ -120,20 +144,21 @@ def captions_per_second(n: int, actors: int, tmp: Path) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--per-class", type=int, default=600)
-    ap.add_argument("--photos", type=int, default=6000)
+    ap.add_argument("--photos", type=int, nargs="+", default=[6000, 24000])
     ap.add_argument("--captions", type=int, default=4000, help="0 skips the caption rows")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        make_photos(a.photos, tmp / "photos")
-        workloads = {
+        make_photos(max(a.photos), tmp / "photos")
+        workloads: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             "fashion-mnist, 28 px raw": (
                 {"kind": "fashion-mnist", "max_per_class": a.per_class},
                 {"max_side": 28, "min_side": 28}),
-            "photos, 256 px JPEG -> 64 px raw": (
-                {"kind": "folder", "path": str(tmp / "photos")},
-                {"max_side": 64, "min_side": 8}),
         }
+        for n in sorted(a.photos):
+            workloads[f"photos, 256 px JPEG -> 64 px raw, {n}"] = (
+                {"kind": "folder", "path": str(tmp / "photos"), "max_per_class": n // 10},
+                {"max_side": 64, "min_side": 8})
         walls = {name: {c: build_seconds(src, img, c, tmp / f"out-{k}-{c}")
                         for c in CPUS}
                  for k, (name, (src, img)) in enumerate(workloads.items())}
@@ -142,6 +167,11 @@ def main() -> None:
     print("preprocess, captions off, shards of 1000, incl. hashes, plan and merge:")
     for name, w in walls.items():
         report(name, w)
+    runs = [(w[c][1], c, w[c][0]) for name, w in walls.items() if name.startswith("photos")
+            for c in CPUS]
+    if len({n for n, _, _ in runs}) > 1:
+        print("photos, cost model and projection:")
+        report_model(runs)
     if cap:
         print(f"captions ({a.captions} unique, all-MiniLM-L6-v2, Ray Data actor pool):")
         for k in CPUS:
