@@ -136,7 +136,7 @@ def test_shipped_spaces_are_what_they_say() -> None:
     assert set(a.space["loss.name"].values or ()) == {"simclr", "supcon", "xclr", "sincere",
                                                       "eps_supinfonce", "cone"}
     d = spaces["demo"]
-    assert (d.num_samples, d.max_concurrent, d.resources.workers) == (4, 1, 1)
+    assert (d.num_samples, d.max_concurrent, d.resources.workers) == (4, "auto", 1)
     assert (d.scheduler.grace_period, d.scheduler.reduction_factor) == (1, 2)
     assert trial_config(d, {"loss.name": "simclr", "loss.tau": 0.1}, "x", "/tmp").train.epochs == 2
 
