@@ -603,58 +603,53 @@ def shard_specs(todo: Sequence[Planned]) -> list[dict[str, Any]]:
     return sorted(specs, key=lambda sp: (-len(sp["path"]), sp["shard"]))
 
 
-def write_shards(
-    batch: dict[str, np.ndarray],
-    out_dir: str,
-    table_ref: list[Any],
-    shard_digests: dict[str, str],
-    image_cfg: dict[str, Any],
-    caption_dtype: str,
-    bad_input: str,
-) -> dict[str, np.ndarray]:
+@dataclasses.dataclass(frozen=True)
+class ShardSettings:
+    """What every shard task needs besides its items (one argument of the Ray Data stage)."""
+
+    out_dir: str
+    table_ref: list[Any]  # [the caption table's ObjectRef], or [] without captions
+    digests: dict[str, str]  # shard name -> its plan digest (kept in the sidecar)
+    image: dict[str, Any]  # the ImageConfig as a dict
+    caption_dtype: str
+    bad_input: str
+
+
+def write_shards(batch: dict[str, np.ndarray], settings: ShardSettings) -> dict[str, np.ndarray]:
     """Ray Data stage over :func:`shard_specs` rows: decode and write each row's shard."""
+    import ray
+
+    table = ray.get(settings.table_ref[0]) if settings.table_ref else None
     names, counts = [], []
     for k, name in enumerate(batch["shard"]):
-        group = {"shard": np.array([name] * len(batch["path"][k]), dtype=object),
-                 "sample_id": np.asarray(batch["sample_id"][k], dtype=np.int64),
+        group = {"sample_id": np.asarray(batch["sample_id"][k], dtype=np.int64),
                  "path": np.asarray(batch["path"][k], dtype=object),
                  "label": np.asarray(batch["label"][k], dtype=np.int64),
                  "caption_id": np.asarray(batch["caption_id"][k], dtype=np.int64)}
-        group = decode_batch(group, image_cfg["max_side"], image_cfg["min_side"])
-        done = write_group(group, out_dir, table_ref, shard_digests, image_cfg, caption_dtype,
-                           bad_input)
-        names.append(str(done["shard"][0]))
-        counts.append(int(done["samples"][0]))
+        group = decode_batch(group, settings.image["max_side"], settings.image["min_side"])
+        names.append(str(name))
+        counts.append(write_group(str(name), group, table, settings))
     return {"shard": np.array(names, dtype=object), "samples": np.array(counts, dtype=np.int64)}
 
 
-def write_group(
-    group: dict[str, np.ndarray],
-    out_dir: str,
-    table_ref: list[Any],
-    shard_digests: dict[str, str],
-    image_cfg: dict[str, Any],
-    caption_dtype: str,
-    bad_input: str,
-) -> dict[str, np.ndarray]:
-    """Write one shard (all rows of one ``shard`` value) and its sidecar; return a summary."""
-    import ray
-
-    table = ray.get(table_ref[0]) if table_ref else None
+def write_group(name: str, group: dict[str, np.ndarray], table: np.ndarray | None,
+                settings: ShardSettings) -> int:
+    """Write shard ``name`` (its decoded rows, :func:`decode_batch`) and its sidecar; returns
+    the samples written."""
     order = np.argsort(group["sample_id"], kind="stable")
-    name = str(group["shard"][0])
     ok = [i for i in order if not group["reason"][i]]
     skipped = [
         {"path": str(group["path"][i]), "reason": str(group["reason"][i]),
          "detail": str(group["detail"][i])}
         for i in order if group["reason"][i]
     ]
-    if skipped and bad_input == "error":
+    if skipped and settings.bad_input == "error":
         s = skipped[0]
         raise PreprocessError(f"{s['path']}: {s['detail']} (bad_input=error)")
-    target = Path(out_dir) / "shards" / f"{name}.beton"
+    image = settings.image
+    target = Path(settings.out_dir) / "shards" / f"{name}.beton"
     info: dict[str, Any] = {"name": name, "split": name.rsplit("-", 1)[0], "samples": len(ok),
-                            "digest": shard_digests[name], "skipped": skipped}
+                            "digest": settings.digests[name], "skipped": skipped}
     if ok:
         images = [
             np.frombuffer(group["pixels"][i], np.uint8).reshape(
@@ -663,19 +658,19 @@ def write_group(
         ]
         captions = None
         if table is not None:
-            captions = table[group["caption_id"][ok]].astype(caption_dtype)
+            captions = table[group["caption_id"][ok]].astype(settings.caption_dtype)
         with replacing(target) as tmp:
             shards.write_shard(
                 tmp, images, group["label"][ok], group["sample_id"][ok], captions,
-                write_mode=image_cfg["write_mode"], jpeg_quality=image_cfg["jpeg_quality"],
+                write_mode=image["write_mode"], jpeg_quality=image["jpeg_quality"],
                 page_size=shards.page_size_for(
-                    image_cfg["max_side"], 0 if captions is None else captions[0].nbytes),
+                    image["max_side"], 0 if captions is None else captions[0].nbytes),
             )
             info["sha256"] = sha256_file(tmp)
         info["labels"] = {str(k): int(v) for k, v in collections.Counter(
             group["label"][ok].tolist()).items()}
     write_json(target.with_suffix(".json"), info)  # the sidecar marks the shard complete
-    return {"shard": np.array([name]), "samples": np.array([len(ok)])}
+    return len(ok)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -909,14 +904,10 @@ def _run_locked(
                 write_shards,  # type: ignore[arg-type]
                 batch_size=1,  # one shard per task: no shuffle, each task writes what it read
                 batch_format="numpy",
-                fn_kwargs={
-                    "out_dir": str(out),
-                    "table_ref": [ray.put(table)] if table is not None else [],
-                    "shard_digests": digests,
-                    "image_cfg": dataclasses.asdict(cfg.image),
-                    "caption_dtype": cfg.captions.dtype,
-                    "bad_input": cfg.bad_input,
-                },
+                fn_kwargs={"settings": ShardSettings(
+                    out_dir=str(out), table_ref=[ray.put(table)] if table is not None else [],
+                    digests=digests, image=dataclasses.asdict(cfg.image),
+                    caption_dtype=cfg.captions.dtype, bad_input=cfg.bad_input)},
             )
             _run_stage(ds.materialize)
             if echo:
