@@ -6,8 +6,8 @@ Variants: every MatMul int8 (``captions.backend: onnx-int8`` today), one layer's
 kept float32 (layer 0…5), every FFN output kept float32, the whole FFN (intermediate + output)
 kept float32 (attention int8 only), and plain float32 (``onnx``). Speed: one ONNX Runtime
 thread, up to ``--n`` captions made from the real ones (3 prefixes each), encoded by
-``OnnxEncoder.encode`` (sorted by
-length, batches of 256): a relative measure, not the actor pool's rate (``bench/captions.py``).
+``OnnxEncoder.encode`` (sorted by length, batches of 256): a relative measure, not the actor
+pool's rate (``bench/captions.py``).
 
     python bench/caption_quantization.py [--n 6000]
 """

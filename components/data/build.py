@@ -95,6 +95,10 @@ class Planned:
     shard: str
 
 
+def _fields(row: Planned) -> tuple[Any, ...]:
+    return tuple(getattr(row, f.name) for f in dataclasses.fields(row))
+
+
 def _subset(listing: Listing, max_per_class: int | None) -> list[Item]:
     if max_per_class is None:
         return listing.items
@@ -877,7 +881,8 @@ def _run_locked(
         for r in rows:
             by_shard[r.shard].append(r)
         for name, members in by_shard.items():
-            digests[name] = _digest([params_digest, [dataclasses.astuple(m) for m in members]])
+            # Field tuples as dataclasses.astuple gives them (same digest), without its deep copy.
+            digests[name] = _digest([params_digest, [_fields(m) for m in members]])
         done = {n: s for n in by_shard if (s := _shard_done(out, n, digests[n])) is not None}
         todo = [r for r in rows if r.shard not in done]
         if echo:
