@@ -320,9 +320,10 @@ class Resources:
 
     def per_trial(self) -> dict[str, float]:
         """Everything one running trial holds: its actor, plus its worker group if any."""
+        actor = self.trial_resources()
         if self.in_trial:
-            return self.trial_resources()
-        return {"CPU": 0.25 + self.workers * self.cpus_per_worker,
+            return actor
+        return {"CPU": actor["CPU"] + self.workers * self.cpus_per_worker,
                 "GPU": self.workers * self.gpus_per_worker}
 
     def trials_that_fit(self, cluster: dict[str, float]) -> int:

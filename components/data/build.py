@@ -596,14 +596,11 @@ def decode_batch(batch: dict[str, np.ndarray], max_side: int, min_side: int) -> 
 SHARD_COLUMNS = ("sample_id", "path", "label", "caption_id")
 
 
-def shard_specs(todo: Sequence[Planned]) -> list[dict[str, Any]]:
-    """One row per shard still to write (its members' columns as lists), largest first so the
-    last tasks to start are the short ones."""
-    by: dict[str, list[Planned]] = collections.defaultdict(list)
-    for r in todo:
-        by[r.shard].append(r)
+def shard_specs(todo: dict[str, list[Planned]]) -> list[dict[str, Any]]:
+    """One row per shard still to write (``todo``: shard name -> its rows), holding its rows'
+    columns as lists; largest first so the last tasks to start are the short ones."""
     specs = [{"shard": name, **{c: [getattr(m, c) for m in members] for c in SHARD_COLUMNS}}
-             for name, members in by.items()]
+             for name, members in todo.items()]
     return sorted(specs, key=lambda sp: (-len(sp["path"]), sp["shard"]))
 
 
@@ -737,6 +734,11 @@ def merge_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"split": batch["split"], "sha256": np.array(digests, dtype=object)}
 
 
+def _split_shards(sides: dict[str, dict[str, Any]], split: str) -> list[str]:
+    """The names of ``split``'s shards that hold samples, in merge order."""
+    return sorted(n for n, side in sides.items() if side["split"] == split and side["samples"])
+
+
 def merge_splits(out: Path, sides: dict[str, dict[str, Any]]) -> dict[str, str | None]:
     """Merge each split's non-empty shards into ``<split>.beton`` (one Ray task per split);
     ``{split: sha256 of the file, or None when the split is empty (file removed)}``."""
@@ -745,7 +747,7 @@ def merge_splits(out: Path, sides: dict[str, dict[str, Any]]) -> dict[str, str |
     rows: list[dict[str, Any]] = []
     merged: dict[str, str | None] = {}
     for split in SPLITS:
-        names = sorted(n for n, sd in sides.items() if sd["split"] == split and sd["samples"])
+        names = _split_shards(sides, split)
         if names:
             rows.append({"split": split, "target": str(out / f"{split}.beton"),
                          "parts": [str(out / "shards" / f"{n}.beton") for n in names],
@@ -884,7 +886,8 @@ def _run_locked(
             # Field tuples as dataclasses.astuple gives them (same digest), without its deep copy.
             digests[name] = _digest([params_digest, [_fields(m) for m in members]])
         done = {n: s for n in by_shard if (s := _shard_done(out, n, digests[n])) is not None}
-        todo = [r for r in rows if r.shard not in done]
+        todo = {n: members for n, members in by_shard.items() if n not in done}
+        n_todo = sum(len(members) for members in todo.values())
         if echo:
             print(f"simgraph preprocess: {len(rows)} items in {len(by_shard)} shards "
                   f"({len(done)} already complete), {len(texts)} unique captions")
@@ -917,11 +920,11 @@ def _run_locked(
             _run_stage(ds.materialize)
             if echo:
                 took = time.perf_counter() - t0
-                print(f"simgraph preprocess: decoded and wrote {len(todo)} images in "
-                      f"{len(specs)} shards in {took:.1f} s ({len(todo) / max(took, 1e-9):.0f} "
+                print(f"simgraph preprocess: decoded and wrote {n_todo} images in "
+                      f"{len(specs)} shards in {took:.1f} s ({n_todo / max(took, 1e-9):.0f} "
                       "images/s)", flush=True)
         sides = dict(done)
-        for name in by_shard.keys() - done.keys():
+        for name in todo:
             # Just written: the task hashed the file it renamed; the merge verifies it again.
             side = _shard_done(out, name, digests[name], verify=False)
             if side is None:
@@ -958,7 +961,7 @@ def _assemble(
     classes, texts = p.classes, p.texts
     splits: dict[str, Any] = {}
     for split in SPLITS:
-        names = sorted(n for n, s in sides.items() if s["split"] == split and s["samples"])
+        names = _split_shards(sides, split)
         per_class: collections.Counter[str] = collections.Counter()
         for n in names:
             for lab, c in sides[n]["labels"].items():
