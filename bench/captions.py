@@ -9,7 +9,8 @@ realistic mix made from them (each with one of a few prefixes and suffixes, de-d
 Agreement: cosine between each backend's and the reference embedding of every real caption,
 and the KL divergence of X-CLR's target rows ``softmax_j(G_ij / τ_s)`` (own column excluded).
 
-    python bench/captions.py [--n 50000] [--actors 2] [--backends torch onnx onnx-int8]
+    python bench/captions.py [--n 50000] [--actors 2]
+        [--backends torch onnx onnx-int8 openvino openvino-bf16]
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from components.config import PreprocessConfig, load_config  # noqa: E402
-from components.data import build  # noqa: E402
+from components.data import build, onnx_text  # noqa: E402
 from components.data import captions as cap  # noqa: E402
 
 STAMPS = "/usr/share/tuxpaint/stamps"
@@ -79,8 +80,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=50000, help="unique captions to embed")
     ap.add_argument("--actors", type=int, default=2, help="captions.actors")
-    ap.add_argument("--backends", nargs="+", default=["torch", "onnx", "onnx-int8"],
-                    choices=["torch", "onnx", "onnx-int8"])
+    ap.add_argument("--backends", nargs="+", default=["torch", *onnx_text.VARIANTS],
+                    choices=["torch", *onnx_text.VARIANTS])
     args = ap.parse_args()
 
     import ray

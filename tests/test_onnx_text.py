@@ -1,7 +1,8 @@
-"""``captions.backend`` onnx / onnx-int8 (components/data/onnx_text.py): the ONNX Runtime
-encoder agrees with the sentence-transformers reference — float32 to 1e-4 in cosine, int8 to
-0.99 mean / 0.95 min cosine and a small KL of X-CLR's caption target rows — exports once into
-its cache, and refuses pipelines it cannot reproduce."""
+"""``captions.backend`` onnx / onnx-int8 / openvino / openvino-bf16
+(components/data/onnx_text.py): the exported encoder agrees with the sentence-transformers
+reference — float32 to 1e-4 in cosine, int8 to 0.99 mean / 0.95 min cosine, bfloat16 to 0.999
+for every caption, and X-CLR's caption target rows to a small KL — exports once into its
+cache, and refuses pipelines it cannot reproduce and bfloat16 on CPUs without it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,12 @@ import pytest
 
 from components.data import captions as cap
 from components.data.onnx_text import OnnxEncoderError, _check_pipeline, cache_dir
+
+
+def _has_bf16() -> bool:
+    import openvino as ov
+
+    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 
 # Captions of the kind users bring (Tux Paint stamps' style; not installed in CI).
 CAPTIONS = [
@@ -54,10 +61,14 @@ def _cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyP
 @pytest.mark.parametrize("backend, mean_cos, min_cos, max_kl", [
     ("onnx", 0.9999, 0.9999, 1e-4),
     ("onnx-int8", 0.99, 0.95, 0.02),  # measured on 805 Tux Paint captions: 0.992 / 0.963 / 0.008
+    ("openvino", 0.9999, 0.9999, 1e-4),
+    ("openvino-bf16", 0.999, 0.999, 1e-3),  # measured: 1.0000 / 0.9999 / 0.0000
 ])
 def test_fast_backend_agrees_with_the_reference(reference: np.ndarray, backend: str,
                                                 mean_cos: float, min_cos: float,
                                                 max_kl: float) -> None:
+    if backend == "openvino-bf16" and not _has_bf16():
+        pytest.skip("this CPU has no bfloat16 instructions (AVX512_BF16 or AMX)")
     model = cap.load_encoder(cap.DEFAULT_MODEL, backend=backend)
     assert cap.embedding_dim(model) == 384
     got = cap.embed(model, CAPTIONS, batch_size=16)  # several length-sorted batches
@@ -72,10 +83,10 @@ def test_fast_backend_agrees_with_the_reference(reference: np.ndarray, backend: 
     # the same texts in another order and batch size: the same rows in float32; int8 scales
     # its activations per batch (dynamic quantisation), so a row moves a little with its batch
     again = cap.embed(model, CAPTIONS[::-1], batch_size=7)[::-1]
-    if backend == "onnx":
+    if backend in ("onnx", "openvino"):
         np.testing.assert_allclose(again, got, atol=1e-5)
     else:
-        assert (again * got).sum(1).min() >= 0.98
+        assert (again * got).sum(1).min() >= (0.98 if backend == "onnx-int8" else 0.999)
     assert cap.token_counts(model, ["a cat"]) == [4]  # [CLS] a cat [SEP]
 
 
@@ -107,9 +118,25 @@ def test_unsupported_pipelines_are_refused() -> None:
         _check_pipeline([Transformer(), Pooling(pooling_mode="mean"), type("Dense", (), {})()])
 
 
+def test_openvino_bf16_is_refused_without_bfloat16(monkeypatch: pytest.MonkeyPatch) -> None:
+    import openvino as ov
+
+    real = ov.Core.get_property
+
+    def without_bf16(self: ov.Core, *args: object) -> object:
+        got = real(self, *args)
+        return [c for c in got if c != "BF16"] if args[1:] == ("OPTIMIZATION_CAPABILITIES",) \
+            else got
+
+    monkeypatch.setattr(ov.Core, "get_property", without_bf16)
+    with pytest.raises(cap.CaptionError, match=r"openvino-bf16 needs a CPU with bfloat16 "
+                                               r"instructions .*use openvino \(float32\)"):
+        cap.load_encoder(cap.DEFAULT_MODEL, backend="openvino-bf16")
+
+
 def test_unknown_backend_is_a_config_error() -> None:
     from components.config import CaptionConfig, ConfigError
 
     with pytest.raises(ConfigError, match="captions.backend='gpu' is not allowed: choose one "
-                                          "of torch, onnx, onnx-int8"):
+                                          "of torch, onnx, onnx-int8, openvino, openvino-bf16"):
         CaptionConfig(backend="gpu")  # type: ignore[arg-type]

@@ -63,13 +63,15 @@ class CaptionConfig:
     ``missing``: what to do with an item without a caption — ``error``, ``skip`` it, or
     ``from-label`` (its class's first template). Class captions come from ``templates``
     (X-CLR: "a photo of a {}") or ``class_descriptions`` (YAML/JSON: class → text(s)).
-    ``backend``: ``torch`` (sentence-transformers), ``onnx`` (the same model on ONNX Runtime,
-    float32: the same embeddings, faster) or ``onnx-int8`` (int8 weights: fastest, cosine
-    ≈ 0.99 to the reference; docs/benchmarks.md); the ONNX backends run on CPU only."""
+    ``backend``: ``torch`` (sentence-transformers), ``onnx`` / ``openvino`` (the same model on
+    ONNX Runtime / OpenVINO in float32: the same embeddings, faster), ``onnx-int8`` (int8
+    weights: cosine ≈ 0.99 to the reference on average, 0.96 at worst) or ``openvino-bf16``
+    (bfloat16 arithmetic, CPUs with AVX512_BF16 or AMX only: as fast as int8, every caption's
+    cosine ≥ 0.999); docs/benchmarks.md has the measurements. All but ``torch`` run on CPU."""
 
     enabled: bool = True
     model: str = "default"
-    backend: Literal["torch", "onnx", "onnx-int8"] = "torch"
+    backend: Literal["torch", "onnx", "onnx-int8", "openvino", "openvino-bf16"] = "torch"
     dtype: Literal["float16", "float32"] = "float16"
     missing: Literal["error", "skip", "from-label"] = "from-label"
     templates: list[str] = dataclasses.field(default_factory=lambda: ["a photo of a {}"])
@@ -85,9 +87,10 @@ class CaptionConfig:
                 raise ConfigError(f"captions.templates entry {t!r} must contain '{{}}'")
         check_at_least("captions.batch_size", self.batch_size, 1)
         check_at_least("captions.actors", self.actors, 1)
-        if self.backend not in ("torch", "onnx", "onnx-int8"):
+        allowed = ("torch", "onnx", "onnx-int8", "openvino", "openvino-bf16")
+        if self.backend not in allowed:
             raise ConfigError(f"captions.backend={self.backend!r} is not allowed: choose one "
-                              "of torch, onnx, onnx-int8")
+                              f"of {', '.join(allowed)}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,10 @@
-"""A sentence-transformers text encoder run by ONNX Runtime (``captions.backend``).
+"""A sentence-transformers text encoder exported to ONNX and run by ONNX Runtime or OpenVINO
+(``captions.backend``).
 
 The caption stage of ``simgraph preprocess`` embeds every unique caption once; with
 per-image captions (X-CLR's real use) that is millions of texts, and the PyTorch encoder does
-a few hundred a second per CPU core. This runs the same model through ONNX Runtime:
+a few hundred a second per CPU core. This runs the same model through ONNX Runtime or
+OpenVINO (CPU):
 
 * ``onnx``: the transformer exported to ONNX in float32 (``torch.onnx.export``): the same
   embeddings (cosine ≥ 0.9999 with the reference);
@@ -10,9 +12,15 @@ a few hundred a second per CPU core. This runs the same model through ONNX Runti
   (``onnxruntime.quantization.quantize_dynamic``): faster, cosine ≈ 0.99 on real captions
   (docs/benchmarks.md gives the measured agreement and the X-CLR target-graph KL). Dynamic
   quantisation scales activations per batch, so a caption's embedding moves slightly (cosine
-  ≥ 0.98) with the other captions of its batch: a rebuild is not bit-identical.
+  ≥ 0.98) with the other captions of its batch: a rebuild is not bit-identical;
+* ``openvino``: the float32 export compiled by OpenVINO in float32 (the same embeddings);
+* ``openvino-bf16``: the float32 export run by OpenVINO with bfloat16 arithmetic (float32
+  accumulation): about as fast as ``onnx-int8`` with every caption's cosine ≥ 0.999 (measured
+  min 0.9999 on real captions), on CPUs with bfloat16 instructions (AVX512_BF16 or AMX);
+  refused elsewhere, where OpenVINO would silently run float32 instead.
 
-Texts are batched in order of length (less padding) and truncated at the model's
+Texts are batched in order of length (less padding), in small batches (``BATCH``: 32–64 texts
+ran 1.3–1.5× faster than 256 on a 2-core x86 VM, docs/benchmarks.md), and truncated at the model's
 ``max_seq_length``, then mean-pooled over the attention mask and L2-normalised — which is what
 the supported models do (a ``Transformer`` → mean ``Pooling`` → optional ``Normalize``
 sentence-transformers pipeline, e.g. all-MiniLM-L6-v2); other pipelines are refused.
@@ -30,6 +38,7 @@ import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -37,7 +46,9 @@ import numpy as np
 from components.errors import SimgraphError
 from components.files import replacing
 
-VARIANTS = ("onnx", "onnx-int8")
+VARIANTS = ("onnx", "onnx-int8", "openvino", "openvino-bf16")
+# Texts per forward pass: the fastest measured (docs/benchmarks.md, "Caption backends").
+BATCH = {"onnx": 32, "onnx-int8": 32, "openvino": 32, "openvino-bf16": 64}
 
 
 class OnnxEncoderError(SimgraphError, ValueError):
@@ -103,7 +114,9 @@ def export(st_model: Any, model_path: Path, variant: str) -> Path:
 
     if variant not in VARIANTS:
         raise OnnxEncoderError(f"captions.backend={variant!r}: choose one of {VARIANTS}")
-    d = cache_dir() / "onnx" / _model_digest(model_path, variant)
+    # OpenVINO compiles the float32 export itself (in well under a second): one shared file
+    d = cache_dir() / "onnx" / _model_digest(
+        model_path, "onnx" if variant.startswith("openvino") else variant)
     target = d / "model.onnx"
     if target.exists():
         return target
@@ -119,7 +132,7 @@ def export(st_model: Any, model_path: Path, variant: str) -> Path:
             _positional(st_model[0].auto_model), inputs, str(tmp), input_names=names,
             output_names=["last_hidden_state"], opset_version=17, dynamo=False,
             dynamic_axes={n: {0: "batch", 1: "tokens"} for n in [*names, "last_hidden_state"]})
-    if variant == "onnx":
+    if variant != "onnx-int8":
         os.replace(float_file, target)
         return target
     import logging
@@ -140,13 +153,49 @@ def export(st_model: Any, model_path: Path, variant: str) -> Path:
     return target
 
 
+class _OpenVinoSession:
+    """An OpenVINO compiled model behind ONNX Runtime's ``run(None, feed)`` / ``get_inputs``."""
+
+    def __init__(self, path: Path, variant: str, threads: int) -> None:
+        import openvino as ov
+
+        core = ov.Core()
+        precision = "bf16" if variant == "openvino-bf16" else "f32"
+        if precision == "bf16":
+            found = list(core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+            if "BF16" not in found:
+                raise OnnxEncoderError(
+                    "captions.backend=openvino-bf16 needs a CPU with bfloat16 instructions "
+                    f"(AVX512_BF16 or AMX); OpenVINO finds {found} here: use openvino "
+                    "(float32) or onnx-int8")
+        self.compiled = core.compile_model(core.read_model(str(path)), "CPU", {
+            "INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1,
+            "INFERENCE_PRECISION_HINT": precision,
+            # pinned threads of two caption actors would share one core
+            "ENABLE_CPU_PINNING": False,
+        })
+        got = str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))
+        if precision == "bf16" and "bfloat16" not in got:
+            raise OnnxEncoderError(f"captions.backend=openvino-bf16: OpenVINO compiled the "
+                                   f"encoder for {got}, not bfloat16: use openvino or onnx-int8")
+        self.request = self.compiled.create_infer_request()
+
+    def get_inputs(self) -> list[Any]:
+        return [SimpleNamespace(name=i.get_any_name()) for i in self.compiled.inputs]
+
+    def run(self, _outputs: None, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        result = self.request.infer(feed)
+        return [np.asarray(result[self.compiled.output(0)])]
+
+
 class OnnxEncoder:
-    """A sentence-transformers model on ONNX Runtime, with the attributes and ``encode`` the
-    caption code uses (``tokenizer``, ``max_seq_length``, ``get_embedding_dimension``).
+    """A sentence-transformers model on ONNX Runtime or OpenVINO, with the attributes and
+    ``encode`` the caption code uses (``tokenizer``, ``max_seq_length``,
+    ``get_embedding_dimension``).
 
     Raises:
         OnnxEncoderError: the model's pipeline is not Transformer → mean Pooling [→ Normalize],
-            or ``variant`` is unknown.
+            ``variant`` is unknown, or ``openvino-bf16`` on a CPU without bfloat16.
     """
 
     def __init__(self, model_path: str, variant: str = "onnx", threads: int = 1) -> None:
@@ -163,6 +212,11 @@ class OnnxEncoder:
         self._dim = embedding_dim(st_model)
         path = export(st_model, Path(model_path), variant)
         del st_model
+        self.session: Any
+        if variant.startswith("openvino"):
+            self.session = _OpenVinoSession(path, variant, threads)
+            self._inputs = [i.name for i in self.session.get_inputs()]
+            return
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -173,8 +227,10 @@ class OnnxEncoder:
     def get_embedding_dimension(self) -> int:
         return self._dim
 
-    def encode(self, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
-        """``[len(texts), E]`` float32 embeddings (L2-normalised when the model normalises)."""
+    def encode(self, texts: Sequence[str], batch_size: int | None = None) -> np.ndarray:
+        """``[len(texts), E]`` float32 embeddings (L2-normalised when the model normalises);
+        ``batch_size`` texts per forward pass (default: the variant's ``BATCH``)."""
+        batch_size = batch_size or BATCH[self.variant]
         out = np.zeros((len(texts), self._dim), dtype=np.float32)
         order = np.argsort([len(t) for t in texts], kind="stable")  # similar lengths together
         for s in range(0, len(texts), batch_size):
