@@ -352,7 +352,7 @@ def test_merge_equals_concatenation(tmp_path: Path) -> None:
 def test_merge_stage_verifies_shard_checksums(tmp_path: Path) -> None:
     """The build's merge task re-hashes every shard against its sidecar before merging (the
     driver no longer re-reads just-written shards): a changed shard is an error, not a merge."""
-    from components.data.build import PreprocessError, merge_batch
+    from components.data.build import PreprocessError, merge_split
     from components.files import sha256_file
 
     rng = np.random.default_rng(2)
@@ -363,10 +363,8 @@ def test_merge_stage_verifies_shard_checksums(tmp_path: Path) -> None:
                     None, write_mode="raw", jpeg_quality=90, page_size=page_size_for(10, 0))
         parts.append(str(tmp_path / f"{k}.beton"))
         sums.append(sha256_file(parts[-1]))
-    batch = {"split": np.array(["train"], object), "target": np.array([str(tmp_path / "m")]),
-             "parts": np.array([parts], object), "sha256": np.array([sums], object)}
-    got = merge_batch(batch)
-    assert got["sha256"][0] == sha256_file(tmp_path / "m")
+    row = {"split": "train", "target": str(tmp_path / "m"), "parts": parts, "sha256": sums}
+    assert merge_split(row) == sha256_file(tmp_path / "m")
     assert len(read_samples(tmp_path / "m")) == 10
     (tmp_path / "m").unlink()
     with open(parts[1], "r+b") as f:  # flip one byte of the second shard's last page
@@ -375,7 +373,7 @@ def test_merge_stage_verifies_shard_checksums(tmp_path: Path) -> None:
         f.seek(-1, 2)
         f.write(bytes([last[0] ^ 1]))
     with pytest.raises(PreprocessError, match=r"1\.beton changed since it was written"):
-        merge_batch(batch)
+        merge_split(row)
     assert not (tmp_path / "m").exists()
 
 
