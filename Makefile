@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 # Benchmarks that start Ray run in a loopback-only network namespace, as the tests do.
 NETNS_RUN := unshare -n bash -c 'ip link set lo up && HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 
-.PHONY: setup apt-deps bench-deps test lint demo bench-objectives bench-parity bench-reproduce clean
+.PHONY: setup apt-deps bench-deps test lint demo bench-objectives bench-parity bench-reproduce bench-sweep clean
 
 setup: $(STAMP)
 
@@ -78,6 +78,11 @@ bench-parity: bench-deps
 # The papers' claims at a CPU budget (docs/results.md); ARGS="--losses simclr supcon ...".
 bench-reproduce: bench-deps
 	$(NETNS_RUN) $(PY) bench/reproduce.py $(ARGS)'
+
+# A sweep's wall time against its trials' training (docs/benchmarks.md); the demo sweep reads
+# data/demo, which `make demo` builds. ARGS="--modes in_trial --concurrency 1 auto".
+bench-sweep: setup
+	$(NETNS_RUN) $(PY) bench/sweep_overhead.py $(ARGS)'
 
 clean:
 	rm -rf $(VENV)

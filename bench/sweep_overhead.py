@@ -13,7 +13,8 @@ own line. Epochs saved = 1 − epochs run / (trials × max epochs) (ASHA).
 
     python bench/sweep_overhead.py [SPACE.yaml] [--modes in_trial worker_group] [key=value ...]
 
-Run it inside a loopback-only network namespace like the tests (``make bench-sweep``).
+Run it inside a loopback-only network namespace like the tests: ``make bench-sweep`` from the
+repo root, after ``make demo`` (which builds the demo sweep's dataset, ``data/demo``).
 """
 
 from __future__ import annotations

@@ -124,6 +124,7 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
     from components.search_space import define_by_run, make_sampler
     from components.storage import display, list_dir
     from components.tracking import prepare_sweep_trackers, tune_callbacks
+    from components.tune_loggers import use_deferred_tensorboard
 
     # In-trial: the actor holds the worker's CPUs/GPUs. Otherwise it only drives its
     # TorchTrainer, whose workers reserve their own.
@@ -134,6 +135,7 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
     )
     path = sweep_dir(sweep)
     prepare_sweep_trackers(sweep)
+    use_deferred_tensorboard()
     if resume:
         if not ray.tune.Tuner.can_restore(path):
             raise SweepError(f"nothing to resume in {display(path)}: start the sweep without "

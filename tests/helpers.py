@@ -1,6 +1,10 @@
-"""Small builders shared by the objective tests."""
+"""Small builders shared by the objective tests; a TensorBoard events reader."""
 
 from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,3 +51,22 @@ def numeric_grad(f, x: np.ndarray, h: float = 1e-6) -> np.ndarray:  # type: igno
         x[idx] = old
         g[idx] = (up - down) / (2 * h)
     return g
+
+
+def tensorboard_events(folder: Path) -> list[tuple[str, int, Any]]:
+    """(tag, step, value) of every summary value in ``folder``'s event files (TFRecord
+    framing: u64 length, u32 crc, the Event proto, u32 crc); HParams as their plugin name."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    out = []
+    for f in sorted(folder.glob("events.out.tfevents.*")):
+        data, i = f.read_bytes(), 0
+        while i < len(data):
+            (n,) = struct.unpack("<Q", data[i:i + 8])
+            event = Event.FromString(data[i + 12:i + 12 + n])
+            i += 12 + n + 4
+            for v in event.summary.value:
+                value = (v.metadata.plugin_data.plugin_name if v.metadata.plugin_data.plugin_name
+                         else round(v.simple_value, 6))
+                out.append((v.tag, event.step, value))
+    return out

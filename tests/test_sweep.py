@@ -20,6 +20,7 @@ from components.search_space import load_sweep
 from components.training import NonFiniteLossError
 from pipelines.sweep import markdown, trial_rows
 from tests.datasets import synthetic_dataset, tiny_run_config
+from tests.helpers import tensorboard_events
 from tests.procs import kill_session, session_pids
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,6 +110,11 @@ def test_sweep_killed_after_two_trials_resumes_the_rest(tmp_path: Path) -> None:
         run = by_name.get(f"trial_fn_{r['trial']}")
         assert run is not None, (r["trial"], sorted(by_name))
         assert "knn_top1" in run.data.metrics
+    # TensorBoard (components/tune_loggers.py): each trial's Tune dir holds its reported kNN
+    for r in rows:
+        (tune_dir,) = (tmp_path / "sweeps" / "s").glob(f"trial_fn_{r['trial']}_*")
+        knn = [v for tag, _, v in tensorboard_events(tune_dir) if tag == "ray/tune/knn_top1"]
+        assert knn and knn[-1] == pytest.approx(float(r["knn_top1"]), abs=1e-5), (r, knn)
     # W&B (offline): every trial of the result has an offline run (dir named by its trial id),
     # the runs hold the trials' kNN per epoch, and a run's last kNN is its trial's final one.
     # Not more: a logger killed with the driver loses unflushed records, and after --resume
