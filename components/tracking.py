@@ -163,8 +163,12 @@ def tune_callbacks(sweep: Any, sweep_dir: str | Path) -> list[Any]:
     per trial in experiment ``<sweep name>``; without ``mlflow_uri`` the store is SQLite in
     ``sweep_dir`` (local: the sweep config refuses a URI storage without ``mlflow_uri``),
     created here since Tune has not made the dir yet. ``wandb: true``: W&B's, one run per
-    trial in project ``wandb_project``, group ``<sweep name>``, under each trial dir's
-    ``wandb/`` in offline mode (see :func:`prepare_sweep_trackers`)."""
+    trial in project ``wandb_project``, group ``<sweep name>``; offline (see
+    :func:`prepare_sweep_trackers`) its runs are ``<sweep_dir>/wandb/offline-run-*-<trial id>``
+    for a local ``sweep_dir``. Not Ray's default, each Tune trial dir: that is Tune's driver
+    staging copy, whose last sync to the sweep dir runs before Tune waits for the logging
+    actors, so a trial ending with the sweep could leave its W&B run in Ray's session dir
+    (seen in CI). With a URI ``sweep_dir`` the runs stay under each trial dir."""
     prepare_sweep_trackers(sweep)
     callbacks: list[Any] = []
     if sweep.mlflow:
@@ -180,9 +184,15 @@ def tune_callbacks(sweep: Any, sweep_dir: str | Path) -> list[Any]:
     if sweep.wandb:
         from ray.air.integrations.wandb import WandbLoggerCallback
 
+        from components.paths import is_uri
+
+        where: dict[str, Any] = {}
+        if not is_uri(sweep_dir):
+            Path(sweep_dir).mkdir(parents=True, exist_ok=True)  # wandb.init needs it to exist
+            where["dir"] = str(Path(sweep_dir).resolve())
         callbacks.append(WandbLoggerCallback(project=sweep.wandb_project, group=sweep.name,
                                              mode=sweep.wandb_mode,
-                                             settings=_wandb_settings()))
+                                             settings=_wandb_settings(), **where))
     return callbacks
 
 

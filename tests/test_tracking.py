@@ -109,6 +109,10 @@ def test_sweep_wandb_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     (cb,) = tune_callbacks(load_sweep(space, ["wandb=true", "wandb_project=p"]), tmp_path)
     assert type(cb).__name__ == "WandbLoggerCallback"
     assert (cb.project, cb.group, cb.kwargs["mode"]) == ("p", "small-simclr", "offline")
+    # offline runs straight into the sweep dir, not Tune's staging copy of each trial dir
+    assert cb.kwargs["dir"] == str(tmp_path.resolve())
+    (cb,) = tune_callbacks(load_sweep(space, ["wandb=true"]), "s3://bucket/sweeps/s")
+    assert "dir" not in cb.kwargs
     import os
 
     assert os.environ["WANDB_MODE"] == "offline"
