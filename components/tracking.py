@@ -143,7 +143,14 @@ class WandbRun:
                       if isinstance(v, int | float) and not isinstance(v, bool)})
 
     def finish(self) -> None:
+        """Finish the run and wait until wandb's service has written it out: ``run.finish()``
+        returns once the service has the exit record, before its writer has flushed the run
+        file (a test read it without its run record, under load), and a Ray worker may be
+        killed right after its run ends."""
+        import wandb
+
         self.run.finish()
+        wandb.teardown()
 
 
 def prepare_sweep_trackers(sweep: Any) -> None:
