@@ -1,11 +1,16 @@
 """``captions.backend`` onnx / onnx-int8 / openvino / openvino-bf16
 (components/data/onnx_text.py): the exported encoder agrees with the sentence-transformers
 reference — float32 to 1e-4 in cosine, int8 to 0.99 mean / 0.95 min cosine, bfloat16 to 0.999
-for every caption, and X-CLR's caption target rows to a small KL — exports once into its
-cache, and refuses pipelines it cannot reproduce and bfloat16 on CPUs without it."""
+for every caption, and X-CLR's caption target rows to a small KL — tokenizes exactly as
+transformers does, exports once into its cache and then loads without torch, and refuses
+pipelines it cannot reproduce, slow-only tokenizers and bfloat16 on CPUs without it."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,6 +18,8 @@ import pytest
 
 from components.data import captions as cap
 from components.data.onnx_text import OnnxEncoderError, _check_pipeline, cache_dir
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _has_bf16() -> bool:
@@ -92,12 +99,54 @@ def test_fast_backend_agrees_with_the_reference(reference: np.ndarray, backend: 
 
 def test_export_is_cached() -> None:
     cap.load_encoder(cap.DEFAULT_MODEL, backend="onnx")
-    files = sorted(cache_dir().rglob("model.onnx"))
-    assert files, "no cached export"
+    files = sorted(f for name in ("model.onnx", "tokenizer.json", "encoder.json")
+                   for f in cache_dir().rglob(name))
+    assert len(files) >= 3, f"no complete cached export: {files}"
     stamp = {f: f.stat().st_mtime_ns for f in files}
     cap.load_encoder(cap.DEFAULT_MODEL, backend="onnx")
     assert {f: f.stat().st_mtime_ns for f in files} == stamp
     assert not [f for f in files[0].parent.iterdir() if "float32" in f.name or ".tmp" in f.name]
+
+
+# Empty, accented, CJK, emoji, and longer than the 256-token window (truncated).
+TOKENIZER_TEXTS = [*CAPTIONS[:5], "", "Ünïcödé café — naïve résumé", "日本語のキャプション",
+                   "a cat 🐈 on a mat", "a very long caption " * 80, "word " * 300]
+
+
+def test_tokens_are_those_of_the_reference_tokenizer() -> None:
+    """The ONNX encoder tokenizes with ``tokenizers`` alone: the same ids, mask and type ids as
+    sentence-transformers' ``tokenizer(texts, padding=True, truncation=True,
+    max_length=max_seq_length)``, and the same untruncated counts."""
+    ref = cap.load_encoder(cap.DEFAULT_MODEL)
+    model = cap.load_encoder(cap.DEFAULT_MODEL, backend="onnx")
+    assert model.max_seq_length == ref.max_seq_length == 256
+    want = ref.tokenizer(TOKENIZER_TEXTS, padding=True, truncation=True,
+                         max_length=ref.max_seq_length, return_tensors="np")
+    got = model._tokenizer.encode_batch(TOKENIZER_TEXTS)
+    assert len(got[0].ids) == 256  # padded to the longest, which was truncated to the window
+    for key, attr in (("input_ids", "ids"), ("attention_mask", "attention_mask"),
+                      ("token_type_ids", "type_ids")):
+        np.testing.assert_array_equal(np.array([getattr(e, attr) for e in got]), want[key])
+    counts = cap.token_counts(model, TOKENIZER_TEXTS)
+    assert counts == cap.token_counts(ref, TOKENIZER_TEXTS)
+    assert counts[5] == 2 and counts[-1] == 302  # [CLS] [SEP]; 300 words, not truncated
+
+
+def test_a_cached_export_loads_without_torch() -> None:
+    """A caption actor starting from the cache imports neither torch nor transformers (the
+    seconds that made up most of an actor's start-up), and embeds as the first load did."""
+    first = cap.embed(cap.load_encoder(cap.DEFAULT_MODEL, backend="onnx"), CAPTIONS[:4])
+    code = ("import sys, numpy as np; from components.data import captions as cap; "
+            "m = cap.load_encoder(cap.DEFAULT_MODEL, backend='onnx'); "
+            "np.save(sys.argv[1], cap.embed(m, sys.argv[2:])); "
+            "print(sorted(k for k in ('torch', 'transformers', 'sentence_transformers') "
+            "if k in sys.modules))")
+    out = Path(cache_dir()) / "embedded.npy"
+    got = subprocess.run([sys.executable, "-c", code, str(out), *CAPTIONS[:4]],
+                         capture_output=True, text=True, check=True, cwd=ROOT,
+                         env={**os.environ, "SIMGRAPH_CACHE_DIR": str(cache_dir())})
+    assert got.stdout.strip() == "[]", got.stdout + got.stderr
+    np.testing.assert_allclose(np.load(out), first, atol=1e-6)
 
 
 def test_unsupported_pipelines_are_refused() -> None:
@@ -116,6 +165,34 @@ def test_unsupported_pipelines_are_refused() -> None:
         _check_pipeline([Transformer(), Pooling(pooling_mode="cls"), Normalize()])
     with pytest.raises(OnnxEncoderError, match="Transformer → Pooling → Dense"):
         _check_pipeline([Transformer(), Pooling(pooling_mode="mean"), type("Dense", (), {})()])
+
+
+def test_a_tokenizer_without_a_fast_version_is_refused(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    class Transformer:
+        pass
+
+    class Pooling(SimpleNamespace):
+        pass
+
+    class Normalize:
+        pass
+
+    class SlowTokenizer:
+        is_fast = False
+
+    class Model(list):  # type: ignore[type-arg]
+        tokenizer = SlowTokenizer()
+
+    (tmp_path / "modules.json").write_text("[]")  # a model folder of its own (cache key)
+    monkeypatch.setattr(cap, "sentence_transformer", lambda path, device: Model(
+        [Transformer(), Pooling(pooling_mode="mean"), Normalize()]))
+    before = set(cache_dir().glob("onnx/*"))
+    with pytest.raises(cap.CaptionError, match=r"captions.backend=onnx: the model's tokenizer "
+                                               r"\(SlowTokenizer\) has no fast version .*"
+                                               r"use captions.backend: torch"):
+        cap.load_encoder(str(tmp_path), backend="onnx")
+    assert set(cache_dir().glob("onnx/*")) == before  # nothing exported or half-written
 
 
 def test_openvino_bf16_is_refused_without_bfloat16(monkeypatch: pytest.MonkeyPatch) -> None:

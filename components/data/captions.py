@@ -43,17 +43,8 @@ def resolve_model(name: str) -> str:
     return name
 
 
-def load_encoder(name: str, device: str = "cpu", backend: str = "torch",
-                 threads: int = 1) -> Any:
-    """The text encoder, loaded without network access: a ``SentenceTransformer``
-    (``backend="torch"``) or an :class:`~components.data.onnx_text.OnnxEncoder` of it
-    (``onnx`` / ``onnx-int8`` / ``openvino`` / ``openvino-bf16``, CPU, ``threads`` runtime
-    threads).
-
-    Raises:
-        CaptionError: the model is neither a local folder nor in the local cache, or the
-            ONNX backend cannot run it.
-    """
+def sentence_transformer(path: str, device: str = "cpu") -> Any:
+    """The ``SentenceTransformer`` in the local folder (or local cache entry) ``path``."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     from sentence_transformers import SentenceTransformer
@@ -64,7 +55,20 @@ def load_encoder(name: str, device: str = "cpu", backend: str = "torch",
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
+    return SentenceTransformer(path, device=device)
 
+
+def load_encoder(name: str, device: str = "cpu", backend: str = "torch",
+                 threads: int = 1) -> Any:
+    """The text encoder, loaded without network access: a ``SentenceTransformer``
+    (``backend="torch"``) or an :class:`~components.data.onnx_text.OnnxEncoder` of it
+    (``onnx`` / ``onnx-int8`` / ``openvino`` / ``openvino-bf16``, CPU, ``threads`` runtime
+    threads; once exported it loads without importing PyTorch).
+
+    Raises:
+        CaptionError: the model is neither a local folder nor in the local cache, or the
+            ONNX backend cannot run it.
+    """
     path = resolve_model(name)
     try:
         if backend != "torch":
@@ -74,7 +78,7 @@ def load_encoder(name: str, device: str = "cpu", backend: str = "torch",
                 return OnnxEncoder(path, backend, threads)
             except OnnxEncoderError as e:
                 raise CaptionError(str(e)) from None
-        return SentenceTransformer(path, device=device)
+        return sentence_transformer(path, device)
     except CaptionError:
         raise
     except Exception as e:  # OSError / HF errors when the weights are not local
@@ -110,6 +114,10 @@ def embed(model: Any, texts: Sequence[str], batch_size: int | None = None) -> np
 def token_counts(model: Any, texts: Sequence[str], batch_size: int = 1024) -> list[int]:
     """Tokens per text as the encoder's tokenizer counts them (special tokens included), before
     truncation to ``model.max_seq_length``."""
+    from components.data.onnx_text import OnnxEncoder
+
+    if isinstance(model, OnnxEncoder):
+        return model.token_counts(texts)
     out: list[int] = []
     tok = model.tokenizer
     for s in range(0, len(texts), batch_size):
@@ -185,15 +193,16 @@ def class_embeddings(model: Any, texts: Sequence[Sequence[str]]) -> np.ndarray:
 class CaptionEmbedder:
     """Ray Data actor: one model per actor, ``{caption_id, text}`` → ``{caption_id, embedding}``.
 
-    ``torch.set_num_threads(1)``: two threads per actor collapse when the other core is busy
-    (RAY-NOTES.md); parallelism comes from the actor pool.
+    ``threads`` (default 1) for torch or the ONNX / OpenVINO runtime: two threads per actor
+    collapse when the other core is busy (RAY-NOTES.md); parallelism comes from the actor pool.
     """
 
     def __init__(self, model: str, device: str = "cpu", threads: int = 1,
                  backend: str = "torch") -> None:
-        import torch
+        if backend == "torch":  # the other backends start without importing torch
+            import torch
 
-        torch.set_num_threads(threads)
+            torch.set_num_threads(threads)
         self.model = load_encoder(model, device, backend, threads)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -25,15 +25,18 @@ ran 1.3–1.5× faster than 256 on a 2-core x86 VM, docs/benchmarks.md), and tru
 the supported models do (a ``Transformer`` → mean ``Pooling`` → optional ``Normalize``
 sentence-transformers pipeline, e.g. all-MiniLM-L6-v2); other pipelines are refused.
 
-The exported files are cached under ``$SIMGRAPH_CACHE_DIR`` (default
-``~/.cache/simgraph``)/``onnx/<digest>``, keyed by the model folder's files, the variant and
-the torch / onnxruntime versions; a cache entry is written under a temporary name and renamed,
-so concurrent caption actors never read a partial file.
+The exported files (the ONNX graph, the model's fast tokenizer and its settings) are cached
+under ``$SIMGRAPH_CACHE_DIR`` (default ``~/.cache/simgraph``)/``onnx/<digest>``, keyed by the
+model folder's files, the variant and the torch / onnxruntime versions; each file is written
+under a temporary name and renamed, so concurrent caption actors never read a partial file.
+Only the export loads the model in PyTorch: a caption actor starting from the cache imports
+neither torch nor transformers (5.5 → ~1 s per actor when two start at once on 2 cores).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import warnings
 from collections.abc import Sequence
@@ -44,9 +47,10 @@ from typing import Any
 import numpy as np
 
 from components.errors import SimgraphError
-from components.files import replacing
+from components.files import replacing, write_json
 
 VARIANTS = ("onnx", "onnx-int8", "openvino", "openvino-bf16")
+MODEL_FILE, TOKENIZER_FILE, ENCODER_FILE = "model.onnx", "tokenizer.json", "encoder.json"
 # Texts per forward pass: the fastest measured (docs/benchmarks.md, "Caption backends").
 BATCH = {"onnx": 32, "onnx-int8": 32, "openvino": 32, "openvino-bf16": 64}
 
@@ -60,10 +64,11 @@ def cache_dir() -> Path:
 
 
 def _model_digest(path: Path, variant: str) -> str:
-    import onnxruntime
-    import torch
+    # package versions from their metadata: importing torch here would cost each caption actor
+    # seconds (the point of reading a cached export)
+    import importlib.metadata as md
 
-    h = hashlib.sha256(f"{variant}|{torch.__version__}|{onnxruntime.__version__}".encode())
+    h = hashlib.sha256(f"{variant}|{md.version('torch')}|{md.version('onnxruntime')}".encode())
     for f in sorted(p for p in path.rglob("*") if p.is_file()):
         st = f.stat()
         h.update(f"{f.relative_to(path)}|{st.st_size}|{int(st.st_mtime)}".encode())
@@ -108,18 +113,51 @@ def _positional(auto_model: Any) -> Any:
     return Positional().eval()
 
 
-def export(st_model: Any, model_path: Path, variant: str) -> Path:
-    """The ONNX file of ``st_model`` for ``variant`` (exported and cached on first use)."""
-    import torch
+def prepare(model_path: Path, variant: str) -> Path:
+    """The cache directory of ``variant`` for the model folder ``model_path``: ``model.onnx``,
+    the model's fast tokenizer (``tokenizer.json``, as sentence-transformers configures it) and
+    ``encoder.json`` (window, width, normalisation, padding). Exported on first use — the only
+    step that loads the model in PyTorch; afterwards an :class:`OnnxEncoder` starts from these
+    files alone (no torch import: seconds per caption actor).
 
+    Raises:
+        OnnxEncoderError: ``variant`` is unknown, the pipeline is not Transformer → mean
+            Pooling [→ Normalize], or the tokenizer has no fast (``tokenizers``) version.
+    """
     if variant not in VARIANTS:
         raise OnnxEncoderError(f"captions.backend={variant!r}: choose one of {VARIANTS}")
     # OpenVINO compiles the float32 export itself (in well under a second): one shared file
     d = cache_dir() / "onnx" / _model_digest(
         model_path, "onnx" if variant.startswith("openvino") else variant)
-    target = d / "model.onnx"
-    if target.exists():
-        return target
+    if all((d / f).exists() for f in (MODEL_FILE, TOKENIZER_FILE, ENCODER_FILE)):
+        return d
+    from components.data.captions import embedding_dim, sentence_transformer
+
+    st_model = sentence_transformer(str(model_path), "cpu")
+    normalize = _check_pipeline(st_model)
+    tok = st_model.tokenizer
+    if not getattr(tok, "is_fast", False):
+        raise OnnxEncoderError(
+            f"captions.backend={variant}: the model's tokenizer ({type(tok).__name__}) has no "
+            "fast version (tokenizer.json): use captions.backend: torch")
+    if not (d / MODEL_FILE).exists():
+        _export(st_model, d, variant)
+    with replacing(d / TOKENIZER_FILE) as tmp:
+        tok.backend_tokenizer.save(str(tmp))
+    write_json(d / ENCODER_FILE, {
+        "max_seq_length": int(st_model.max_seq_length), "dim": embedding_dim(st_model),
+        "normalize": normalize, "pad_id": int(tok.pad_token_id), "pad_token": tok.pad_token,
+        "pad_type_id": int(tok.pad_token_type_id), "padding_side": tok.padding_side,
+        "truncation_side": tok.truncation_side,
+    })
+    return d
+
+
+def _export(st_model: Any, d: Path, variant: str) -> None:
+    """Write ``d / model.onnx``: the transformer in float32, weights quantised for onnx-int8."""
+    import torch
+
+    target = d / MODEL_FILE
     d.mkdir(parents=True, exist_ok=True)
     names = ["input_ids", "attention_mask", "token_type_ids"]
     dummy = st_model.tokenizer(["a photo of a cat", "x"], padding=True, return_tensors="pt")
@@ -134,7 +172,7 @@ def export(st_model: Any, model_path: Path, variant: str) -> Path:
             dynamic_axes={n: {0: "batch", 1: "tokens"} for n in [*names, "last_hidden_state"]})
     if variant != "onnx-int8":
         os.replace(float_file, target)
-        return target
+        return
     import logging
 
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -150,7 +188,6 @@ def export(st_model: Any, model_path: Path, variant: str) -> Path:
         finally:
             root.setLevel(level)
     float_file.unlink(missing_ok=True)
-    return target
 
 
 class _OpenVinoSession:
@@ -189,43 +226,57 @@ class _OpenVinoSession:
 
 
 class OnnxEncoder:
-    """A sentence-transformers model on ONNX Runtime or OpenVINO, with the attributes and
-    ``encode`` the caption code uses (``tokenizer``, ``max_seq_length``,
-    ``get_embedding_dimension``).
+    """A sentence-transformers model on ONNX Runtime or OpenVINO, with what the caption code
+    uses (``encode``, ``token_counts``, ``max_seq_length``, ``get_embedding_dimension``).
+    Starts from :func:`prepare`'s files: the tokenizer is the model's own fast tokenizer
+    (``tokenizers``), set up as sentence-transformers calls it.
 
     Raises:
         OnnxEncoderError: the model's pipeline is not Transformer → mean Pooling [→ Normalize],
-            ``variant`` is unknown, or ``openvino-bf16`` on a CPU without bfloat16.
+            its tokenizer has no fast version, ``variant`` is unknown, or ``openvino-bf16`` on
+            a CPU without bfloat16.
     """
 
     def __init__(self, model_path: str, variant: str = "onnx", threads: int = 1) -> None:
-        import onnxruntime as ort
-        from sentence_transformers import SentenceTransformer
+        from tokenizers import Tokenizer
 
-        from components.data.captions import embedding_dim  # it imports this module lazily
-
-        st_model: Any = SentenceTransformer(model_path, device="cpu")
-        self.normalize = _check_pipeline(st_model)
+        d = prepare(Path(model_path), variant)
+        facts = json.loads((d / ENCODER_FILE).read_text())
         self.variant = variant
-        self.tokenizer = st_model.tokenizer
-        self.max_seq_length = int(st_model.max_seq_length)
-        self._dim = embedding_dim(st_model)
-        path = export(st_model, Path(model_path), variant)
-        del st_model
+        self.normalize = bool(facts["normalize"])
+        self.max_seq_length = int(facts["max_seq_length"])
+        self._dim = int(facts["dim"])
+        # What transformers does for tokenizer(texts, padding=True, truncation=True,
+        # max_length=max_seq_length): truncate to the window, pad to the longest in the batch.
+        self._tokenizer = Tokenizer.from_file(str(d / TOKENIZER_FILE))
+        self._tokenizer.enable_truncation(self.max_seq_length,
+                                          direction=facts["truncation_side"])
+        self._tokenizer.enable_padding(direction=facts["padding_side"], pad_id=facts["pad_id"],
+                                       pad_type_id=facts["pad_type_id"],
+                                       pad_token=facts["pad_token"])
+        self._counter = Tokenizer.from_file(str(d / TOKENIZER_FILE))  # whole texts, unpadded
+        self._counter.no_truncation()
+        self._counter.no_padding()
         self.session: Any
         if variant.startswith("openvino"):
-            self.session = _OpenVinoSession(path, variant, threads)
+            self.session = _OpenVinoSession(d / MODEL_FILE, variant, threads)
             self._inputs = [i.name for i in self.session.get_inputs()]
             return
+        import onnxruntime as ort
+
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(str(path), options,
+        self.session = ort.InferenceSession(str(d / MODEL_FILE), options,
                                             providers=["CPUExecutionProvider"])
         self._inputs = [i.name for i in self.session.get_inputs()]
 
     def get_embedding_dimension(self) -> int:
         return self._dim
+
+    def token_counts(self, texts: Sequence[str]) -> list[int]:
+        """Tokens per text, special tokens included, before truncation to the window."""
+        return [len(e.ids) for e in self._counter.encode_batch(list(texts))]
 
     def encode(self, texts: Sequence[str], batch_size: int | None = None) -> np.ndarray:
         """``[len(texts), E]`` float32 embeddings (L2-normalised when the model normalises);
@@ -235,12 +286,13 @@ class OnnxEncoder:
         order = np.argsort([len(t) for t in texts], kind="stable")  # similar lengths together
         for s in range(0, len(texts), batch_size):
             idx = order[s:s + batch_size]
-            enc = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True,
-                                 max_length=self.max_seq_length, return_tensors="np")
-            feed = {n: np.asarray(enc[n], dtype=np.int64) if n in enc
-                    else np.zeros_like(enc["input_ids"], dtype=np.int64) for n in self._inputs}
+            enc = self._tokenizer.encode_batch([texts[i] for i in idx])
+            given = {"input_ids": np.array([e.ids for e in enc], dtype=np.int64),  # [b, tokens]
+                     "attention_mask": np.array([e.attention_mask for e in enc], dtype=np.int64),
+                     "token_type_ids": np.array([e.type_ids for e in enc], dtype=np.int64)}
+            feed = {n: given[n] for n in self._inputs}
             hidden = self.session.run(None, feed)[0]  # [b, tokens, E]
-            mask = feed["attention_mask"][..., None].astype(np.float32)
+            mask = given["attention_mask"][..., None].astype(np.float32)
             pooled = (hidden * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)
             if self.normalize:
                 pooled /= np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
