@@ -8,6 +8,7 @@ pipelines it cannot reproduce, slow-only tokenizers and bfloat16 on CPUs without
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -149,6 +150,15 @@ def test_a_cached_export_loads_without_torch() -> None:
     np.testing.assert_allclose(np.load(out), first, atol=1e-6)
 
 
+def test_the_caption_actor_runs_an_onnx_backend(reference: np.ndarray) -> None:
+    """What each Ray Data caption actor does (``build.embed_captions``), in this process."""
+    actor = cap.CaptionEmbedder(cap.DEFAULT_MODEL, backend="onnx")
+    ids = np.arange(len(CAPTIONS))[::-1].copy()
+    got = actor({"caption_id": ids, "text": np.array(CAPTIONS[::-1], dtype=object)})
+    np.testing.assert_array_equal(got["caption_id"], ids)
+    assert ((got["embedding"][::-1] * reference).sum(1) >= 0.9999).all()
+
+
 def test_unsupported_pipelines_are_refused() -> None:
     class Transformer:
         pass
@@ -167,8 +177,13 @@ def test_unsupported_pipelines_are_refused() -> None:
         _check_pipeline([Transformer(), Pooling(pooling_mode="mean"), type("Dense", (), {})()])
 
 
-def test_a_tokenizer_without_a_fast_version_is_refused(tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("is_fast, pad_token, problem", [
+    (False, "[PAD]", "fast version (tokenizer.json)"),
+    (True, None, "padding token"),
+])
+def test_a_tokenizer_the_runtime_cannot_reproduce_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, is_fast: bool, pad_token: str | None,
+        problem: str) -> None:
     class Transformer:
         pass
 
@@ -178,19 +193,20 @@ def test_a_tokenizer_without_a_fast_version_is_refused(tmp_path: Path,
     class Normalize:
         pass
 
-    class SlowTokenizer:
-        is_fast = False
+    class SlowTokenizer(SimpleNamespace):
+        pass
 
     class Model(list):  # type: ignore[type-arg]
-        tokenizer = SlowTokenizer()
+        tokenizer = SlowTokenizer(is_fast=is_fast, pad_token=pad_token)
 
     (tmp_path / "modules.json").write_text("[]")  # a model folder of its own (cache key)
     monkeypatch.setattr(cap, "sentence_transformer", lambda path, device: Model(
         [Transformer(), Pooling(pooling_mode="mean"), Normalize()]))
     before = set(cache_dir().glob("onnx/*"))
     with pytest.raises(cap.CaptionError, match=r"captions.backend=onnx: the model's tokenizer "
-                                               r"\(SlowTokenizer\) has no fast version .*"
-                                               r"use captions.backend: torch"):
+                                               r"\(SlowTokenizer\) has no "
+                                               + re.escape(problem)
+                                               + r": use captions.backend: torch"):
         cap.load_encoder(str(tmp_path), backend="onnx")
     assert set(cache_dir().glob("onnx/*")) == before  # nothing exported or half-written
 

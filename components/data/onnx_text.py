@@ -122,7 +122,8 @@ def prepare(model_path: Path, variant: str) -> Path:
 
     Raises:
         OnnxEncoderError: ``variant`` is unknown, the pipeline is not Transformer → mean
-            Pooling [→ Normalize], or the tokenizer has no fast (``tokenizers``) version.
+            Pooling [→ Normalize], or the tokenizer has no fast (``tokenizers``) version or no
+            padding token.
     """
     if variant not in VARIANTS:
         raise OnnxEncoderError(f"captions.backend={variant!r}: choose one of {VARIANTS}")
@@ -136,10 +137,11 @@ def prepare(model_path: Path, variant: str) -> Path:
     st_model = sentence_transformer(str(model_path), "cpu")
     normalize = _check_pipeline(st_model)
     tok = st_model.tokenizer
-    if not getattr(tok, "is_fast", False):
+    if not getattr(tok, "is_fast", False) or tok.pad_token is None:
         raise OnnxEncoderError(
             f"captions.backend={variant}: the model's tokenizer ({type(tok).__name__}) has no "
-            "fast version (tokenizer.json): use captions.backend: torch")
+            + ("padding token" if getattr(tok, "is_fast", False) else
+               "fast version (tokenizer.json)") + ": use captions.backend: torch")
     if not (d / MODEL_FILE).exists():
         _export(st_model, d, variant)
     with replacing(d / TOKENIZER_FILE) as tmp:
@@ -233,8 +235,8 @@ class OnnxEncoder:
 
     Raises:
         OnnxEncoderError: the model's pipeline is not Transformer → mean Pooling [→ Normalize],
-            its tokenizer has no fast version, ``variant`` is unknown, or ``openvino-bf16`` on
-            a CPU without bfloat16.
+            its tokenizer has no fast version or no padding token, ``variant`` is unknown, or
+            ``openvino-bf16`` on a CPU without bfloat16.
     """
 
     def __init__(self, model_path: str, variant: str = "onnx", threads: int = 1) -> None:
