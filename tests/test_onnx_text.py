@@ -159,16 +159,20 @@ def test_the_caption_actor_runs_an_onnx_backend(reference: np.ndarray) -> None:
     assert ((got["embedding"][::-1] * reference).sum(1) >= 0.9999).all()
 
 
+# Stand-ins for sentence-transformers modules: the pipeline check reads their class names.
+class Transformer:
+    pass
+
+
+class Pooling(SimpleNamespace):
+    pass
+
+
+class Normalize:
+    pass
+
+
 def test_unsupported_pipelines_are_refused() -> None:
-    class Transformer:
-        pass
-
-    class Pooling(SimpleNamespace):
-        pass
-
-    class Normalize:
-        pass
-
     assert _check_pipeline([Transformer(), Pooling(pooling_mode="mean"), Normalize()])
     assert not _check_pipeline([Transformer(), Pooling(pooling_mode="mean")])
     with pytest.raises(OnnxEncoderError, match="use captions.backend: torch"):
@@ -184,15 +188,6 @@ def test_unsupported_pipelines_are_refused() -> None:
 def test_a_tokenizer_the_runtime_cannot_reproduce_is_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, is_fast: bool, pad_token: str | None,
         problem: str) -> None:
-    class Transformer:
-        pass
-
-    class Pooling(SimpleNamespace):
-        pass
-
-    class Normalize:
-        pass
-
     class SlowTokenizer(SimpleNamespace):
         pass
 

@@ -137,11 +137,12 @@ def prepare(model_path: Path, variant: str) -> Path:
     st_model = sentence_transformer(str(model_path), "cpu")
     normalize = _check_pipeline(st_model)
     tok = st_model.tokenizer
-    if not getattr(tok, "is_fast", False) or tok.pad_token is None:
-        raise OnnxEncoderError(
-            f"captions.backend={variant}: the model's tokenizer ({type(tok).__name__}) has no "
-            + ("padding token" if getattr(tok, "is_fast", False) else
-               "fast version (tokenizer.json)") + ": use captions.backend: torch")
+    missing = ("fast version (tokenizer.json)" if not getattr(tok, "is_fast", False) else
+               "padding token" if tok.pad_token is None else None)
+    if missing:
+        raise OnnxEncoderError(f"captions.backend={variant}: the model's tokenizer "
+                               f"({type(tok).__name__}) has no {missing}: use "
+                               "captions.backend: torch")
     if not (d / MODEL_FILE).exists():
         _export(st_model, d, variant)
     with replacing(d / TOKENIZER_FILE) as tmp:
