@@ -188,9 +188,9 @@ def train_in_trial(cfg: PretrainConfig, run_dir: str, facts: RunFacts, metric: s
 
 
 def train_views(cfg: PretrainConfig, info: Any, rank: int, world: int, device: Any,
-                with_captions: bool) -> Any:
+                with_captions: bool, batched_augment: bool | None = None) -> Any:
     """The training ``ViewLoader`` of one rank: what every worker reads (``simgraph preview``
-    draws its batches from this same function)."""
+    draws its batches from this same function). ``batched_augment``: see ``ViewLoader``."""
     from components.data.reader import ViewLoader
 
     d = cfg.data
@@ -199,6 +199,7 @@ def train_views(cfg: PretrainConfig, info: Any, rank: int, world: int, device: A
         train=True, seed=cfg.train.seed, rank=rank, world_size=world, device=device,
         num_workers=d.num_workers, drop_last=True, os_cache=d.os_cache,
         with_captions=with_captions, max_batches=cfg.train.steps_per_epoch,
+        batched_augment=batched_augment,
     )
 
 
@@ -380,7 +381,9 @@ class PretrainRecipe:
         row: dict[str, Any] = {"epoch": epoch + 1, "step": self.step, **acc.summary()}
         row["lr"] = last_lr  # of the epoch's last step
         row["samples_per_s"] = n * cfg.data.batch_size * self.world / elapsed
-        row["data_wait"] = distributed.mean_over_ranks(torch.tensor([wait / elapsed]))
+        # On the device: NCCL refuses host tensors in a collective.
+        row["data_wait"] = distributed.mean_over_ranks(
+            torch.tensor([wait / elapsed], device=self.device))
         row["time_s"] = elapsed
         return row
 
@@ -558,7 +561,9 @@ def _worker_info(run_dir: str, rank: int, world: int, device: Any,
     info = {
         "rank": rank, "world_size": world, "pid": os.getpid(), "host": socket.gethostname(),
         "node_id": node_id, **layout, "ray_node_rank": ray_node, "ray_local_rank": ray_local,
-        "device": str(device), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+        # Outside Ray (a test's host) get_gpu_ids() would start a local Ray instance.
+        "device": str(device),
+        "gpu_ids": [str(g) for g in ray.get_gpu_ids()] if ray.is_initialized() else [],
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "code": str(project_root()),  # which copy of the project runs (a job's working_dir)
         "started": time.time(),

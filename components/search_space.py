@@ -82,6 +82,7 @@ from components.config import (
     PretrainConfig,
     apply_overrides,
     check_at_least,
+    check_gpu_share,
     check_non_negative,
     check_positive,
     check_wandb,
@@ -295,6 +296,9 @@ class Resources:
         check_at_least("resources.workers", self.workers, 1)
         check_positive("resources.cpus_per_worker", self.cpus_per_worker)
         check_non_negative("resources.gpus_per_worker", self.gpus_per_worker)
+        if self.gpus_per_worker > 0:
+            check_gpu_share("resources.workers", self.workers, "resources.gpus_per_worker",
+                            self.gpus_per_worker)
         if self.mode not in ("auto", "in_trial", "worker_group"):
             raise ConfigError(f"resources.mode={self.mode!r} is not allowed: choose one of "
                               "auto, in_trial, worker_group")

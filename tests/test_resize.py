@@ -19,7 +19,7 @@ from components.data.augment.resize import (
     BilinearRandomResizedCrop,
     resize_crop_bilinear,
 )
-from components.data.reader import ViewLoader, set_jit
+from components.data.reader import ViewLoader, pipeline_ops, set_jit
 
 
 @pytest.mark.parametrize("smooth", [False, True])
@@ -82,10 +82,10 @@ def test_interpolation_choice_picks_the_decoder() -> None:
     from ffcv.fields.decoders import CenterCropRGBImageDecoder, RandomResizedCropRGBImageDecoder
 
     def ops(interpolation: str, train: bool) -> list:
-        loader = ViewLoader.__new__(ViewLoader)
-        loader.augment = AugmentConfig(interpolation=interpolation)  # type: ignore[arg-type]
-        loader.train = train
-        return loader._image_ops(on_gpu=False)
+        aug = AugmentConfig(interpolation=interpolation)  # type: ignore[arg-type]
+        return pipeline_ops(["image", "label", "sample_id"], augment=aug, train=train, views=1,
+                            device=torch.device("cpu"), batched_augment=False,
+                            with_captions=False)["image"]
 
     assert type(ops("bilinear", True)[0]) is BilinearRandomResizedCrop
     assert type(ops("bilinear", False)[0]) is BilinearCenterCrop

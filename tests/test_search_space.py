@@ -260,9 +260,12 @@ def test_trial_config_takes_the_sweeps_resources(tmp_path: Path) -> None:
     s = trial_config(cpu, params, "a", "/tmp").scaling
     assert (s.num_workers, s.cpus_per_worker, s.use_gpu) == (3, 0.5, False)
     gpu = load_sweep(_write(tmp_path, resources={"workers": 2, "cpus_per_worker": 2,
-                                                 "gpus_per_worker": 0.5}))
+                                                 "gpus_per_worker": 1}))
     s = trial_config(gpu, params, "a", "/tmp").scaling
-    assert (s.num_workers, s.cpus_per_worker, s.use_gpu, s.gpus_per_worker) == (2, 2.0, True, 0.5)
+    assert (s.num_workers, s.cpus_per_worker, s.use_gpu, s.gpus_per_worker) == (2, 2.0, True, 1.0)
+    shared = load_sweep(_write(tmp_path, resources={"workers": 1, "gpus_per_worker": 0.5}))
+    s = trial_config(shared, params, "a", "/tmp").scaling
+    assert (s.num_workers, s.use_gpu, s.gpus_per_worker) == (1, True, 0.5)
 
 
 def test_max_concurrent_auto_packs_trials_into_the_cluster(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ Example::
 from components.config.checks import (
     ConfigError,
     check_at_least,
+    check_gpu_share,
     check_in_range,
     check_non_negative,
     check_positive,
@@ -113,6 +114,7 @@ __all__ = [
     "XCLRConfig",
     "apply_overrides",
     "check_at_least",
+    "check_gpu_share",
     "check_in_range",
     "check_non_negative",
     "check_positive",

@@ -33,3 +33,20 @@ def check_in_range(key: str, value: float, low: float, high: float) -> None:
 
 def check_at_least(key: str, value: int, low: int) -> None:
     checks.at_least(key, value, low, ConfigError)
+
+
+def check_gpu_share(workers_key: str, workers: int, gpus_key: str, gpus: float) -> None:
+    """GPUs per worker that the recipe can use: each rank trains on one device, so more than
+    one GPU per worker would sit idle; a fraction is fine for one worker (sweep trials share
+    a GPU), but several workers with fractions land on one GPU, which NCCL refuses
+    ("Duplicate GPU detected"). ``gpus`` 0 (or unused) is not checked here."""
+    if gpus > 1:
+        raise ConfigError(
+            f"{gpus_key}={gpus!r} is not allowed: a worker trains on one GPU; for more GPUs "
+            f"raise {workers_key} (one worker per GPU) and keep {gpus_key}=1")
+    if workers > 1 and gpus < 1:
+        raise ConfigError(
+            f"{gpus_key}={gpus!r} with {workers_key}={workers} is not allowed: fractional GPUs "
+            f"would put two ranks on one GPU, which NCCL refuses (\"Duplicate GPU "
+            f"detected\"); use {gpus_key}=1 for multi-worker runs (fractions are fine "
+            "with one worker, e.g. sweep trials sharing a GPU)")

@@ -9,6 +9,7 @@ from typing import ClassVar, Literal
 from components.config.checks import (
     ConfigError,
     check_at_least,
+    check_gpu_share,
     check_in_range,
     check_non_negative,
     check_positive,
@@ -243,6 +244,9 @@ class ScalingSection:
         check_at_least("scaling.num_workers", self.num_workers, 1)
         check_positive("scaling.cpus_per_worker", self.cpus_per_worker)
         check_positive("scaling.gpus_per_worker", self.gpus_per_worker)
+        if self.use_gpu:
+            check_gpu_share("scaling.num_workers", self.num_workers, "scaling.gpus_per_worker",
+                            self.gpus_per_worker)
         if self.max_failures < -1:
             raise ConfigError(
                 f"scaling.max_failures={self.max_failures} is not allowed: -1 (retry forever) "

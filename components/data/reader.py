@@ -176,6 +176,9 @@ class ViewLoader:
         with_captions: read the caption embeddings if the file has them.
         max_batches: cap an epoch at this many batches (the first of each epoch's order; the
             order itself is unchanged, so capped epochs stay disjoint across ranks).
+        batched_augment: colour jitter, grayscale and blur as batched torch ops on ``device``
+            after the loader (default: on CUDA only; ``True`` on CPU runs the GPU path's
+            augmentation there) instead of FFCV's per-sample ops.
     """
 
     def __init__(
@@ -195,10 +198,9 @@ class ViewLoader:
         os_cache: bool = True,
         with_captions: bool = True,
         max_batches: int | None = None,
+        batched_augment: bool | None = None,
     ) -> None:
-        from ffcv.fields.decoders import IntDecoder, NDArrayDecoder
         from ffcv.reader import Reader
-        from ffcv.transforms import Squeeze, ToDevice, ToTensor
 
         if views < 1:
             raise ValueError(f"views={views} must be >= 1")
@@ -216,19 +218,20 @@ class ViewLoader:
         # float16 captions are stored as int16 bits (shards.write_shard); viewed back below.
         self._f16_bits = "caption" in fields and handlers["caption"].dtype == F16_BITS
         on_gpu = self.device.type == "cuda"
-        to_dev = [ToDevice(self.device, non_blocking=True)] if on_gpu else []
-
+        # Colour ops as batched torch ops after the loader: always on CUDA; on CPU only when
+        # asked (tests run the GPU path's augmentation this way), else inside FFCV.
+        batched = on_gpu if batched_augment is None else batched_augment
+        self.pipeline_ops = pipeline_ops(fields, augment=self.augment, train=train,
+                                         views=self.views, device=self.device,
+                                         batched_augment=batched,
+                                         with_captions=self.has_captions)
+        self._image_keys = [k for k in self.pipeline_ops if k.startswith("image")]
         pipelines: dict[str, Any] = {
-            "label": [IntDecoder(), ToTensor(), Squeeze(), *to_dev],
-            "sample_id": [IntDecoder(), ToTensor(), Squeeze(), *to_dev],
-            "caption": [NDArrayDecoder(), ToTensor(), *to_dev] if self.has_captions else None,
+            k: (ops if k == "image" or not k.startswith("image") else _spec("image", ops))
+            for k, ops in self.pipeline_ops.items()
         }
-        if "caption" not in fields:
-            del pipelines["caption"]
-        self._image_keys = ["image"] + [f"image_{v}" for v in range(1, self.views)]
-        for v, key in enumerate(self._image_keys):
-            ops = self._image_ops(on_gpu) + [ToTensor(), *to_dev, _to_torch_image()]
-            pipelines[key] = ops if v == 0 else _spec("image", ops)
+        if "caption" in fields and not self.has_captions:
+            pipelines["caption"] = None  # stored but not read
         if max_batches is not None and max_batches < 1:
             raise ValueError(f"max_batches={max_batches} must be >= 1 or None")
         order = _order_factory(max_batches=max_batches, seed=seed, rank=rank,
@@ -239,43 +242,16 @@ class ViewLoader:
             os_cache=os_cache, drop_last=drop_last, pipelines=pipelines,
         )
         self.loader.aug_seed = (seed, rank)  # type: ignore[attr-defined]
+        # FFCV's pipeline thread makes CUDA calls; the current device is per thread.
+        self.loader.thread_device = self.device if on_gpu else None  # type: ignore[attr-defined]
         torch.set_num_threads(threads)  # the Loader sets torch threads to num_workers
         self._names = list(self.loader.pipeline_specs)
         mean = torch.tensor(self.augment.mean, device=self.device).view(1, 3, 1, 1) * 255
         std = torch.tensor(self.augment.std, device=self.device).view(1, 3, 1, 1) * 255
         self._mean, self._std = mean, std
-        self._gpu_aug = self._gpu_augment() if (on_gpu and train) else None
-        self._cpu_blur = self._blur_only() if (train and not on_gpu and self.augment.blur_p > 0) \
+        self._gpu_aug = self._gpu_augment() if (batched and train) else None
+        self._cpu_blur = self._blur_only() if (train and not batched and self.augment.blur_p > 0) \
             else None
-
-    def _image_ops(self, on_gpu: bool) -> list[Any]:
-        from ffcv.fields.decoders import CenterCropRGBImageDecoder, RandomResizedCropRGBImageDecoder
-        from ffcv.transforms import RandomHorizontalFlip
-
-        from components.data.augment.resize import BilinearCenterCrop, BilinearRandomResizedCrop
-
-        a = self.augment
-        size = (a.resolution, a.resolution)
-        bilinear = a.interpolation == "bilinear"
-        if not self.train:
-            centre = BilinearCenterCrop if bilinear else CenterCropRGBImageDecoder
-            return [centre(size, ratio=a.eval_crop_ratio)]
-        crop = BilinearRandomResizedCrop if bilinear else RandomResizedCropRGBImageDecoder
-        ops: list[Any] = [crop(size, scale=tuple(a.scale), ratio=tuple(a.ratio))]
-        if a.flip_p > 0:
-            ops.append(RandomHorizontalFlip(flip_prob=a.flip_p))
-        if on_gpu or max(a.jitter_p, a.grayscale_p) == 0:
-            return ops
-        from components.data.augment import RandomColorJitter, RandomGrayscale
-
-        if a.jitter_p > 0:
-            ops.append(RandomColorJitter(brightness=a.brightness, contrast=a.contrast,
-                                         saturation=a.saturation, hue=a.hue, p=a.jitter_p))
-        if a.grayscale_p > 0:
-            ops.append(RandomGrayscale(p=a.grayscale_p))
-        # Blur runs as a batched torch op after the loader (see _cpu_blur): a numba blur inside
-        # the compiled pipeline stalled FFCV's worker threads at 8 px, so there is none.
-        return ops
 
     def _gpu_augment(self) -> torch.nn.Module:
         from components.data.augment import BatchedSimCLRAugment
@@ -367,6 +343,14 @@ def _seeded_loader_class() -> type:
             self.epoch = epoch  # before the thread starts (the base __init__ starts it)
             super().__init__(loader, order)
 
+        def run(self) -> None:
+            # The current CUDA device is per thread: without this, the streams, events and
+            # copies of every local rank's pipeline thread would open a context on GPU 0.
+            device = getattr(self.loader, "thread_device", None)
+            if device is not None:
+                torch.cuda.set_device(device)
+            super().run()
+
         def run_pipeline(self, b_ix: int, *args: Any) -> Any:
             seed, rank = self.loader.aug_seed
             # Two seeds: compiled ops draw from numba's generator, Python ops (data.jit off)
@@ -437,14 +421,70 @@ def _order_stages_by_id() -> None:
     Graph._simgraph_ordered = True
 
 
+def pipeline_ops(
+    fields: Sequence[str], *, augment: AugmentConfig, train: bool, views: int,
+    device: torch.device, batched_augment: bool, with_captions: bool,
+) -> dict[str, list[Any]]:
+    """The FFCV operations of every output, decoder first: ``label``, ``sample_id``,
+    ``caption`` (when read), ``image`` and ``image_1`` … ``image_{V-1}`` (extra views of the
+    stored ``image`` field). Built without a Loader, so tests can check what each op declares.
+
+    For a CUDA ``device`` every output ends on the device: ``ToDevice`` copies the batch, and
+    every op after it allocates there. ``ToTorchImage`` comes after ``ToDevice`` as a view
+    (``channels_last=True``: ``[B, 3, H, W]`` over the copied ``[B, H, W, 3]`` buffer). With
+    ``channels_last=False`` it would declare a buffer of no device, i.e. pinned *host* memory,
+    and copy the CUDA batch back into it. On CPU the plain ``[B, 3, H, W]`` layout is kept.
+    """
+    from ffcv.fields.decoders import IntDecoder, NDArrayDecoder
+    from ffcv.transforms import Squeeze, ToDevice, ToTensor, ToTorchImage
+
+    on_gpu = device.type == "cuda"
+    to_dev = [ToDevice(device, non_blocking=True)] if on_gpu else []
+    out: dict[str, list[Any]] = {
+        "label": [IntDecoder(), ToTensor(), Squeeze(), *to_dev],
+        "sample_id": [IntDecoder(), ToTensor(), Squeeze(), *to_dev],
+    }
+    if with_captions and "caption" in fields:
+        out["caption"] = [NDArrayDecoder(), ToTensor(), *to_dev]
+    n = views if train else 1
+    for key in ["image"] + [f"image_{v}" for v in range(1, n)]:
+        out[key] = [*_image_ops(augment, train, batched_augment), ToTensor(), *to_dev,
+                    ToTorchImage(channels_last=on_gpu)]
+    return out
+
+
+def _image_ops(a: AugmentConfig, train: bool, batched: bool) -> list[Any]:
+    """Decoder (crop) and the per-sample ops FFCV runs; ``batched``: colour ops are left to
+    the batched torch ops after the loader."""
+    from ffcv.fields.decoders import CenterCropRGBImageDecoder, RandomResizedCropRGBImageDecoder
+    from ffcv.transforms import RandomHorizontalFlip
+
+    from components.data.augment.resize import BilinearCenterCrop, BilinearRandomResizedCrop
+
+    size = (a.resolution, a.resolution)
+    bilinear = a.interpolation == "bilinear"
+    if not train:
+        centre = BilinearCenterCrop if bilinear else CenterCropRGBImageDecoder
+        return [centre(size, ratio=a.eval_crop_ratio)]
+    crop = BilinearRandomResizedCrop if bilinear else RandomResizedCropRGBImageDecoder
+    ops: list[Any] = [crop(size, scale=tuple(a.scale), ratio=tuple(a.ratio))]
+    if a.flip_p > 0:
+        ops.append(RandomHorizontalFlip(flip_prob=a.flip_p))
+    if batched or max(a.jitter_p, a.grayscale_p) == 0:
+        return ops
+    from components.data.augment import RandomColorJitter, RandomGrayscale
+
+    if a.jitter_p > 0:
+        ops.append(RandomColorJitter(brightness=a.brightness, contrast=a.contrast,
+                                     saturation=a.saturation, hue=a.hue, p=a.jitter_p))
+    if a.grayscale_p > 0:
+        ops.append(RandomGrayscale(p=a.grayscale_p))
+    # Blur runs as a batched torch op after the loader (see _cpu_blur): a numba blur inside
+    # the compiled pipeline stalled FFCV's worker threads at 8 px, so there is none.
+    return ops
+
+
 def _spec(field: str, ops: list[Any]) -> Any:
     from ffcv.pipeline import PipelineSpec
 
     return PipelineSpec(field, decoder=ops[0], transforms=ops[1:])
-
-
-def _to_torch_image() -> Any:
-    from ffcv.transforms import ToTorchImage
-
-    # channels_last=False: a plain [B, 3, H, W] layout; the training step converts if asked.
-    return ToTorchImage(channels_last=False)
