@@ -50,6 +50,10 @@ from components.run_host import RunHost, TrainWorker
 
 PAUSE_ENV = "SIMGRAPH_PAUSE_AT_STEP"
 PROGRESS_EVERY_S = 20.0  # rank 0 prints a progress line this often during a long epoch
+# ``warn`` / ``error``: torch.cuda.set_sync_debug_mode in every GPU worker (read by
+# loop_config in the process that builds the trainer), to find host syncs in the step.
+SYNC_DEBUG_ENV = "SIMGRAPH_CUDA_SYNC_DEBUG"
+SYNC_DEBUG_MODES = ("", "default", "warn", "error")
 
 
 class PretrainError(RunError):
@@ -170,8 +174,13 @@ def loop_config(cfg: PretrainConfig, run_dir: str, facts: RunFacts,
     a progress line every :data:`PROGRESS_EVERY_S`."""
     if pause_at_step is None:
         pause_at_step = int(os.environ.get(PAUSE_ENV, "0") or 0)
+    sync_debug = os.environ.get(SYNC_DEBUG_ENV, "")
+    if sync_debug not in SYNC_DEBUG_MODES:
+        raise RunError(f"{SYNC_DEBUG_ENV}={sync_debug!r} is not allowed: choose one of "
+                       f"{', '.join(m for m in SYNC_DEBUG_MODES if m)} or leave it unset")
     return {"config": to_dict(cfg), "run_dir": run_dir, "facts": facts.to_dict(),
-            "pause_at_step": pause_at_step, "verbose": console.verbose(), "live": live}
+            "pause_at_step": pause_at_step, "verbose": console.verbose(), "live": live,
+            "cuda_sync_debug": sync_debug}
 
 
 def train_in_trial(cfg: PretrainConfig, run_dir: str, facts: RunFacts, metric: str) -> None:
@@ -224,6 +233,7 @@ class PretrainRecipe:
         self.facts = RunFacts(**loop_config["facts"])
         self.pause_at_step = int(loop_config.get("pause_at_step", 0))
         self.live = bool(loop_config.get("live", False))
+        self.cuda_sync_debug = str(loop_config.get("cuda_sync_debug", ""))
         console.set_verbose(bool(loop_config.get("verbose", False)))
 
     # -- setup ---------------------------------------------------------------------------------
@@ -245,6 +255,8 @@ class PretrainRecipe:
         device = self.device = host.device()
         if device.type == "cuda":
             torch.cuda.set_device(device)  # before the first collective on NCCL
+            if self.cuda_sync_debug:  # bench/gpu_acceptance.py: report host syncs
+                torch.cuda.set_sync_debug_mode(self.cuda_sync_debug)
         set_jit(cfg.data.jit)  # imports ffcv, which sets torch threads to 1
         torch.set_num_threads(max(1, math.floor(cfg.scaling.cpus_per_worker)))
         _worker_info(self.run_dir, self.rank, self.world, device, host.ray_node_ranks())
@@ -259,8 +271,8 @@ class PretrainRecipe:
             None if sim is None else torch.as_tensor(sim, dtype=torch.float32),
             facts.caption_dim,
         )
-        on_gpu = device.type == "cuda"
-        model.channels_last = on_gpu and cfg.model.channels_last
+        on_gpu, gpu_paths = device.type == "cuda", self.gpu_paths(device)
+        model.channels_last = gpu_paths and cfg.model.channels_last
         if on_gpu and cfg.model.sync_bn and self.world > 1:
             model.encoder = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model.encoder)
         model.to(device)
@@ -268,10 +280,12 @@ class PretrainRecipe:
             model.to(memory_format=torch.channels_last)
         if ema is not None:
             ema.to(device)
+            if model.channels_last:  # a copy made before the conversion: the model's layout
+                ema.to(memory_format=torch.channels_last)
         self.model, self.ema = model, ema
 
         self.train_loader = train_views(cfg, self.info, self.rank, self.world, device,
-                                        facts.needs_captions)
+                                        facts.needs_captions, batched_augment=gpu_paths)
         self.steps_per_epoch = len(self.train_loader)
         self.total_steps = self.steps_per_epoch * cfg.train.epochs
         self.optimizer, self.scheduler = build_for_run(
@@ -300,6 +314,11 @@ class PretrainRecipe:
             )
         self.knn_loaders: tuple[Any, Any] | None = None
         self.log = _RunLog(self.run_dir, self.start_epoch, cfg) if self.rank == 0 else None
+
+    def gpu_paths(self, device: Any) -> bool:
+        """Whether to take the GPU's code paths (batched augmentation on the device,
+        channels_last): on CUDA. Tests override it to run them on CPU (SyncBN needs CUDA)."""
+        return bool(device.type == "cuda")
 
     def restore(self, ckpt_dir: Path | None) -> None:
         """Load the full state of the host's latest checkpoint (``None``: a fresh start)."""
@@ -338,7 +357,9 @@ class PretrainRecipe:
         seed_everything(cfg.train.seed, epoch, self.rank)
         self.train_loader.set_epoch(epoch)
         self.model.train()
-        acc, wait, t0 = StepState(), 0.0, time.perf_counter()
+        acc, wait, t0 = StepState(), DataWait(self.device), time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         shown = t0  # rank 0's last progress line / event
         every = console.LIVE_EVERY_S if self.live else PROGRESS_EVERY_S
         last_lr = float(self.optimizer.param_groups[0]["lr"])
@@ -346,9 +367,7 @@ class PretrainRecipe:
         for i in range(n):
             if self.step + 1 == self.pause_at_step:
                 _pause_once(self.run_dir, self.rank, self.step + 1)
-            t = time.perf_counter()
-            batch = next(batches)
-            wait += time.perf_counter() - t
+            batch = wait.next(batches)
             metrics = train_step(
                 self.ddp, self.ema, self.optimizer, self.scheduler, self.scaler, batch,
                 train_cfg=cfg.train, device=self.device, step=self.step,
@@ -383,7 +402,10 @@ class PretrainRecipe:
         row["samples_per_s"] = n * cfg.data.batch_size * self.world / elapsed
         # On the device: NCCL refuses host tensors in a collective.
         row["data_wait"] = distributed.mean_over_ranks(
-            torch.tensor([wait / elapsed], device=self.device))
+            torch.tensor([wait.seconds() / elapsed], device=self.device))
+        if self.device.type == "cuda":  # this rank's peak over the epoch (the largest rank's
+            # matters for an out-of-memory error; rank 0's is what metrics.csv shows)
+            row["gpu_mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         row["time_s"] = elapsed
         return row
 
@@ -392,7 +414,8 @@ class PretrainRecipe:
         epochs ``knn.every_epochs`` names and the last one, when the dataset allows it
         (:attr:`RunFacts.knn`)."""
         from components.data.reader import ViewLoader
-        from components.training import distributed_knn_top1, extract_features
+        from components.evaluation.knn import sharded_knn_top1
+        from components.training import extract_features
 
         cfg, d = self.cfg, self.cfg.data
         if not self.facts.knn or not ((epoch + 1) % cfg.knn.every_epochs == 0
@@ -412,7 +435,7 @@ class PretrainRecipe:
         encoder = self.model.encoder
         bank = extract_features(encoder, self.knn_loaders[0], self.device, cfg.train.amp)
         queries = extract_features(encoder, self.knn_loaders[1], self.device, cfg.train.amp)
-        row["knn_top1"] = distributed_knn_top1(
+        row["knn_top1"] = sharded_knn_top1(
             bank, queries, k=cfg.knn.k, num_classes=self.facts.num_classes,
             temperature=cfg.knn.temperature)
         row["eval_s"] = time.perf_counter() - t0
@@ -467,6 +490,46 @@ class PretrainRecipe:
 def train_loop(loop_config: dict[str, Any]) -> None:
     """Ray Train's per-worker function: :class:`PretrainRecipe` ``(loop_config).run()``."""
     PretrainRecipe(loop_config).run()
+
+
+class DataWait:
+    """Seconds an epoch's steps waited for their batches.
+
+    CPU: wall time inside ``next()``. CUDA: the time the *GPU* sat idle between the end of
+    one step's queued work and the start of the next step's (two events on the current
+    stream around ``next()``, read once at the end of the epoch): the work of the previous
+    step is still running while the host waits for the loader (FFCV's thread waits on the GPU
+    before it reuses a buffer), so the host's wall time would count GPU compute as waiting.
+    """
+
+    def __init__(self, device: Any) -> None:
+        self.cuda = device.type == "cuda"
+        self.host_s = 0.0
+        self.events: list[tuple[Any, Any]] = []
+
+    def next(self, batches: Any) -> Any:
+        if not self.cuda:
+            t = time.perf_counter()
+            batch = next(batches)
+            self.host_s += time.perf_counter() - t
+            return batch
+        import torch
+
+        done = torch.cuda.Event(enable_timing=True)
+        done.record()
+        batch = next(batches)
+        ready = torch.cuda.Event(enable_timing=True)
+        ready.record()
+        self.events.append((done, ready))
+        return batch
+
+    def seconds(self) -> float:
+        if not self.cuda:
+            return self.host_s
+        if not self.events:
+            return 0.0
+        self.events[-1][1].synchronize()  # once per epoch
+        return sum(a.elapsed_time(b) for a, b in self.events) / 1000.0
 
 
 class _RunLog:

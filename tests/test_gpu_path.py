@@ -161,16 +161,16 @@ def _strict_worker(rank: int, world: int, port: int, cfg: dict[str, Any], out: s
         class GpuPathsOnCpu(PretrainRecipe):
             """The recipe with what it would do on a GPU, where a CPU can do it."""
 
+            def gpu_paths(self, device: torch.device) -> bool:
+                return True
+
             def setup(self) -> None:
                 super().setup()
-                from components.recipe import train_views
-
-                self.model.channels_last = True
-                self.model.to(memory_format=torch.channels_last)
-                loader = train_views(self.cfg, self.info, self.rank, self.world, self.device,
-                                     self.facts.needs_captions, batched_augment=True)
-                assert loader._gpu_aug is not None  # the batched (GPU) augmentation path
-                self.train_loader = loader
+                assert self.train_loader._gpu_aug is not None  # batched augmentation
+                layouts = {p.is_contiguous(memory_format=torch.channels_last)
+                           for m in (self.model, self.ema) if m is not None
+                           for p in m.parameters() if p.dim() == 4}
+                assert layouts == {True}  # model and EMA copy: channels_last
 
             def train_epoch(self, epoch: int) -> dict[str, Any]:
                 with strict_device() as mode:
@@ -278,3 +278,19 @@ def test_loader_thread_selects_the_rank_device(_no_jit: None, tmp_path: Path,
     threads = {name for name, _ in calls}
     assert calls and all(d == CUDA for _, d in calls), calls
     assert threading.current_thread().name not in threads  # set in the pipeline thread
+
+
+def test_cuda_sync_debug_mode_is_read_once_and_checked(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from components.recipe import SYNC_DEBUG_ENV, loop_config
+    from components.run_dir import RunError, RunFacts
+
+    cfg = from_dict(PretrainConfig, tiny_run_config(tmp_path, tmp_path / "runs"))
+    facts = RunFacts(num_classes=4, caption_dim=0, dataset={}, knn=True, knn_note="",
+                     needs_captions=False)
+    monkeypatch.setenv(SYNC_DEBUG_ENV, "warn")
+    assert loop_config(cfg, "r", facts)["cuda_sync_debug"] == "warn"
+    monkeypatch.setenv(SYNC_DEBUG_ENV, "loud")
+    with pytest.raises(RunError, match=r"SIMGRAPH_CUDA_SYNC_DEBUG='loud' is not allowed: "
+                                       r"choose one of default, warn, error"):
+        loop_config(cfg, "r", facts)

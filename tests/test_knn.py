@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import math
+import os
+import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from components.evaluation.knn import knn_accuracy, knn_correct, knn_top1, weighted_knn_predict
+from components.evaluation.knn import (
+    knn_accuracy,
+    knn_correct,
+    knn_top1,
+    sharded_knn_top1,
+    weighted_knn_predict,
+)
 
 
 def _reference_scores(
@@ -276,3 +287,53 @@ def test_errors() -> None:
         knn_accuracy(torch.rand(3, 4), torch.tensor([0, 1, 2]), topk=(0, 1))
     with pytest.raises(ValueError, match=r"labels has 1 label\(s\) outside \[0, num_classes=4"):
         knn_accuracy(torch.rand(3, 4), torch.tensor([0, 1, 7]))
+
+
+# -- the online monitor's kNN over ranks, without gathering the bank -----------------------------
+
+# Uneven shards per world size, one rank without bank rows and one without queries.
+_BANK, _QUERIES = 23, 11
+_SHARDS = {2: ([0, 9, 23], [0, 11, 11]), 3: ([0, 0, 14, 23], [0, 4, 4, 11])}
+
+
+def _knn_data() -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(7)
+    return (torch.randn(_BANK, 6, generator=g), torch.randint(0, 4, (_BANK,), generator=g),
+            torch.randn(_QUERIES, 6, generator=g), torch.randint(0, 4, (_QUERIES,), generator=g))
+
+
+def _knn_worker(rank: int, world: int, port: int, out: str) -> None:
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        bf, by, qf, qy = _knn_data()
+        b, q = _SHARDS[world]
+        mine = slice(b[rank], b[rank + 1]), slice(q[rank], q[rank + 1])
+        got = [sharded_knn_top1((bf[mine[0]], by[mine[0]]), (qf[mine[1]], qy[mine[1]]), k=k,
+                                num_classes=4, temperature=0.1) for k in (1, 5, 23, 40)]
+        torch.save(got, Path(out) / f"r{rank}.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sharded_knn_without_process_group_is_knn_top1() -> None:
+    bf, by, qf, qy = _knn_data()
+    for k in (1, 5, 23, 40):
+        want = knn_top1(bf, by, qf, qy, k, num_classes=4, temperature=0.1)
+        assert sharded_knn_top1((bf, by), (qf, qy), k=k, num_classes=4, temperature=0.1) == want
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_sharded_knn_over_ranks_equals_one_process(world: int, tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(_knn_worker, args=(world, port, str(tmp_path)), nprocs=world, join=True)
+    bf, by, qf, qy = _knn_data()
+    want = [knn_top1(bf, by, qf, qy, k, num_classes=4, temperature=0.1) for k in (1, 5, 23, 40)]
+    assert len(set(want)) > 1  # the k values give different answers: a real comparison
+    for r in range(world):
+        assert torch.load(tmp_path / f"r{r}.pt") == want, f"rank {r}"

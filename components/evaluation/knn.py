@@ -45,7 +45,8 @@ from torch import Tensor
 
 from components.evaluation import checks
 
-__all__ = ["knn_accuracy", "knn_correct", "knn_top1", "weighted_knn_predict"]
+__all__ = ["knn_accuracy", "knn_correct", "knn_top1", "nearest", "sharded_knn_top1",
+           "weighted_knn_predict"]
 
 _LOG_F32_MAX = math.log(torch.finfo(torch.float32).max)  # ≈ 88.7228
 
@@ -296,3 +297,83 @@ def knn_top1(
     if total == 0:
         raise ValueError("query_features has Q=0 rows; accuracy needs at least one query")
     return correct / total
+
+
+@torch.no_grad()
+def nearest(
+    train_features: Tensor, train_labels: Tensor, query_features: Tensor, k: int,
+    chunk_size: int = 1024,
+) -> tuple[Tensor, Tensor]:
+    """Each query's ``k`` nearest train rows by cosine: ``([Q, k] similarities, descending,
+    float32; [Q, k] their labels int64)``. Fewer than ``k`` train rows: the missing columns
+    hold ``-inf`` similarity (a vote weight of 0) and label 0, so shards of any size combine
+    (:func:`sharded_knn_top1`). Same float32 arithmetic as :func:`weighted_knn_predict`."""
+    n, q, device = train_features.shape[0], query_features.shape[0], query_features.device
+    sims = torch.full((q, k), float("-inf"), dtype=torch.float32, device=device)
+    labels = torch.zeros(q, k, dtype=torch.int64, device=device)
+    kk = min(k, n)
+    if kk == 0 or q == 0:
+        return sims, labels
+    train_labels = train_labels.to(device=device, dtype=torch.int64)
+    with torch.autocast(device_type=device.type, enabled=False):
+        train = F.normalize(train_features.float(), dim=1)  # [N, D]
+        for start in range(0, q, chunk_size):
+            stop = min(start + chunk_size, q)
+            query = F.normalize(query_features[start:stop].float(), dim=1)  # [B, D]
+            top_sim, top_idx = (query @ train.T).topk(kk, dim=1, largest=True, sorted=True)
+            sims[start:stop, :kk] = top_sim
+            labels[start:stop, :kk] = train_labels[top_idx]
+    return sims, labels
+
+
+@torch.no_grad()
+def sharded_knn_top1(
+    bank: tuple[Tensor, Tensor], queries: tuple[Tensor, Tensor], *, k: int, num_classes: int,
+    temperature: float = 0.07, chunk_size: int = 1024,
+) -> float:
+    """:func:`knn_top1` of every rank's queries against every rank's bank rows, without
+    gathering the bank.
+
+    Each rank holds a shard of the bank ``([n_r, D] features, [n_r] labels)`` and of the
+    queries. The queries are gathered (the val split: small beside the train bank — at
+    ImageNet scale the gathered bank would be ~10 GB of float32 per GPU), every rank finds
+    each query's ``k`` nearest rows of its own shard (:func:`nearest`), those ``[Q, k]``
+    candidates are gathered, and the ``k`` best of the ``W·k`` are the global top-k: the vote
+    of one process over the concatenated bank, up to the order of exactly equal similarities.
+    Every rank returns the same value. Without a process group: :func:`knn_top1`.
+
+    Raises:
+        ValueError: as :func:`knn_top1` (no bank row or no query over all ranks, bad labels,
+            a temperature too small for float32).
+    """
+    from components import distributed
+
+    bank_f, bank_y = bank
+    checks.check_features("bank features", bank_f)
+    checks.check_features("query features", queries[0])
+    k = checks.at_least_one("k", k)
+    num_classes = checks.at_least_one("num_classes", num_classes)
+    _check_labels("bank labels", bank_y, bank_f.shape[0], num_classes)
+    query_f = distributed.gather(queries[0].contiguous(), grad=False)  # [Q, D]
+    query_y = distributed.gather(queries[1].to(query_f.device).contiguous(), grad=False)
+    _check_labels("query labels", query_y, query_f.shape[0], num_classes)
+    n = int(distributed.all_reduce_sum(torch.tensor(  # bank rows over all ranks
+        [bank_f.shape[0]], dtype=torch.int64, device=query_f.device))[0])
+    q = query_f.shape[0]
+    if n == 0:
+        raise ValueError("the kNN bank has N=0 rows on every rank; kNN needs at least one")
+    if q == 0:
+        raise ValueError("query_features has Q=0 rows; accuracy needs at least one query")
+    k_used = min(k, n)
+    _check_temperature(temperature, k_used)
+    sims, labels = nearest(bank_f.to(query_f.device), bank_y, query_f, k_used, chunk_size)
+    world = distributed.world_size()
+    # [W·Q, k] rank-major → [Q, W·k]: every rank's candidates for each query side by side.
+    all_sims = distributed.gather(sims, grad=False).view(world, q, k_used).permute(1, 0, 2)
+    all_labels = distributed.gather(labels, grad=False).view(world, q, k_used).permute(1, 0, 2)
+    top_sim, pick = all_sims.reshape(q, -1).topk(k_used, dim=1, largest=True, sorted=True)
+    votes = all_labels.reshape(q, -1).gather(1, pick)  # [Q, k]
+    scores = torch.zeros(q, num_classes, dtype=torch.float32, device=query_f.device)
+    scores.scatter_add_(1, votes, torch.exp(top_sim / temperature))  # [Q, C]
+    correct = _hits(scores, query_y.to(torch.int64), 1).sum()
+    return int(correct) / q
