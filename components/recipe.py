@@ -43,6 +43,7 @@ from components.run_dir import (
     RunFacts,
     absolute_paths,
     check_dataset,
+    check_same_dataset,
     finished_history,
     prepare_run_dir,
 )
@@ -93,7 +94,7 @@ def run_pretraining(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, An
         from components.tracking import require_wandb
 
         require_wandb("tracking.wandb=true")
-    run_dir = prepare_run_dir(cfg)
+    run_dir = prepare_run_dir(cfg, facts.dataset)
     history = finished_history(run_dir, cfg.train.epochs)
     if history is not None:
         if echo:
@@ -327,6 +328,9 @@ class PretrainRecipe:
         if ckpt_dir is None:
             return
         state = load_state(ckpt_dir, map_location=self.device)
+        # Whatever host gave the checkpoint (Ray's snapshot, the run dir): the same data.
+        check_same_dataset(self.cfg.name, self.cfg.data.dataset, state.get("dataset"),
+                           self.facts.dataset)
         self.model.load_state_dict(state["model"])
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"])
@@ -626,6 +630,9 @@ def _worker_info(run_dir: str, rank: int, world: int, device: Any,
         "node_id": node_id, **layout, "ray_node_rank": ray_node, "ray_local_rank": ray_local,
         # Outside Ray (a test's host) get_gpu_ids() would start a local Ray instance.
         "device": str(device),
+        "backend": (torch.distributed.get_backend()
+                    if torch.distributed.is_available() and torch.distributed.is_initialized()
+                    else None),
         "gpu_ids": [str(g) for g in ray.get_gpu_ids()] if ray.is_initialized() else [],
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "code": str(project_root()),  # which copy of the project runs (a job's working_dir)

@@ -1,5 +1,6 @@
 """The run-dir format: ``<storage>/<name>/`` holds ``config.yaml`` (the run's whole config,
 written on the first start; a re-run must match it except :data:`RESUMABLE_CHANGES`),
+``dataset.json`` (the identity of the data it trains on; a re-run must find the same data),
 ``epoch_NNNNN/`` checkpoints (:mod:`components.checkpoint`; the newest complete one resumes),
 ``metrics.csv`` and ``tb/`` (rank 0's per-epoch metrics) and ``workers/rank<r>.json``; plus the
 driver-side checks a run passes before any Ray work (:func:`check_dataset` → :class:`RunFacts`).
@@ -9,6 +10,7 @@ Read by ``simgraph pretrain`` (write, resume), ``sweep`` (one run dir per trial)
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from components.config import (
 from components.errors import SimgraphError
 
 RUN_CONFIG = "config.yaml"
+RUN_DATASET = "dataset.json"  # the dataset_identity a run started on (resumes must match)
 METRICS_CSV = "metrics.csv"
 # Keys that may differ when a run is resumed (longer training, other hardware, logging).
 RESUMABLE_CHANGES = (
@@ -177,6 +180,38 @@ def dataset_identity(manifest: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def identity_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What differs between two :func:`dataset_identity` values, in words (empty: the same)."""
+    out = []
+    if old.get("params_digest") != new.get("params_digest"):
+        out.append("build parameters")
+    a, b = old.get("splits") or {}, new.get("splits") or {}
+    changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    if changed:
+        out.append(f"split files ({', '.join(changed)})")
+    if list(old.get("classes") or []) != list(new.get("classes") or []):
+        out.append("classes")
+    return out
+
+
+def check_same_dataset(name: str, dataset: str, trained_on: dict[str, Any] | None,
+                       now: dict[str, Any]) -> None:
+    """Refuse to resume run ``name`` on a dataset other than the one it trained on.
+
+    Raises:
+        RunError: names what differs and the two ways out.
+    """
+    if trained_on is None:
+        return
+    diff = identity_diff(trained_on, now)
+    if diff:
+        raise RunError(
+            f"run {name!r} trained on other data than {dataset} holds now ({', '.join(diff)} "
+            "differ: the dataset was rebuilt or replaced); resuming would continue it on "
+            "different data. Restore the dataset it trained on, or start a new run (a new "
+            "name=)")
+
+
 def _with_defaults(d: dict[str, Any]) -> dict[str, Any]:
     """A stored config with the keys added since it was written filled in at their defaults
     (which keep the old behaviour), so an older run still resumes and evaluates; a config
@@ -196,13 +231,17 @@ def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
                   if a.get(k) != b.get(k) and not k.startswith(RESUMABLE_CHANGES))
 
 
-def prepare_run_dir(cfg: PretrainConfig) -> str:
+def prepare_run_dir(cfg: PretrainConfig, dataset: dict[str, Any] | None = None) -> str:
     """Create ``storage/name`` (a path or URI) with ``config.yaml``, or check a re-run
-    against it; returns the run dir.
+    against it; returns the run dir. ``dataset``: the :func:`dataset_identity` the run is
+    about to read (:attr:`RunFacts.dataset`): written to ``dataset.json`` on the first start,
+    and a re-run must match it (a run dir from before ``dataset.json`` is checked against its
+    newest complete checkpoint).
 
     Raises:
-        RunError: the run dir holds another run's config (names the differing keys), or
-            the storage cannot be written.
+        RunError: the run dir holds another run's config (names the differing keys), the
+            dataset changed since the run started (:func:`check_same_dataset`), or the
+            storage cannot be written.
     """
     from components import storage
 
@@ -219,10 +258,34 @@ def prepare_run_dir(cfg: PretrainConfig) -> str:
                     f"different config ({', '.join(diff[:6])} differ); re-running a name "
                     "resumes it, so choose a new name= or restore those values"
                 )
+        record = dataset is not None and _check_run_dataset(cfg, run_dir, dataset)
         storage.write_text(path, yaml.safe_dump(new, sort_keys=False))
+        if record:
+            storage.write_text(storage.join(run_dir, RUN_DATASET),
+                               json.dumps(dataset, sort_keys=True))
     except storage.StorageError as e:
         raise RunError(f"cannot use storage {storage.display(cfg.storage)}: {e}") from None
     return run_dir
+
+
+def _check_run_dataset(cfg: PretrainConfig, run_dir: str, dataset: dict[str, Any]) -> bool:
+    """:func:`check_same_dataset` against what the run dir says it trained on; returns whether
+    ``dataset.json`` is still to be written."""
+    from components import storage
+
+    path = storage.join(run_dir, RUN_DATASET)
+    if storage.exists(path):
+        trained_on = json.loads(storage.read_text(path))
+    else:  # a fresh run, or one started before dataset.json: its newest checkpoint says
+        trained_on = None
+        done = latest_complete(run_dir)
+        if done is not None:
+            from components.checkpoint import load_state, local_copy
+
+            with local_copy(done[1]) as d:
+                trained_on = load_state(d).get("dataset")
+    check_same_dataset(cfg.name, storage.display(cfg.data.dataset), trained_on, dataset)
+    return not storage.exists(path)
 
 
 def latest_complete(run_dir: str | Path) -> tuple[int, str] | None:

@@ -113,7 +113,9 @@ class TuneTrial:
         import torch
 
         # Ray sets CUDA_VISIBLE_DEVICES to the trial's GPUs: the first one is index 0.
-        return torch.device("cuda", 0) if ray.get_gpu_ids() else torch.device("cpu")
+        # (Outside Ray — tests — get_gpu_ids() would start a local Ray instance.)
+        gpus = ray.get_gpu_ids() if ray.is_initialized() else []
+        return torch.device("cuda", 0) if gpus else torch.device("cpu")
 
     def ray_node_ranks(self) -> tuple[int, int] | None:
         return None

@@ -84,7 +84,7 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
     cfg = absolute_paths(trial_config(sweep, params, name=trial_id,
                                       storage=join(sweep_dir(sweep, cwd), "trials")), base=cwd)
     facts = check_dataset(cfg)
-    run_dir = prepare_run_dir(cfg)
+    run_dir = prepare_run_dir(cfg, facts.dataset)
     history = finished_history(run_dir, cfg.train.epochs)
     if history is not None:
         # Trained to the end before the sweep driver died, but Tune never recorded it: replay

@@ -10,6 +10,7 @@ import numpy as np
 
 from components.data.reader import FORMAT, MANIFEST
 from components.data.shards import page_size_for, write_shard
+from components.files import sha256_file
 
 
 def _image(rng: np.random.Generator, cls: int, size: int) -> np.ndarray:
@@ -44,9 +45,11 @@ def synthetic_dataset(
         write_shard(root / f"{split}.beton", [_image(rng, int(c), size) for c in labels],
                     labels, ids, caps, write_mode="raw", jpeg_quality=90,
                     page_size=page_size_for(size, caption_dim * 4))
-        splits[split] = {"samples": len(labels), "file": f"{split}.beton"}
+        splits[split] = {"samples": len(labels), "file": f"{split}.beton",
+                         "sha256": sha256_file(root / f"{split}.beton")}
     manifest = {
         "format": FORMAT, "complete": True, "classes": [f"class{c}" for c in range(classes)],
+        "params_digest": f"synthetic-{classes}-{train_per_class}-{val_per_class}-{size}-{seed}",
         "splits": splits,
         "fields": {"caption": {"type": "NDArrayField", "dtype": "float32",
                                "shape": [caption_dim]}},
