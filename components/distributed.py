@@ -6,7 +6,11 @@ Semantics (open_clip's "local loss, gathered candidates", made exact):
   different numbers of rows). With ``grad=True`` its backward sums the incoming gradient
   over all ranks and returns this rank's slice, so candidates used by *other* ranks' anchors
   send their gradient back to the rank that produced them. (The common shortcut "all_gather,
-  then put the local tensor back" keeps only the local part of that gradient.)
+  then put the local tensor back" keeps only the local part of that gradient.) Ranks first
+  exchange their row counts (an all-gather and a host read, i.e. a synchronisation) unless
+  the caller passes them as ``sizes``: an objective exchanges them once per step (or not at
+  all when every rank's batch is known to be equally large, as with training's
+  ``drop_last``) and hands them to each of its gathers.
 * Each rank scores its local anchors against the gathered candidates. :func:`global_mean`
   turns per-anchor losses into this rank's share ``sum_local * world_size / count_global``.
   DDP averages parameter gradients over ranks, so the applied gradient is that of
@@ -39,61 +43,94 @@ def rank() -> int:
 
 
 def gathered_sizes(n_local: int, device: torch.device | None = None) -> list[int]:
-    """Row count of every rank, in rank order (``[n_local]`` when not distributed)."""
+    """Row count of every rank, in rank order (``[n_local]`` when not distributed).
+
+    One all-gather and one device-to-host read (a host synchronisation): exchange the sizes
+    once per step and pass them to :func:`gather` / :func:`row_offset` as ``sizes``.
+    """
     if not is_distributed():
         return [n_local]
-    n = torch.tensor([n_local], dtype=torch.int64, device=device)
-    sizes = [torch.zeros_like(n) for _ in range(world_size())]
-    dist.all_gather(sizes, n)
-    return [int(s.item()) for s in sizes]
+    n = torch.full((1,), n_local, dtype=torch.int64, device=device)  # a fill, not a copy
+    out = n.new_empty(world_size())
+    dist.all_gather_single(out, n)
+    return [int(s) for s in out.tolist()]  # one read for all ranks
 
 
-def _all_gather_varlen(x: Tensor) -> tuple[Tensor, list[int]]:
-    """All-gather rows of ``x`` ([n_r, ...], n_r may differ per rank) → ([sum n_r, ...], sizes)."""
+def _checked_sizes(sizes: Sequence[int], n_local: int) -> list[int]:
+    """``sizes`` as a list, after the checks this rank can make without communicating."""
+    out = [int(s) for s in sizes]
+    if len(out) != world_size() or any(s < 0 for s in out) or out[rank()] != n_local:
+        raise ValueError(f"sizes={out} must give each of the {world_size()} ranks' row counts "
+                         f"in rank order; this rank (rank {rank()}) has {n_local} rows")
+    return out
+
+
+def _all_gather_varlen(x: Tensor, sizes: Sequence[int] | None = None
+                       ) -> tuple[Tensor, list[int]]:
+    """All-gather rows of ``x`` ([n_r, ...], n_r may differ per rank) → ([sum n_r, ...], sizes).
+
+    ``sizes`` (every rank's n_r, when the caller knows them) skips the size exchange; equal
+    sizes also skip the padding and the per-rank slices.
+    """
     ws = world_size()
-    sizes = gathered_sizes(x.shape[0], x.device)
+    sizes = (gathered_sizes(x.shape[0], x.device) if sizes is None
+             else _checked_sizes(sizes, x.shape[0]))
     longest = max(sizes)
     if x.shape[0] < longest:  # pad so every rank sends the same shape
         pad = x.new_zeros((longest - x.shape[0], *x.shape[1:]))
         x = torch.cat([x, pad])
-    parts = [torch.empty_like(x) for _ in range(ws)]
-    dist.all_gather(parts, x.contiguous())
+    out = x.new_empty((ws * longest, *x.shape[1:]))  # [W·longest, ...], rank r's rows at r·longest
+    dist.all_gather_single(out, x.contiguous())
+    if all(s == longest for s in sizes):
+        return out, sizes
+    parts = out.split(longest)
     return torch.cat([p[:s] for p, s in zip(parts, sizes, strict=True)]), sizes
 
 
 class _GatherWithGrad(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
-        out, sizes = _all_gather_varlen(x)
-        ctx.sizes = sizes
+    def forward(ctx, x: Tensor, sizes: Sequence[int] | None) -> Tensor:  # type: ignore[override]
+        out, ctx.sizes = _all_gather_varlen(x, sizes)
         return out
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
         # Every rank's loss may depend on every rank's rows: sum the gradients, keep our slice.
         grad = grad.contiguous()
         dist.all_reduce(grad, op=dist.ReduceOp.SUM)
         start = sum(ctx.sizes[: rank()])
-        return grad[start : start + ctx.sizes[rank()]]
+        return grad[start : start + ctx.sizes[rank()]], None
 
 
-def gather(x: Tensor, grad: bool = True) -> Tensor:
+def gather(x: Tensor, grad: bool = True, sizes: Sequence[int] | None = None) -> Tensor:
     """Rows of ``x`` from all ranks, concatenated in rank order: [n_r, ...] → [Σ n_r, ...].
 
     ``grad=True`` keeps autograd through the gather (see the module docstring); ``grad=False``
-    returns a detached tensor. Identity when not distributed.
+    returns a detached tensor. ``sizes``: every rank's row count n_r in rank order, when the
+    caller knows them (e.g. from one :func:`gathered_sizes` per step, or equal batches):
+    without them each call first exchanges the sizes, a host synchronisation. Identity when
+    not distributed.
+
+    Raises:
+        ValueError: ``sizes`` of the wrong length, or not naming this rank's row count.
     """
     if not is_distributed():
         return x if grad else x.detach()
     if grad and x.requires_grad:
-        return _GatherWithGrad.apply(x)
+        return _GatherWithGrad.apply(x, sizes)
     with torch.no_grad():
-        return _all_gather_varlen(x.detach())[0]
+        return _all_gather_varlen(x.detach(), sizes)[0]
 
 
-def row_offset(n_local: int, device: torch.device | None = None) -> int:
-    """Index of this rank's first row in a :func:`gather` of tensors with ``n_local`` rows."""
-    return sum(gathered_sizes(n_local, device)[: rank()])
+def row_offset(n_local: int, device: torch.device | None = None,
+               sizes: Sequence[int] | None = None) -> int:
+    """Index of this rank's first row in a :func:`gather` of tensors with ``n_local`` rows
+    (``sizes``: every rank's row count, if known; else they are exchanged)."""
+    if not is_distributed():
+        return 0
+    known = (gathered_sizes(n_local, device) if sizes is None
+             else _checked_sizes(sizes, n_local))
+    return sum(known[: rank()])
 
 
 def all_reduce_sum(x: Tensor) -> Tensor:

@@ -4,12 +4,17 @@ The bank is filled by the EMA encoder's keys (cone.txt Alg. 1: "Update Q_z and Q
 p^class-k"). :meth:`MemoryBank.enqueue` gathers the keys of every rank itself, so the bank is
 identical on all ranks by construction; its size is free (no "K divisible by the global
 batch": a write that crosses the end wraps around, one larger than K keeps the newest K).
+Because it is identical everywhere and every write's row count is known on the host, the
+bank's write pointer and fill count are kept as Python ints (mirrored into buffers for
+checkpoints): using them never reads a value back from the device.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -28,7 +33,10 @@ class MemoryBank(nn.Module):
 
     All state lives in buffers, so ``state_dict``/``load_state_dict`` (and a checkpoint of the
     module that owns the bank) carry it. Rows ``[0, len(bank))`` are valid; unlabelled rows
-    have label -1 and rows without a sample id have id -1.
+    have label -1 and rows without a sample id have id -1. The ``ptr`` / ``filled`` buffers
+    have host-side mirrors that :meth:`enqueue` and ``len()`` use (no device read per step);
+    loading a state dict restores the mirrors from the buffers. Write to the bank only through
+    :meth:`enqueue` or ``load_state_dict``.
 
     Raises:
         ValueError: size < 1, dim < 1, or negative caption_dim / num_classes.
@@ -61,9 +69,16 @@ class MemoryBank(nn.Module):
         self.register_buffer("probs", torch.zeros(size, num_classes))
         self.register_buffer("ptr", torch.zeros((), dtype=torch.long))
         self.register_buffer("filled", torch.zeros((), dtype=torch.long))
+        self._ptr = 0  # host mirrors of the two buffers above
+        self._filled = 0
 
     def __len__(self) -> int:
-        return int(self.filled)
+        return self._filled
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        # The buffers now hold the loaded values: one device read per load, not per step.
+        self._ptr, self._filled = torch.stack([self.ptr, self.filled]).tolist()
 
     @torch.no_grad()
     def enqueue(
@@ -73,6 +88,7 @@ class MemoryBank(nn.Module):
         ids: Tensor | None = None,
         captions: Tensor | None = None,
         probs: Tensor | None = None,
+        sizes: Sequence[int] | None = None,
     ) -> None:
         """Append this rank's rows (gathered from every rank, in rank order), oldest out first.
 
@@ -81,6 +97,8 @@ class MemoryBank(nn.Module):
             labels, ids: [n] int64, or None to store -1.
             captions: [n, E] when the bank stores captions.
             probs: [n, C] when the bank stores class probabilities.
+            sizes: every rank's n in rank order, if the caller knows them; else they are
+                exchanged once (one host synchronisation when distributed) for all fields.
         """
         n = features.shape[0]
         if features.ndim != 2 or features.shape[1] != self.features.shape[1]:
@@ -100,24 +118,36 @@ class MemoryBank(nn.Module):
                 got = None if value is None else tuple(value.shape)
                 raise ValueError(f"this bank stores {name} of shape [{n}, {width}], got {got}")
             fields[name] = value
+        if sizes is None:
+            sizes = distributed.gathered_sizes(n, features.device)
         total = 0
         for name, value in fields.items():
-            rows = distributed.gather(value, grad=False)
+            rows = distributed.gather(value, grad=False, sizes=sizes)  # [Σ n_r, ...]
             self._write(getattr(self, name), rows)
             total = rows.shape[0]
-        self.ptr.fill_((int(self.ptr) + total) % self.size)
-        self.filled.fill_(min(self.size, int(self.filled) + total))
+        self._ptr = (self._ptr + total) % self.size
+        self._filled = min(self.size, self._filled + total)
+        # Python scalars: fills, no host-to-device copy and no read.
+        self.ptr.fill_(self._ptr)
+        self.filled.fill_(self._filled)
 
     @staticmethod
     def _fill(n: int, device: torch.device) -> Tensor:
         return torch.full((n,), -1, dtype=torch.long, device=device)
 
     def _write(self, buf: Tensor, rows: Tensor) -> None:
-        """Write rows as if one by one from ``ptr`` on; of more than K only the newest K stay."""
+        """Write rows as if one by one from ``ptr`` on; of more than K only the newest K stay.
+
+        At most K rows remain, so they fill slots ``start, start+1, …`` wrapping once: two
+        slice copies at most (no index tensor).
+        """
         skipped = max(0, rows.shape[0] - self.size)
-        rows = rows[skipped:].to(buf.dtype)
-        slots = (int(self.ptr) + skipped + torch.arange(rows.shape[0])) % self.size
-        buf[slots.to(buf.device)] = rows
+        rows = rows[skipped:].to(buf.dtype)  # [n ≤ K, ...]
+        start = (self._ptr + skipped) % self.size
+        head = min(rows.shape[0], self.size - start)  # rows before the wrap
+        buf[start : start + head] = rows[:head]
+        if head < rows.shape[0]:
+            buf[: rows.shape[0] - head] = rows[head:]
 
     def valid(self) -> dict[str, Tensor]:
         """The filled rows of every field (views; do not modify)."""
@@ -165,13 +195,20 @@ class EMA(nn.Module):
 
     @torch.no_grad()
     def update(self, model: nn.Module, momentum: float) -> None:
+        """``ema ← lerp(ema, model, 1 − momentum)`` for every parameter, buffers copied: one
+        multi-tensor kernel each (``torch._foreach_*``) instead of one per tensor; the values
+        are those of a per-tensor ``lerp_`` / ``copy_`` loop."""
         checks.in_range("EMA momentum", momentum, 0.0, 1.0)
         ema_params = dict(self.module.named_parameters())
-        for name, p in model.named_parameters():
-            ema_params[name].lerp_(p.detach(), 1.0 - momentum)
+        named = list(model.named_parameters())
+        if named:
+            torch._foreach_lerp_([ema_params[name] for name, _ in named],
+                                 [p.detach() for _, p in named], 1.0 - momentum)
         ema_buffers = dict(self.module.named_buffers())
-        for name, b in model.named_buffers():
-            ema_buffers[name].copy_(b)
+        buffers = list(model.named_buffers())
+        if buffers:
+            torch._foreach_copy_([ema_buffers[name] for name, _ in buffers],
+                                 [b for _, b in buffers])
 
     def forward(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         with torch.no_grad():

@@ -114,7 +114,9 @@ class LARS(torch.optim.Optimizer):
 
     The momentum buffer lives in ``self.state[p]["momentum_buffer"]``, so ``state_dict()`` /
     ``load_state_dict()`` round-trip the optimiser. The trust ratio is computed on the device
-    with :func:`torch.where` (no host synchronisation).
+    with :func:`torch.where` (no host synchronisation), and each group's parameters (per device
+    and dtype) are updated together with multi-tensor ``torch._foreach_*`` kernels rather than
+    a Python loop of per-tensor kernels; the values are those of the per-tensor formula.
 
     Args:
         params: tensors or parameter groups (e.g. :func:`param_groups`).
@@ -182,42 +184,48 @@ class LARS(torch.optim.Optimizer):
                 loss = closure()
 
         for group in self.param_groups:
-            lr: float = group["lr"]
-            momentum: float = group["momentum"]
-            wd: float = group["weight_decay"]
-            eta: float = group["trust_coefficient"]
-            eps: float = group["eps"]
-            nesterov: bool = group["nesterov"]
-            adapt = not group.get("lars_exclude", False)
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise ValueError("LARS does not support sparse gradients (got one)")
-                d_p = p.grad
-                if wd != 0:
-                    d_p = d_p.add(p, alpha=wd)  # new tensor: never modify p.grad
-                if adapt:
-                    # Scalar 0-dim tensors on p's device: ||p||, ||g|| over the whole tensor.
-                    p_norm = torch.linalg.vector_norm(p)
-                    g_norm = torch.linalg.vector_norm(d_p)
-                    trust = torch.where(
-                        (p_norm > 0) & (g_norm > 0),
-                        eta * p_norm / (g_norm + eps),
-                        torch.ones_like(p_norm),
-                    )
-                    d_p = d_p.mul(trust)  # trust * g, same shape as p
-                state = self.state[p]
-                buf = state.get("momentum_buffer")
-                if buf is None:
-                    # First step: buf = 0 * momentum + d_p (as torch.optim.SGD, dampening 0).
-                    buf = torch.clone(d_p).detach()
-                    state["momentum_buffer"] = buf
-                else:
-                    buf.mul_(momentum).add_(d_p)
-                update = d_p.add(buf, alpha=momentum) if nesterov else buf
-                p.add_(update, alpha=-lr)
+            params = [p for p in group["params"] if p.grad is not None]
+            if any(p.grad.is_sparse for p in params):
+                raise ValueError("LARS does not support sparse gradients (got one)")
+            # Multi-tensor kernels need one device and dtype per list.
+            by_kind: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
+            for p in params:
+                by_kind.setdefault((p.device, p.dtype), []).append(p)
+            for same in by_kind.values():
+                self._update(same, group)
         return loss
+
+    def _update(self, params: list[Tensor], group: dict[str, Any]) -> None:
+        """The class docstring's update for ``params`` (one device and dtype, all with a
+        gradient) in a few multi-tensor (``torch._foreach_*``) kernels: elementwise the same
+        operations, in the same order, as one parameter at a time."""
+        lr: float = group["lr"]
+        momentum: float = group["momentum"]
+        wd: float = group["weight_decay"]
+        grads = [p.grad for p in params if p.grad is not None]  # all of them (step() checks)
+        # g + wd·p as new tensors: p.grad is never modified.
+        d_p = list(torch._foreach_add(grads, params, alpha=wd)) if wd != 0 else grads
+        if not group.get("lars_exclude", False):
+            # ||p||, ||g|| over each whole tensor: [n] each, on the device (no host sync).
+            p_norm = torch.stack(torch._foreach_norm(params))
+            g_norm = torch.stack(torch._foreach_norm(d_p))
+            trust = torch.where((p_norm > 0) & (g_norm > 0),
+                                group["trust_coefficient"] * p_norm / (g_norm + group["eps"]),
+                                torch.ones_like(p_norm))  # [n]
+            # trust_i · g_i as new tensors (a 0-d factor per tensor: torch may run this one
+            # per tensor, the other steps are multi-tensor kernels)
+            d_p = list(torch._foreach_mul(d_p, list(trust.unbind())))
+        started = [i for i, p in enumerate(params) if "momentum_buffer" in self.state[p]]
+        for i, p in enumerate(params):  # first step: buf = 0 · momentum + d_p (as torch SGD)
+            if "momentum_buffer" not in self.state[p]:
+                self.state[p]["momentum_buffer"] = torch.clone(d_p[i]).detach()
+        if started:
+            bufs = [self.state[params[i]]["momentum_buffer"] for i in started]
+            torch._foreach_mul_(bufs, momentum)
+            torch._foreach_add_(bufs, [d_p[i] for i in started])
+        bufs = [self.state[p]["momentum_buffer"] for p in params]
+        update = torch._foreach_add(d_p, bufs, alpha=momentum) if group["nesterov"] else bufs
+        torch._foreach_add_(params, update, alpha=-lr)
 
 
 # --------------------------------------------------------------------------- LR scaling

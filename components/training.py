@@ -135,21 +135,38 @@ def autocast(device: torch.device, amp: str) -> AbstractContextManager[Any]:
 
 @dataclasses.dataclass
 class StepState:
-    """Running sums over an epoch's steps (averaged by :meth:`summary`)."""
+    """Running sums over an epoch's steps (averaged by :meth:`summary`).
+
+    A metric given as a 0-d tensor (``train_step``'s ``grad_norm``: reading it each step
+    would make the host wait for the device) is summed on its device in float64, the
+    precision of the float sums, and read once, by :meth:`summary`: the same sums, with one
+    device read per epoch instead of one per step.
+    """
 
     steps: int = 0
-    sums: dict[str, float] = dataclasses.field(default_factory=dict)
+    sums: dict[str, float | Tensor] = dataclasses.field(default_factory=dict)
 
-    def add(self, metrics: Metrics) -> None:
+    def add(self, metrics: dict[str, Any]) -> None:  # float or 0-d tensor values
         self.steps += 1
         for k, v in metrics.items():
-            self.sums[k] = self.sums.get(k, 0.0) + float(v)
+            if isinstance(v, Tensor):  # float(v) would read it back: stay on the device
+                v = v.detach().to(torch.float32 if v.device.type == "mps" else torch.float64)
+            else:
+                v = float(v)
+            prev = self.sums.get(k)
+            self.sums[k] = v if prev is None else prev + v  # 0 + v is v: the float sum exactly
 
     def summary(self) -> dict[str, float]:
         """Per-step means; ``anchors*`` counts are summed over the epoch."""
+        on_device = {k: v for k, v in self.sums.items() if isinstance(v, Tensor)}
+        read: dict[str, float] = {}
+        if on_device:  # one device read for all of them
+            values = torch.stack(list(on_device.values())).tolist()
+            read = dict(zip(on_device, values, strict=True))
         out = {}
         for k, v in self.sums.items():
-            out[k] = v if k.startswith("anchors") else v / max(self.steps, 1)
+            total = read[k] if k in read else float(v)
+            out[k] = total if k.startswith("anchors") else total / max(self.steps, 1)
         return out
 
 
@@ -167,15 +184,29 @@ def train_step(
     total_steps: int,
     ema_momentum: float,
     where: str,
-) -> Metrics:
-    """One optimisation step on a reader ``Batch``; returns the objective's metrics + lr.
+    equal_batches: bool = True,
+) -> dict[str, Any]:
+    """One optimisation step on a reader ``Batch``; returns the objective's metrics + lr
+    (floats) and, with ``train.grad_clip``, ``grad_norm`` as a 0-d device tensor (reading it
+    would make the host wait for the device each step; :class:`StepState` sums it on the
+    device).
+
+    Host reads: the objective's one read of its loss statistics, which also carries the
+    batch's input checks (:func:`components.objectives.core.hot_path`); losses whose own code
+    reads more are listed in tests/test_sync_audit.py; ``amp='fp16'`` adds the gradient
+    scaler's read of its inf/NaN flag in ``scaler.step``. ``equal_batches``: every rank's batch
+    has the same size, as the training loader's ``drop_last`` guarantees
+    (:mod:`components.data.reader`), so the gathers exchange no sizes; pass False for
+    batches that may differ between ranks.
 
     Raises:
         NonFiniteLossError: the global loss is NaN/inf (``where`` says which epoch/step);
             the optimizer has not been stepped, so the last checkpoint stays good.
     """
+    from components.objectives.core import hot_path
+
     optimizer.zero_grad(set_to_none=True)
-    with autocast(device, train_cfg.amp):
+    with autocast(device, train_cfg.amp), hot_path(equal_batches=equal_batches):
         try:
             loss, metrics = model(batch.images, batch.labels, batch.sample_ids, batch.captions,
                                   ema)
@@ -192,21 +223,21 @@ def train_step(
         scaler.unscale_(optimizer)
     else:
         loss.backward()
-    if train_cfg.grad_clip is not None:
-        metrics["grad_norm"] = float(
-            torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.grad_clip)
-        )
+    out: dict[str, Any] = dict(metrics)
+    if train_cfg.grad_clip is not None:  # [] total norm before clipping, left on the device
+        out["grad_norm"] = torch.nn.utils.clip_grad_norm_(
+            model.parameters(), train_cfg.grad_clip).detach()
     if scaler is not None:
         scaler.step(optimizer)
         scaler.update()
     else:
         optimizer.step()
-    metrics["lr"] = float(optimizer.param_groups[0]["lr"])
+    out["lr"] = float(optimizer.param_groups[0]["lr"])
     scheduler.step()
     if ema is not None:
         encoder = _unwrap(model).encoder
         ema.update(encoder, cosine_momentum(step, total_steps, base=ema_momentum))
-    return metrics
+    return out
 
 
 def _unwrap(model: nn.Module) -> PretrainModel:

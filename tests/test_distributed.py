@@ -5,14 +5,17 @@ DDP-wrapped linear "encoder" maps it to embeddings (and classifier logits), and 
 is computed over the global batch through :mod:`components.distributed`. After backward, DDP's
 averaged parameter gradients and the logged global loss must equal the single-process result
 on the concatenated batch; memory banks must be identical on every rank. Two steps are run so
-that bank-based losses are checked with a non-empty bank too.
+that bank-based losses are checked with a non-empty bank too. The equal-batch fast path (the
+training step's ``hot_path(equal_batches=True)``: gathers given every rank's size, no size
+exchange) must give the same results as the exchanging path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from components import distributed
 from components.objectives import (
     CLIP,
     SINCERE,
@@ -32,6 +36,7 @@ from components.objectives import (
     Objective,
     SupCon,
 )
+from components.objectives.core import BatchContrastive, hot_path
 
 N, V, D_IN, D, C, E = 7, 2, 6, 5, 4, 3
 LABELS = torch.tensor([0, 0, 1, 2, 2, 1, 3])  # class 3 is a singleton, on the last rank only
@@ -74,39 +79,64 @@ def _models() -> tuple[nn.Module, nn.Module]:
     return online, ema
 
 
-def _step(model: nn.Module, ema: nn.Module, objective: Objective, sl: slice, step: int):  # type: ignore[no-untyped-def]
+def _step(model: nn.Module, ema: nn.Module, objective: Objective, sl: slice, step: int,
+          equal: bool = False):  # type: ignore[no-untyped-def]
     data = _data(step)
     out = model(data["x"][sl])
     with torch.no_grad():
         key = ema(data["x"][sl])
-    batch = ContrastiveBatch(
-        z=out[..., :D],
-        logits=out[..., D:],
-        ema_z=key[..., :D],
-        ema_logits=key[..., D:],
-        labels=data["labels"][sl],
-        sample_ids=data["sample_ids"][sl],
-        captions=data["captions"][sl],
-    )
-    loss, metrics = objective(batch)
+    # equal: as the training step builds batches (checks deferred, every rank's size known)
+    with hot_path(equal_batches=True) if equal else contextlib.nullcontext():
+        batch = ContrastiveBatch(
+            z=out[..., :D],
+            logits=out[..., D:],
+            ema_z=key[..., :D],
+            ema_logits=key[..., D:],
+            labels=data["labels"][sl],
+            sample_ids=data["sample_ids"][sl],
+            captions=data["captions"][sl],
+        )
+        loss, metrics = objective(batch)
     loss.backward()
     return metrics
 
 
-def _run(name: str, slices: list[slice], rank: int) -> dict:
-    """Two optimisation-free steps; returns grads, metrics and objective state per step."""
+def _run(name: str, slices: list[slice], rank: int, equal: bool = False) -> dict:
+    """Two optimisation-free steps; returns grads, metrics and objective state per step, and
+    how many size exchanges (``gathered_sizes`` calls) the steps made."""
     model, ema = _models()
     if dist.is_initialized():
         model = nn.parallel.DistributedDataParallel(model)
     objective = CASES[name]().double()
     results = []
-    for step in range(2):
-        model.zero_grad()
-        metrics = _step(model, ema, objective, slices[rank], step)
-        grads = {k.removeprefix("module."): p.grad.clone() for k, p in model.named_parameters()}
-        results.append({"metrics": metrics, "grads": grads})
+    with _counting_exchanges() as exchanges:
+        for step in range(2):
+            model.zero_grad()
+            metrics = _step(model, ema, objective, slices[rank], step, equal)
+            grads = {k.removeprefix("module."): p.grad.clone()
+                     for k, p in model.named_parameters()}
+            results.append({"metrics": metrics, "grads": grads})
     state = {k: v.clone() for k, v in objective.state_dict().items()}
-    return {"steps": results, "state": state}
+    return {"steps": results, "state": state, "exchanges": exchanges[0],
+            "batch_contrastive": isinstance(objective, BatchContrastive)}
+
+
+@contextlib.contextmanager
+def _counting_exchanges() -> Iterator[list[int]]:
+    """``[n]``: how many times ``distributed.gathered_sizes`` (the size exchange) ran inside
+    (distributed.py, core.py and memory.py all look it up on the module)."""
+    calls = [0]
+    real = distributed.gathered_sizes
+
+    def counted(n_local: int, device: torch.device | None = None) -> list[int]:
+        calls[0] += 1
+        return real(n_local, device)
+
+    distributed.gathered_sizes = counted  # type: ignore[assignment]
+    try:
+        yield calls
+    finally:
+        distributed.gathered_sizes = real  # type: ignore[assignment]
 
 
 def _slices(world: int) -> list[slice]:
@@ -132,6 +162,52 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
+def _gather_checks(rank: int, world: int) -> None:
+    """gather / row_offset given every rank's size equal the exchanging calls, with the same
+    gradient; sizes that contradict this rank's rows are refused."""
+    for sizes in ([3] * world, [4 - (r % 2) for r in range(world)]):  # equal, then ragged
+        x = torch.arange(sizes[rank] * 2, dtype=torch.float64).view(-1, 2) + 100 * rank
+        a = x.clone().requires_grad_(True)
+        b = x.clone().requires_grad_(True)
+        weight = torch.arange(2 * sum(sizes), dtype=torch.float64).view(-1, 2)
+        got, want = distributed.gather(a, sizes=sizes), distributed.gather(b)
+        assert torch.equal(got, want)
+        (got * weight).sum().backward()
+        (want * weight).sum().backward()
+        assert a.grad is not None and b.grad is not None and torch.equal(a.grad, b.grad)
+        assert torch.equal(distributed.gather(x, grad=False, sizes=sizes),
+                           distributed.gather(x, grad=False))
+        assert distributed.row_offset(sizes[rank], sizes=sizes) == sum(sizes[:rank])
+        assert distributed.row_offset(sizes[rank], sizes=sizes) == \
+            distributed.row_offset(sizes[rank])
+    with pytest.raises(ValueError, match="this rank .rank .* has 2 rows"):
+        distributed.gather(torch.zeros(2, 2), sizes=[3] * world)
+    with pytest.raises(ValueError, match="must give each of the"):
+        distributed.gather(torch.zeros(3, 2), sizes=[3])
+
+
+def _equal_worker(rank: int, world: int, port: int, out: str) -> None:
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    try:
+        _gather_checks(rank, world)
+        results = {name: _run(name, _even_slices(world), rank, equal=True) for name in CASES}
+        torch.save(results, Path(out) / f"rank{rank}.pt")
+        dist.barrier()  # as in _worker
+    finally:
+        dist.destroy_process_group()
+
+
+EVEN_N = 6  # the first 6 of the N rows: an equal share on 2 or 3 ranks
+
+
+def _even_slices(world: int) -> list[slice]:
+    share = EVEN_N // world
+    return [slice(r * share, (r + 1) * share) for r in range(world)]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -148,6 +224,30 @@ def single() -> dict:
 def test_matches_single_process(world: int, single: dict, tmp_path: Path) -> None:
     mp.spawn(_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
+    _assert_same(ranks, single, world)
+    # The test is not vacuous: the second step of bank losses did use a filled bank.
+    assert single["cone"]["steps"][1]["metrics"]["bank_fill"] > 0
+    assert single["cone"]["steps"][1]["metrics"]["sup_in"] > 0
+    assert single["supcon_bank"]["steps"][1]["metrics"]["bank_fill"] > 0
+
+
+@pytest.mark.slow
+def test_equal_batches_skip_the_size_exchange_and_match(tmp_path: Path) -> None:
+    """Inside ``hot_path(equal_batches=True)`` (the training step), 2 ranks with 3 rows each
+    equal the single process on those 6 rows, and the batch-contrastive losses exchange no
+    sizes at all (CLIP and CoNe's bank still call gather without sizes: they exchange)."""
+    world = 2
+    single = {name: _run(name, [slice(0, EVEN_N)], 0, equal=True) for name in CASES}
+    mp.spawn(_equal_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
+    _assert_same(ranks, single, world)
+    for name in CASES:
+        if ranks[0][name]["batch_contrastive"]:
+            assert [r[name]["exchanges"] for r in ranks] == [0] * world, name
+    assert all(r["clip"]["exchanges"] > 0 for r in ranks)  # the counter does count
+
+
+def _assert_same(ranks: list[dict], single: dict, world: int) -> None:
     for name in CASES:
         ref = single[name]
         for r, result in enumerate(ranks):
@@ -166,7 +266,3 @@ def test_matches_single_process(world: int, single: dict, tmp_path: Path) -> Non
             # Banks (and every other piece of objective state) identical to single process.
             for key, value in ref["state"].items():
                 torch.testing.assert_close(result[name]["state"][key], value, msg=f"{name} {key}")
-    # The test is not vacuous: the second step of bank losses did use a filled bank.
-    assert single["cone"]["steps"][1]["metrics"]["bank_fill"] > 0
-    assert single["cone"]["steps"][1]["metrics"]["sup_in"] > 0
-    assert single["supcon_bank"]["steps"][1]["metrics"]["bank_fill"] > 0

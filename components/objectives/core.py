@@ -18,12 +18,25 @@ so large batches run in row chunks (:func:`chunked_rows`): each chunk's A_c×M b
 only while it is computed, and again in backward (recomputed, ``torch.utils.checkpoint``),
 so the peak is one chunk's, not A×M. Chunking is automatic above :data:`LOGIT_BUDGET_BYTES`
 of logits; the values and gradients are those of the unchunked computation.
+
+Host synchronisation: every device-to-host read (``.item()``, ``bool(t)``, ``.tolist()``)
+makes the host wait for the device. A :class:`BatchContrastive` step reads once: the global
+loss statistics (:func:`fused_global_means`), which also carry the batch's input checks
+(finite values, labels ≥ 0) when the batch was built inside :func:`hot_path` (training's
+step); outside it a :class:`ContrastiveBatch` checks itself when built (one read). Inside
+:func:`hot_path` every rank's batch may also be declared equally large, so the gathers skip
+their size exchange (:attr:`ContrastiveBatch.rank_sizes`); otherwise the sizes are exchanged
+once per step, not once per gather.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Callable, Sequence
+import functools
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 import torch
@@ -52,9 +65,57 @@ def _finite(name: str, x: Tensor | None) -> None:
     # min and max propagate NaN, and are ±inf if any value is: one reduction pass with no
     # x-sized temporary (isfinite(x).all() makes four), counted only on failure.
     if not bool(torch.isfinite(torch.stack(torch.aminmax(x.detach()))).all()):
-        bad = int((~torch.isfinite(x)).sum())
+        _raise_non_finite(name, x)
+
+
+def _raise_non_finite(name: str, x: Tensor) -> None:
+    """Count ``x``'s non-finite values (a second read, on the failure path only) and raise."""
+    bad = int((~torch.isfinite(x)).sum())
+    if bad:  # min/max in a narrower dtype can overflow to inf although x is finite
         raise NonFiniteError(f"{name} has {bad} non-finite value(s) (NaN or inf); fix the "
                              "model/input")
+
+
+# The float fields a batch checks for NaN / inf, in the order the errors are reported.
+_FLOAT_FIELDS = ("z", "captions", "logits", "ema_z", "ema_logits")
+
+
+@dataclasses.dataclass(frozen=True)
+class _StepHints:
+    defer_checks: bool = False
+    equal_batches: bool = False
+
+
+_HINTS: contextvars.ContextVar[_StepHints | None] = contextvars.ContextVar(
+    "simgraph_step_hints", default=None)  # None: outside hot_path
+
+
+@contextlib.contextmanager
+def hot_path(equal_batches: bool = False) -> Iterator[None]:
+    """The training step's context: inside it a :class:`ContrastiveBatch` defers its input
+    checks into the objective's one device-to-host read (the loss statistics, read anyway)
+    instead of reading them back itself, and with ``equal_batches`` it records every rank's
+    batch as this rank's size (:attr:`ContrastiveBatch.rank_sizes`), so gathers exchange no
+    sizes. Declare ``equal_batches`` only when every rank's batch has the same number of
+    samples (the training loader's ``drop_last``): gathers with wrong sizes fail or hang.
+
+    A batch built here must reach an objective: its checks run there (and raise there).
+    """
+    token = _HINTS.set(_StepHints(defer_checks=True, equal_batches=equal_batches))
+    try:
+        yield
+    finally:
+        _HINTS.reset(token)
+
+
+class _PendingChecks(NamedTuple):
+    """A batch's input checks, computed on the device, not yet read: ``values`` holds
+    (min, max) of each field in ``names`` (NaN / ±inf propagate into them), then the smallest
+    label if ``labels``."""
+
+    names: tuple[str, ...]
+    labels: bool
+    values: Tensor  # [2·len(names) + labels] float64 (float32 on MPS), on z's device
 
 
 @dataclasses.dataclass
@@ -71,9 +132,17 @@ class ContrastiveBatch:
         logits: [B, V, C] classifier logits of the online model (CoNe, CE).
         ema_z: [B, V, D] EMA-encoder projector outputs ("keys"): fill the memory bank.
         ema_logits: [B, V, C] EMA classifier logits (CoNe's Q_p).
+        rank_sizes: (not an argument) every rank's B in rank order when known, so the
+            gathers skip their size exchange: ``(B,) × W`` for a batch built inside
+            ``hot_path(equal_batches=True)``, else None.
+
+    Values are checked (labels ≥ 0, finite floats) with one device read when the batch is
+    built, or, inside :func:`hot_path`, in the objective's one read of its loss statistics
+    (:meth:`check` reads them now).
 
     Raises:
-        ValueError: wrong ranks/shapes/dtypes, mismatched B or V, non-finite values.
+        ValueError: wrong ranks/shapes/dtypes, mismatched B or V, negative labels;
+            NonFiniteError (a ValueError): non-finite values.
     """
 
     z: Tensor
@@ -83,6 +152,9 @@ class ContrastiveBatch:
     logits: Tensor | None = None
     ema_z: Tensor | None = None
     ema_logits: Tensor | None = None
+    rank_sizes: tuple[int, ...] | None = dataclasses.field(default=None, init=False)
+    _pending: _PendingChecks | None = dataclasses.field(default=None, init=False, repr=False,
+                                                        compare=False)
 
     def __post_init__(self) -> None:
         z = self.z
@@ -100,8 +172,6 @@ class ContrastiveBatch:
                     f"{name} must be an integer tensor of shape [{b}], "
                     f"got {t.dtype} {tuple(t.shape)}",
                 )
-        if self.labels is not None and self.labels.numel():
-            _check(int(self.labels.min()) >= 0, "labels must be >= 0 class ids")
         if self.captions is not None:
             c = self.captions
             _check(
@@ -126,12 +196,68 @@ class ContrastiveBatch:
                 f"ema_logits {tuple(self.ema_logits.shape)} must match logits "
                 f"{tuple(self.logits.shape)}",
             )
-        for name in ("z", "captions", "logits", "ema_z", "ema_logits"):
-            _finite(name, getattr(self, name))
+        hints = _HINTS.get() or _StepHints()
+        if hints.equal_batches:
+            self.rank_sizes = (b,) * distributed.world_size()
+        self._pending = self._device_checks()
+        if not hints.defer_checks:
+            self.check()
 
     @property
     def views(self) -> int:
         return self.z.shape[1]
+
+    def _device_checks(self) -> _PendingChecks | None:
+        """Each float field's (min, max) and the smallest label in one vector on the device
+        (a few small kernels; nothing is read back here)."""
+        dtype = torch.float32 if self.z.device.type == "mps" else torch.float64  # no f64 there
+        names = tuple(n for n in _FLOAT_FIELDS if (t := getattr(self, n)) is not None
+                      and t.is_floating_point() and t.numel())
+        parts = [torch.stack(torch.aminmax(getattr(self, n).detach())) for n in names]  # [2]
+        labels = self.labels is not None and self.labels.numel() > 0
+        if labels:
+            assert self.labels is not None
+            parts.append(self.labels.min().view(1))
+        if not parts:
+            return None
+        return _PendingChecks(names, labels, torch.cat(
+            [p.to(device=self.z.device, dtype=dtype) for p in parts]))
+
+    def take_checks(self) -> _PendingChecks | None:
+        """The input checks not yet read (None if there are none), handed over: the caller
+        reads ``values`` with its own device read and passes them to :meth:`raise_failed`."""
+        pending, self._pending = self._pending, None
+        return pending
+
+    def raise_failed(self, checks: _PendingChecks, values: Sequence[float]) -> None:
+        """Raise for the first failed check, given ``checks.values`` read back as floats.
+
+        Raises:
+            ValueError: a label < 0. NonFiniteError: a field holds NaN or inf (the message
+                counts them, which reads that field once more).
+        """
+        if checks.labels and not values[-1] >= 0:
+            raise ValueError("labels must be >= 0 class ids")
+        for i, name in enumerate(checks.names):
+            if not (math.isfinite(values[2 * i]) and math.isfinite(values[2 * i + 1])):
+                _raise_non_finite(name, getattr(self, name))
+
+    def check(self) -> None:
+        """Read and apply the input checks still pending (one device read; none if none).
+
+        Raises:
+            as :meth:`raise_failed`.
+        """
+        pending = self.take_checks()
+        if pending is not None:
+            self.raise_failed(pending, pending.values.tolist())
+
+    def sizes_per_rank(self) -> list[int]:
+        """Every rank's B in rank order: :attr:`rank_sizes`, or exchanged now (one all-gather
+        and device read when distributed; ``[B]`` for free otherwise)."""
+        if self.rank_sizes is not None:
+            return list(self.rank_sizes)
+        return distributed.gathered_sizes(self.z.shape[0], self.z.device)
 
 
 def at_least_fp32(x: Tensor) -> Tensor:
@@ -206,13 +332,19 @@ class PositivePairs(NamedTuple):
                                                                   device=mask.device))
 
 
-def pair_up(batch: ContrastiveBatch, bank: MemoryBank | None = None) -> Pairs:
-    """Gather candidates from every rank (with autograd) and append the bank's rows."""
+def pair_up(batch: ContrastiveBatch, bank: MemoryBank | None = None,
+            sizes: Sequence[int] | None = None) -> Pairs:
+    """Gather candidates from every rank (with autograd) and append the bank's rows.
+
+    ``sizes``: every rank's B (default :meth:`ContrastiveBatch.sizes_per_rank`), shared by
+    all the gathers here, so they exchange no sizes.
+    """
     b, v, _ = batch.z.shape
     device = batch.z.device
-    offset = distributed.row_offset(b, device)
+    sizes = batch.sizes_per_rank() if sizes is None else list(sizes)
+    offset = distributed.row_offset(b, device, sizes=sizes)
     anchors = unit(batch.z).flatten(0, 1)  # [B·V, D], row b·V + v
-    candidates = distributed.gather(anchors)  # [N·V, D]
+    candidates = distributed.gather(anchors, sizes=[n * v for n in sizes])  # [N·V, D]
     self_index = (offset * v + torch.arange(b * v, device=device)).long()
 
     def per_view(t: Tensor) -> Tensor:  # [B, ...] -> [B·V, ...]
@@ -226,7 +358,7 @@ def pair_up(batch: ContrastiveBatch, bank: MemoryBank | None = None) -> Pairs:
     meta = torch.stack([ids.to(device).long(), labels.to(device).long()], dim=1)  # [B, 2]
     anchor_ids, anchor_labels = per_view(meta).T.contiguous()  # [B·V] each
     if distributed.is_distributed():
-        all_meta = distributed.gather(meta, grad=False)  # [N, 2]
+        all_meta = distributed.gather(meta, grad=False, sizes=sizes)  # [N, 2]
         candidate_ids, candidate_labels = per_view(all_meta).T.contiguous()  # [N·V] each
     else:  # the gather would be this batch: same rows, no second expansion
         candidate_ids, candidate_labels = anchor_ids, anchor_labels
@@ -244,7 +376,8 @@ def pair_up(batch: ContrastiveBatch, bank: MemoryBank | None = None) -> Pairs:
     if batch.captions is not None:
         captions = unit(batch.captions)  # [B, E]
         pairs.anchor_captions = per_view(captions)
-        pairs.candidate_captions = per_view(distributed.gather(captions, grad=False))
+        pairs.candidate_captions = per_view(distributed.gather(captions, grad=False,
+                                                               sizes=sizes))
 
     if bank is not None and len(bank):
         rows = bank.valid()
@@ -436,9 +569,15 @@ class Objective(nn.Module):
     ``backward()`` on it; ``metrics['loss']`` is the global value to log. ``requires`` names
     the :class:`ContrastiveBatch` fields the objective needs, so a training loop can ask
     what to compute without branching on the loss name.
+
+    A batch's deferred input checks (:func:`hot_path`) are read before :meth:`compute`
+    (one device read) unless ``folds_batch_checks``: then ``compute`` passes the batch to
+    :func:`fused_global_means`, whose one read carries them, before anything is stored (a
+    memory bank) and after only the forward pass has run.
     """
 
     requires: frozenset[str] = frozenset()  # per class; an instance may add (e.g. "ema_z")
+    folds_batch_checks: bool = False
 
     def forward(self, batch: ContrastiveBatch) -> tuple[Tensor, Metrics]:
         missing = sorted(f for f in self.requires if getattr(batch, f) is None)
@@ -448,23 +587,82 @@ class Objective(nn.Module):
                 f"they are None (e.g. labels for a supervised loss, captions for "
                 f"X-CLR graph='caption', ema_z when a memory bank is used)"
             )
+        if not self.folds_batch_checks:
+            # e.g. a label out of range would fail inside compute (a CUDA device assert)
+            batch.check()
         # Logits in float32 even inside an autocast region: autocast would run the matmuls
         # in fp16/bf16, where cos/τ at small τ loses most of its digits.
         with torch.autocast(device_type=batch.z.device.type, enabled=False):
-            return self.compute(batch)
+            out = self.compute(batch)
+        batch.check()  # a no-op when compute's read carried them
+        return out
 
     def compute(self, batch: ContrastiveBatch) -> tuple[Tensor, Metrics]:
         raise NotImplementedError
 
 
-def reduce(per_anchor: Tensor, valid: Tensor, **extra: float) -> tuple[Tensor, Metrics]:
-    """Global mean over valid anchors plus the standard metrics."""
-    share, value, count, total = distributed.global_mean(per_anchor, valid)
+GlobalMean = tuple[Tensor, float, int, int]  # (share, value, count, total): global_mean's
+
+
+def fused_global_means(terms: Sequence[tuple[Tensor, Tensor]],
+                       batch: ContrastiveBatch | None = None) -> list[GlobalMean]:
+    """:func:`components.distributed.global_mean` of each ``(per_anchor [A_k], valid [A_k])``
+    term, with one all-reduce and **one** device-to-host read for all of them.
+
+    That read also carries ``batch``'s pending input checks (:meth:`ContrastiveBatch.
+    take_checks`; this rank's own, not reduced), which are raised after it. The values are
+    global_mean's: the statistics are summed in the terms' common dtype (read alongside the
+    checks in float64, an exact widening).
+
+    Raises:
+        ValueError / NonFiniteError: ``batch``'s checks failed (every rank has taken part in
+            the all-reduce by then).
+    """
+    dtype = functools.reduce(torch.promote_types, [p.dtype for p, _ in terms])
+    local_sums, stats = [], []
+    for per_anchor, valid in terms:
+        # where(): invalid rows may hold inf/NaN placeholders; never multiply them by 0.
+        local_sum = torch.where(valid, per_anchor, torch.zeros_like(per_anchor)).sum()
+        local_sums.append(local_sum)
+        stats += [local_sum.detach().to(dtype), valid.sum().to(dtype),
+                  torch.full((), valid.numel(), dtype=dtype, device=valid.device)]
+    reduced = distributed.all_reduce_sum(torch.stack(stats))  # [3·T]: sum, count, total
+    checks = batch.take_checks() if batch is not None else None
+    read = reduced if checks is None else torch.cat([reduced.to(checks.values.dtype),
+                                                     checks.values])
+    values = read.tolist()  # the one device-to-host copy
+    if checks is not None and batch is not None:
+        batch.raise_failed(checks, values[len(stats):])
+    out: list[GlobalMean] = []
+    for k, local_sum in enumerate(local_sums):
+        loss_sum, count_f, total_f = values[3 * k : 3 * k + 3]
+        count, total = round(count_f), round(total_f)
+        if count == 0:  # no valid anchor anywhere: a zero share that still has a graph
+            out.append((local_sum * 0.0, 0.0, 0, total))
+        else:
+            out.append((local_sum * (distributed.world_size() / count), loss_sum / count,
+                        count, total))
+    return out
+
+
+def reduce(per_anchor: Tensor, valid: Tensor, batch: ContrastiveBatch | None = None,
+           means: Mapping[str, Tensor] | None = None, **extra: float) -> tuple[Tensor, Metrics]:
+    """Global mean over valid anchors plus the standard metrics, in one device read
+    (:func:`fused_global_means`, which also applies ``batch``'s pending checks).
+
+    ``means``: per-anchor values ([A] each, no gradient) logged as their mean over every
+    rank's anchors; ``extra``: plain metrics added as given.
+    """
+    means = dict(means or {})
+    terms = [(per_anchor, valid)] + [(v, torch.ones_like(v, dtype=torch.bool))
+                                     for v in means.values()]
+    (share, value, count, total), *averaged = fused_global_means(terms, batch)
     metrics = {
         "loss": value,
         "anchors": float(total),
         "anchors_without_positive": float(total - count),
     }
+    metrics.update({k: m[1] for k, m in zip(means, averaged, strict=True)})
     metrics.update(extra)
     return share, metrics
 
@@ -499,9 +697,11 @@ class BatchContrastive(Objective):
 
     # Logit bytes per chunk (:func:`chunk_rows`); tests lower it to force several chunks.
     logit_budget_bytes: int = LOGIT_BUDGET_BYTES
+    folds_batch_checks = True  # reduce() reads them, before the bank is written
 
     def compute(self, batch: ContrastiveBatch) -> tuple[Tensor, Metrics]:
-        pairs = pair_up(batch, self.bank)
+        sizes = batch.sizes_per_rank()  # every rank's B: one exchange at most, for all gathers
+        pairs = pair_up(batch, self.bank, sizes)
         names: list[str] = []
 
         def rows(start: int, stop: int, anchors: Tensor,
@@ -514,12 +714,12 @@ class BatchContrastive(Objective):
             rows, [pairs.anchors], [pairs.candidates],
             chunk_rows(pairs.anchors.shape[0], pairs.candidates.shape[0],
                        self.logit_budget_bytes))
-        # Extras are per-anchor values: their mean over every rank's anchors.
-        out = reduce(per_anchor, valid, **{k: distributed.mean_over_ranks(v)
-                                           for k, v in zip(names, extra, strict=True)})
+        # Extras are per-anchor values: their mean over every rank's anchors, in the same
+        # read as the loss (and the batch's deferred checks).
+        out = reduce(per_anchor, valid, batch, means=dict(zip(names, extra, strict=True)))
         if self.bank is not None:
             out[1]["bank_fill"] = len(self.bank) / self.bank.size
-            self._enqueue(batch)
+            self._enqueue(batch, sizes)
         return out
 
     def per_anchor(self, pairs: Pairs) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
@@ -529,7 +729,8 @@ class BatchContrastive(Objective):
         raise NotImplementedError
 
     @torch.no_grad()
-    def _enqueue(self, batch: ContrastiveBatch) -> None:
+    def _enqueue(self, batch: ContrastiveBatch, sizes: Sequence[int]) -> None:
+        """Write the batch's EMA keys (all ranks', ``sizes[r]`` samples each) to the bank."""
         assert self.bank is not None and batch.ema_z is not None
         v = batch.views
 
@@ -545,4 +746,5 @@ class BatchContrastive(Objective):
             captions=per_view(unit(batch.captions))
             if keep_captions and batch.captions is not None
             else None,
+            sizes=[n * v for n in sizes],  # [B_r·V] rows per rank
         )

@@ -1,8 +1,18 @@
 """Batched torch augmentations (any device; the GPU path, and blur on CPU): ``[B, 3, H, W]``
-uint8 in [0, 255] or float in [0, 1]; see the package docstring for the semantics."""
+uint8 in [0, 255] or float in [0, 1]; see the package docstring for the semantics.
+
+Host synchronisation: the public functions check their tensor arguments (hue shifts in
+[-0.5, 0.5], blur sigmas > 0), which reads one flag back from the device per call.
+:class:`BatchedSimCLRAugment` validates its Python-number ranges once at construction, so
+its draws lie in range by construction; it calls the unchecked kernels and reads nothing
+back (no ``.item()`` / ``bool()`` per call; only a minimum sigma too small for float32 still
+takes the checked path). Its draws are made on the images' device unless its ``generator``
+lives elsewhere (then each draw is copied over).
+"""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -174,6 +184,13 @@ def _rgb_to_hsv(x: torch.Tensor) -> torch.Tensor:
 _HSV_SELECT = ((0, 2, 1, 1, 3, 0), (3, 0, 0, 2, 1, 1), (1, 1, 3, 0, 0, 2))
 
 
+@functools.cache
+def _hsv_table(device: torch.device) -> torch.Tensor:
+    """:data:`_HSV_SELECT` as a [3, 6] int64 tensor on ``device``, made once per device (a
+    blocking host-to-GPU copy waits for the device's queue: not once per call)."""
+    return torch.tensor(_HSV_SELECT, dtype=torch.int64, device=device)
+
+
 def _hsv_to_rgb(hsv: torch.Tensor) -> torch.Tensor:
     """``[B, 3, H, W]`` HSV → RGB in [0, 1] (torchvision's formulas)."""
     h, s, v = hsv.unbind(dim=1)
@@ -186,7 +203,7 @@ def _hsv_to_rgb(hsv: torch.Tensor) -> torch.Tensor:
     t = ((sxf + (1.0 - s)) * v).clamp(0.0, 1.0)
     p = ((1.0 - s) * v).clamp(0.0, 1.0)
     vpqt = torch.stack((v, p, q, t), dim=1)  # [B, 4, H, W]
-    table = torch.tensor(_HSV_SELECT, dtype=torch.int64, device=hsv.device)  # [3, 6]
+    table = _hsv_table(hsv.device)  # [3, 6]
     select = table[:, sector].movedim(0, 1)  # [B, 3, H, W]
     return vpqt.gather(1, select)
 
@@ -210,8 +227,16 @@ def batched_adjust_hue(images: torch.Tensor, shift: torch.Tensor) -> torch.Tenso
     """
     _check_batch(images)
     sh = _per_sample("shift", shift, images)
+    # Checking a tensor argument reads a flag back (a host sync); BatchedSimCLRAugment's
+    # shifts are in range by construction and skip it (_adjust_hue).
     if bool(((sh < -0.5) | (sh > 0.5)).any()):
         raise ValueError("hue shifts must be in [-0.5, 0.5]")
+    return _adjust_hue(images, sh)
+
+
+def _adjust_hue(images: torch.Tensor, sh: torch.Tensor) -> torch.Tensor:
+    """:func:`batched_adjust_hue` without the checks: ``sh`` [B, 1, 1, 1] in the work dtype,
+    already in [-0.5, 0.5]."""
     x = images.to(_work_dtype(images))
     if not images.is_floating_point():
         x = x.mul_(1.0 / 255.0)
@@ -261,6 +286,22 @@ def batched_color_jitter(
         ValueError: wrong shapes or hue shifts outside [-0.5, 0.5]. TypeError: unsupported
             dtype or non-tensor arguments.
     """
+    return _color_jitter(images, brightness, contrast, saturation, hue, apply,
+                         hue_in_range=False)
+
+
+def _color_jitter(
+    images: torch.Tensor,
+    brightness: torch.Tensor | None,
+    contrast: torch.Tensor | None,
+    saturation: torch.Tensor | None,
+    hue: torch.Tensor | None,
+    apply: torch.Tensor | None,
+    *,
+    hue_in_range: bool,
+) -> torch.Tensor:
+    """:func:`batched_color_jitter`; ``hue_in_range=True`` skips the hue-range check (the
+    caller drew the shifts from a validated range) and its device read."""
     _check_batch(images)
     out = images
     if brightness is not None:
@@ -270,7 +311,8 @@ def batched_color_jitter(
     if saturation is not None:
         out = batched_adjust_saturation(out, saturation)
     if hue is not None:
-        out = batched_adjust_hue(out, hue)
+        out = (_adjust_hue(out, _per_sample("shift", hue, out)) if hue_in_range
+               else batched_adjust_hue(out, hue))
     return _select(apply, out, images)
 
 
@@ -334,6 +376,19 @@ def batched_gaussian_blur(
         ValueError: wrong shapes, even/non-positive kernel sizes or non-positive sigma.
         TypeError: unsupported dtype or non-tensor arguments.
     """
+    return _gaussian_blur(images, sigma, kernel_size, apply, sigma_positive=False)
+
+
+def _gaussian_blur(
+    images: torch.Tensor,
+    sigma: torch.Tensor,
+    kernel_size: int | Sequence[int],
+    apply: torch.Tensor | None,
+    *,
+    sigma_positive: bool,
+) -> torch.Tensor:
+    """:func:`batched_gaussian_blur`; ``sigma_positive=True`` skips the sigma > 0 check (the
+    caller drew sigma from a validated range) and its device read."""
     _check_batch(images)
     if isinstance(kernel_size, int):
         kx = ky = kernel_size
@@ -344,7 +399,7 @@ def batched_gaussian_blur(
     if kx < 1 or ky < 1 or kx % 2 == 0 or ky % 2 == 0:
         raise ValueError(f"kernel sizes must be odd and positive, got {kernel_size!r}")
     s = _per_sample("sigma", sigma, images).view(-1)
-    if bool((s <= 0).any()):
+    if not sigma_positive and bool((s <= 0).any()):  # a device read: a tensor argument
         raise ValueError("sigma must be > 0 for every sample")
     bsz, ch, h, w = images.shape
     x = images.to(_work_dtype(images))
@@ -439,13 +494,15 @@ class BatchedSimCLRAugment(torch.nn.Module):
             c = self._uniform(*_factor_range(self.contrast), n, dev)
             s = self._uniform(*_factor_range(self.saturation), n, dev)
             h = self._uniform(-self.hue, self.hue, n, dev)
-            out = batched_color_jitter(
+            # hue ∈ [0, 0.5] was checked at construction, so h ∈ [-0.5, 0.5]: no device check.
+            out = _color_jitter(
                 out,
                 brightness=b if self.brightness > 0 else None,
                 contrast=c if self.contrast > 0 else None,
                 saturation=s if self.saturation > 0 else None,
                 hue=h if self.hue > 0 else None,
                 apply=apply,
+                hue_in_range=True,
             )
         if self.grayscale_p > 0:
             out = batched_grayscale(out, apply=self._rand(n, dev) < self.grayscale_p)
@@ -454,7 +511,12 @@ class BatchedSimCLRAugment(torch.nn.Module):
             sig = self._uniform(*self.sigma, n, dev)
             kx = blur_kernel_size(images.shape[3], self.kernel_fraction)
             ky = blur_kernel_size(images.shape[2], self.kernel_fraction)
-            out = batched_gaussian_blur(out, sig, (kx, ky), apply=apply)
+            # sigma = (min, max) with 0 < min was checked at construction, so sig >= min > 0
+            # (rounding is monotonic) unless min underflows in float32 or the images' dtype:
+            # only then does the checked path read a flag back.
+            tiny = max(torch.finfo(torch.float32).tiny, torch.finfo(_work_dtype(images)).tiny)
+            out = _gaussian_blur(out, sig, (kx, ky), apply,
+                                 sigma_positive=self.sigma[0] >= tiny)
         return out
 
     def extra_repr(self) -> str:

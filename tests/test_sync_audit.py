@@ -1,0 +1,322 @@
+"""Sync audit (issue 32, item 4): host reads of device tensors in the training step.
+
+On a GPU every ``.item()``, ``.tolist()``, ``bool(t)``, ``int(t)``, ``float(t)``, … of a device
+tensor makes the host wait until the device has caught up: the launch queue drains and the
+next kernels start late. The audit counts these reads on CPU with a
+:class:`torch.overrides.TorchFunctionMode` (:class:`ReadbackCounter`) around
+``components.training.train_step`` for every loss, and around the batched SimCLR
+augmentation, and holds each to a fixed budget.
+
+What the mode sees (torch 2.14.1, by experiment; :func:`test_the_counter_sees_every_readback`
+keeps it true): ``Tensor.item``, ``tolist``, ``__bool__`` (also ``if t:``), ``__int__``,
+``__float__`` (also ``math.isfinite(t)``), ``__index__`` (also ``range(t)``), ``numpy``,
+``cpu``, ``__format__`` (``f"{t:.3f}"``) and ``__complex__`` all reach ``__torch_function__``.
+Not seen: reads inside a call the mode already handles (the mode is off while it runs one,
+e.g. inside ``F.cross_entropy``), and implicit synchronisations — operations whose output
+shape depends on the data (``nonzero``, boolean-mask indexing, ``repeat_interleave`` without
+``output_size``) and blocking host-to-device copies; those need
+``torch.cuda.set_sync_debug_mode("warn")`` on a GPU.
+
+The same file checks that the rewrites that removed reads keep the values: LARS and the EMA
+update as multi-tensor (``torch._foreach_*``) kernels against the per-tensor loops they
+replace, ``StepState`` summing device tensors, the memory bank's host mirrors of its pointer,
+and the batch checks deferred into the objective's read.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+
+from components.config import LOSS_CONFIGS, TrainConfig, from_dict
+from components.data.augment import BatchedSimCLRAugment
+from components.errors import NonFiniteError
+from components.memory import EMA, MemoryBank
+from components.objectives import ContrastiveBatch, CrossEntropy, InfoNCE, SupCon
+from components.objectives.core import hot_path
+from components.optim import LARS, build_optimizer, build_scheduler, param_groups
+from components.training import StepState, build_model, train_step
+from tests.test_training import LOSSES, MODEL, C, E, _batch
+
+READBACKS: frozenset[Callable[..., Any]] = frozenset({
+    Tensor.item, Tensor.tolist, Tensor.__bool__, Tensor.__int__, Tensor.__float__,
+    Tensor.__index__, Tensor.numpy, Tensor.cpu, Tensor.__format__, Tensor.__complex__,
+})
+
+
+class ReadbackCounter(TorchFunctionMode):
+    """Counts host reads of tensors (:data:`READBACKS`) while active; ``where`` says which
+    ``components/`` line made each (for the failure message)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.where: Counter[str] = Counter()
+
+    @property
+    def count(self) -> int:
+        return sum(self.where.values())
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func in READBACKS:
+            frames = [f for f in traceback.extract_stack()[:-1] if "/components/" in f.filename]
+            site = (f"{frames[-1].filename.split('/components/')[1]}:{frames[-1].lineno}"
+                    if frames else "(test code)")
+            self.where[f"{func.__name__} at {site}"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_counter_sees_every_readback() -> None:
+    t, i = torch.tensor([1.5]), torch.tensor(2)
+    reads: dict[str, Callable[[], object]] = {
+        "item": t.item, "tolist": t.tolist, "bool": lambda: bool(t), "if": lambda: 1 if t else 0,
+        "int": lambda: int(t), "float": lambda: float(t), "isfinite": lambda: math.isfinite(t),
+        "index": lambda: list(range(i)), "numpy": t.numpy, "cpu": t.cpu,
+        "format": lambda: f"{i:d}", "complex": lambda: complex(t),
+    }
+    for name, read in reads.items():
+        with ReadbackCounter() as counter:
+            read()
+        assert counter.count == 1, (name, counter.where)
+    with ReadbackCounter() as counter:
+        (t * 2 + i).sum()  # device work only
+    assert counter.count == 0
+
+
+# Host reads per training step (LARS, grad clipping on), once a memory bank holds keys:
+#   1  the objective's one read: the loss statistics [Σ loss, count, total] of every rank,
+#      its per-anchor extras (X-CLR's true_positive_weight) and this batch's input checks
+#      (finite values, labels >= 0), all in one tensor. grad_norm stays on the device
+#      (StepState sums it there); the memory bank's pointer lives on the host.
+# Beyond that, reads in files this change did not touch (left for a follow-up):
+#   clip  +1  the batch checks, read before compute: clip.py reduces with
+#             distributed.global_mean itself, whose read cannot carry them;
+#   ce    +2  the batch checks (read before compute: a label out of range would otherwise
+#             reach F.cross_entropy, a device assert on CUDA) and cone._check_labels' max;
+#   cone  +4  as ce, and three distributed.global_mean reads (CE, L_in, dc) instead of one;
+#   xclr  +4  targets.class_similarity_graph: min and max of anchor and candidate labels.
+BUDGET = {"simclr": 1, "supcon": 1, "sincere": 1, "eps_supinfonce": 1, "xclr_caption": 1,
+          "xclr": 5, "clip": 2, "ce": 3, "cone": 5}
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_train_step_reads_back_at_most_its_budget(name: str) -> None:
+    spec = dict(LOSSES[name])
+    loss_cfg = from_dict(LOSS_CONFIGS[spec.pop("name", name)], spec)
+    model, ema = build_model(MODEL, loss_cfg, C, torch.eye(C) * 0.5 + 0.5, E)
+    opt = build_optimizer(model, "lars", 0.05, 0.9, 1e-4)
+    sched = build_scheduler(opt, total_steps=10, warmup_steps=2)
+    acc = StepState()
+    for step in range(3):  # step 0 fills the banks; steps 1 and 2 read them
+        batch = _batch(seed=step)
+        with ReadbackCounter() as counter:
+            metrics = train_step(model, ema, opt, sched, None, batch,
+                                 train_cfg=TrainConfig(grad_clip=1.0),
+                                 device=torch.device("cpu"), step=step, total_steps=10,
+                                 ema_momentum=0.99, where=f"step {step}")
+            acc.add(metrics)
+        assert counter.count <= BUDGET[name], f"{name} step {step}: {dict(counter.where)}"
+        assert isinstance(metrics["grad_norm"], Tensor) and metrics["grad_norm"].ndim == 0
+    with ReadbackCounter() as counter:
+        summary = acc.summary()
+    assert counter.count == 1  # every device-summed metric (grad_norm) in one read
+    assert summary["grad_norm"] > 0 and math.isfinite(summary["loss"])
+
+
+def test_batched_augment_reads_nothing_back() -> None:
+    """Ranges are validated once, as Python numbers, when the module is built: the draws are
+    in range by construction, so no call reads a flag back (uint8 and float batches)."""
+    augment = BatchedSimCLRAugment(generator=torch.Generator().manual_seed(0))
+    images = torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8)
+    for x in (images, images.float() / 255):
+        for _ in range(3):
+            with ReadbackCounter() as counter:
+                out = augment(x)
+            assert counter.count == 0, dict(counter.where)
+            assert out.shape == x.shape and out.dtype == x.dtype
+    # a sigma that underflows in float32 takes the checked path and is refused, as before
+    with pytest.raises(ValueError, match="sigma must be > 0"):
+        BatchedSimCLRAugment(jitter_p=0, grayscale_p=0, blur_p=1.0, sigma=(1e-50, 1e-50))(images)
+
+
+# ------------------------------------------------------------------ batch checks, deferred
+
+
+def test_deferred_checks_raise_the_same_errors_in_the_objective() -> None:
+    z = torch.randn(4, 2, 3)
+    bad = z.clone()
+    bad[1, 0, 2] = float("nan")
+    with hot_path():
+        batch = ContrastiveBatch(z=bad)  # no read here: nothing raised yet
+        with pytest.raises(NonFiniteError, match=r"z has 1 non-finite value\(s\)"):
+            InfoNCE(0.1)(batch)
+        # raised in the objective's one read, before its memory bank is written
+        objective = SupCon(0.1, bank_size=8, dim=3)
+        with pytest.raises(NonFiniteError, match="ema_z has 1 non-finite"):
+            objective(ContrastiveBatch(z=z, labels=torch.arange(4), ema_z=bad))
+        assert len(objective.bank) == 0 and int(objective.bank.filled) == 0
+        with pytest.raises(ValueError, match="labels must be >= 0"):
+            SupCon(0.1)(ContrastiveBatch(z=z, labels=torch.tensor([0, 1, -1, 2])))
+        # objectives that cannot fold them read them before computing (here: before a -1
+        # label reaches F.cross_entropy)
+        with pytest.raises(ValueError, match="labels must be >= 0"):
+            CrossEntropy(3)(ContrastiveBatch(z=z, labels=torch.tensor([0, 1, -1, 2]),
+                                             logits=torch.randn(4, 2, 3)))
+    with pytest.raises(NonFiniteError, match=r"z has 1 non-finite value\(s\)"):
+        ContrastiveBatch(z=bad)  # outside hot_path: checked when built, as always
+
+
+def test_hot_path_batch_contrastive_reads_once_and_matches() -> None:
+    z = torch.randn(6, 2, 5, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([0, 1, 0, 2, 1, 2])
+    plain = SupCon(0.1)(ContrastiveBatch(z=z, labels=labels))
+    with hot_path(equal_batches=True), ReadbackCounter() as counter:
+        batch = ContrastiveBatch(z=z, labels=labels)
+        fast = SupCon(0.1)(batch)
+    assert batch.rank_sizes == (6,)
+    assert counter.count == 1, dict(counter.where)
+    assert torch.equal(fast[0], plain[0]) and fast[1] == plain[1]
+    assert ContrastiveBatch(z=z).rank_sizes is None  # outside: exchanged when distributed
+
+
+# ------------------------------------------------------------------ LARS and EMA, multi-tensor
+
+
+class _PerTensorLARS(LARS):
+    """The per-parameter loop LARS.step ran before the multi-tensor rewrite, verbatim."""
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        for group in self.param_groups:
+            lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
+            eta, eps, nesterov = group["trust_coefficient"], group["eps"], group["nesterov"]
+            adapt = not group.get("lars_exclude", False)
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                d_p = p.grad
+                if wd != 0:
+                    d_p = d_p.add(p, alpha=wd)
+                if adapt:
+                    p_norm = torch.linalg.vector_norm(p)
+                    g_norm = torch.linalg.vector_norm(d_p)
+                    trust = torch.where((p_norm > 0) & (g_norm > 0),
+                                        eta * p_norm / (g_norm + eps), torch.ones_like(p_norm))
+                    d_p = d_p.mul(trust)
+                state = self.state[p]
+                buf = state.get("momentum_buffer")
+                if buf is None:
+                    buf = torch.clone(d_p).detach()
+                    state["momentum_buffer"] = buf
+                else:
+                    buf.mul_(momentum).add_(d_p)
+                update = d_p.add(buf, alpha=momentum) if nesterov else buf
+                p.add_(update, alpha=-lr)
+        return None
+
+
+def _net(dtype: torch.dtype) -> nn.Module:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 3)).to(dtype)
+    net.late = nn.Parameter(torch.randn(3, 2, dtype=dtype))  # a gradient from step 2 on only
+    net.zero = nn.Parameter(torch.zeros(2, 2, dtype=torch.float64))  # ||p|| = 0; other dtype
+    return net
+
+
+def _loss(net: nn.Module, step: int, dtype: torch.dtype) -> Tensor:
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(step), dtype=dtype)
+    out = net(x).pow(2).mean() + net.zero.sum() * 0.5
+    return out + net.late.sum() ** 2 if step > 0 else out
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("nesterov", [False, True])
+@pytest.mark.parametrize("wd", [0.0, 1e-2])
+def test_multi_tensor_lars_equals_the_per_tensor_loop(dtype: torch.dtype, nesterov: bool,
+                                                     wd: float) -> None:
+    """Bitwise on CPU (float64 and float32): the same elementwise operations in the same
+    order; a trust-adapted group, an excluded one, mixed dtypes, late gradients."""
+    nets = [_net(dtype), _net(dtype)]
+    opts = [cls(param_groups(net, wd), lr=0.3, momentum=0.9, trust_coefficient=0.02,
+                nesterov=nesterov) for cls, net in zip((LARS, _PerTensorLARS), nets, strict=True)]
+    for step in range(4):
+        for net, opt in zip(nets, opts, strict=True):
+            opt.zero_grad(set_to_none=True)
+            _loss(net, step, dtype).backward()
+            opt.step()
+        for (name, a), b in zip(nets[0].named_parameters(), nets[1].parameters(), strict=True):
+            assert torch.equal(a, b), f"step {step} {name}: {(a - b).abs().max()}"
+            if dtype == torch.float64:  # the tolerance the brief asks for, trivially met
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    state = [opt.state_dict()["state"] for opt in opts]
+    for k in state[1]:
+        assert torch.equal(state[0][k]["momentum_buffer"], state[1][k]["momentum_buffer"])
+
+
+def test_multi_tensor_ema_equals_the_per_tensor_loop() -> None:
+    model = _net(torch.float32)
+    ema, ref = EMA(model), EMA(model)
+    for step in range(3):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        model.train()
+        model(torch.randn(8, 4))  # moves the BN statistics (and num_batches_tracked)
+        ema.update(model, 0.9 + 0.03 * step)
+        with torch.no_grad():  # the loop EMA.update ran before
+            params = dict(ref.module.named_parameters())
+            for name, p in model.named_parameters():
+                params[name].lerp_(p.detach(), 1.0 - (0.9 + 0.03 * step))
+            buffers = dict(ref.module.named_buffers())
+            for name, b in model.named_buffers():
+                buffers[name].copy_(b)
+        for (name, a), b in zip(ema.state_dict().items(), ref.state_dict().values(),
+                                strict=True):
+            assert torch.equal(a, b), name
+
+
+# ------------------------------------------------------------------ StepState, memory bank
+
+
+def test_step_state_device_sums_equal_the_float_sums() -> None:
+    """Tensor metrics are summed on the device in float64: summary() is the float one."""
+    g = torch.Generator().manual_seed(0)
+    steps = [{"loss": float(torch.rand(1, generator=g)), "anchors": 12.0,
+              "grad_norm": torch.rand((), generator=g) * 10} for _ in range(7)]
+    on_device, as_floats = StepState(), StepState()
+    with ReadbackCounter() as counter:
+        for m in steps:
+            on_device.add(m)
+    assert counter.count == 0
+    for m in steps:
+        as_floats.add({k: float(v) for k, v in m.items()})
+    assert on_device.summary() == as_floats.summary()
+    assert list(on_device.summary()) == ["loss", "anchors", "grad_norm"]  # the keys' order
+
+
+def test_bank_pointer_lives_on_the_host_and_loads_with_its_owner() -> None:
+    owner = nn.Module()
+    owner.bank = MemoryBank(5, dim=2, num_classes=0)
+    with ReadbackCounter() as counter:
+        for step in range(3):
+            owner.bank.enqueue(torch.full((3, 2), float(step)))
+            assert len(owner.bank) == min(5, 3 * (step + 1))
+            owner.bank.valid()
+    assert counter.count == 0
+    assert (int(owner.bank.ptr), int(owner.bank.filled)) == (4, 5)  # the buffers kept in step
+    other = nn.Module()
+    other.bank = MemoryBank(5, dim=2)
+    other.load_state_dict(copy.deepcopy(owner.state_dict()))  # through the owning module
+    assert len(other.bank) == 5
+    for bank in (owner.bank, other.bank):
+        bank.enqueue(torch.full((2, 2), 9.0))
+    assert torch.equal(other.bank.features, owner.bank.features)
+    assert int(other.bank.ptr) == int(owner.bank.ptr) == 1
