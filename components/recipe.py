@@ -355,13 +355,21 @@ class PretrainRecipe:
         import torch
 
         from components import distributed
-        from components.training import StepState, seed_everything, sync_buffers, train_step
+        from components.training import (
+            SkipGuard,
+            SkippedStep,
+            StepState,
+            seed_everything,
+            sync_buffers,
+            train_step,
+        )
 
         cfg, n = self.cfg, self.steps_per_epoch
         seed_everything(cfg.train.seed, epoch, self.rank)
         self.train_loader.set_epoch(epoch)
         self.model.train()
         acc, wait, t0 = StepState(), DataWait(self.device), time.perf_counter()
+        skips = SkipGuard()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         shown = t0  # rank 0's last progress line / event
@@ -372,14 +380,19 @@ class PretrainRecipe:
             if self.step + 1 == self.pause_at_step:
                 _pause_once(self.run_dir, self.rank, self.step + 1)
             batch = wait.next(batches)
-            metrics = train_step(
-                self.ddp, self.ema, self.optimizer, self.scheduler, self.scaler, batch,
-                train_cfg=cfg.train, device=self.device, step=self.step,
-                total_steps=self.total_steps,
-                ema_momentum=getattr(cfg.loss, "ema_momentum", 0.996),
-                where=f"epoch {epoch + 1} step {i + 1}/{n} (global step {self.step + 1}) of "
-                      f"run {cfg.name!r}",
-            )
+            where = (f"epoch {epoch + 1} step {i + 1}/{n} (global step {self.step + 1}) of "
+                     f"run {cfg.name!r}")
+            try:
+                metrics = train_step(
+                    self.ddp, self.ema, self.optimizer, self.scheduler, self.scaler, batch,
+                    train_cfg=cfg.train, device=self.device, step=self.step,
+                    total_steps=self.total_steps,
+                    ema_momentum=getattr(cfg.loss, "ema_momentum", 0.996), where=where)
+            except SkippedStep as e:  # fp16 overflow on every rank: the guard may stop the run
+                self.step += 1
+                skips.skipped(e, where)
+                continue
+            skips.ok()
             self.step += 1
             last_lr = metrics.pop("lr")
             acc.add(metrics)
@@ -403,6 +416,8 @@ class PretrainRecipe:
             sync_buffers(self.ema)
         row: dict[str, Any] = {"epoch": epoch + 1, "step": self.step, **acc.summary()}
         row["lr"] = last_lr  # of the epoch's last step
+        if self.scaler is not None:
+            row["skipped_steps"] = skips.total  # fp16 overflow
         row["samples_per_s"] = n * cfg.data.batch_size * self.world / elapsed
         # On the device: NCCL refuses host tensors in a collective.
         row["data_wait"] = distributed.mean_over_ranks(

@@ -22,7 +22,6 @@ from torch import Tensor, nn
 from components import distributed
 from components.config import LossConfig, ModelConfig, TrainConfig
 from components.errors import NonFiniteError, SimgraphError
-from components.evaluation.knn import knn_correct
 from components.memory import EMA, cosine_momentum
 from components.models import Encoder, build_backbone, projector
 from components.objectives import ContrastiveBatch, Metrics, Objective, build_objective
@@ -30,6 +29,36 @@ from components.objectives import ContrastiveBatch, Metrics, Objective, build_ob
 
 class NonFiniteLossError(SimgraphError, RuntimeError):
     """The loss became NaN/inf: the run stops, keeping its last good checkpoint."""
+
+
+class SkippedStep(RuntimeError):
+    """``amp='fp16'``: the step's loss was NaN/inf (float16 overflow in the forward pass) and
+    the step was skipped — no optimizer or EMA update, the schedule advanced — as the gradient
+    scaler skips a step whose gradients overflow. Every rank skips it: the loss is global.
+    :class:`SkipGuard` stops the run when skips persist."""
+
+
+class SkipGuard:
+    """Counts fp16's skipped steps; stops the run after ``limit`` in a row (a model that
+    overflows every step is diverging, not unlucky)."""
+
+    def __init__(self, limit: int = 20) -> None:
+        self.limit, self.in_a_row, self.total = limit, 0, 0
+
+    def ok(self) -> None:
+        self.in_a_row = 0
+
+    def skipped(self, e: SkippedStep, where: str) -> None:
+        """Raises:
+            NonFiniteLossError: ``limit`` steps in a row were skipped (``where``: the last)."""
+        self.in_a_row += 1
+        self.total += 1
+        if self.in_a_row >= self.limit:
+            raise NonFiniteLossError(
+                f"{where}: {self.in_a_row} steps in a row had a non-finite loss under "
+                f"amp='fp16' (last: {e}); stopping. Use amp='bf16' on GPUs that have it "
+                "(compute capability >= 8.0), lower the learning rate or raise the "
+                "temperature; the last checkpoint is intact")
 
 
 # Fields a batch offers beyond z; an objective receives those it `requires` (+ ids, for banks).
@@ -202,22 +231,29 @@ def train_step(
     Raises:
         NonFiniteLossError: the global loss is NaN/inf (``where`` says which epoch/step);
             the optimizer has not been stepped, so the last checkpoint stays good.
+        SkippedStep: the same with a gradient scaler (``amp='fp16'``): the step is skipped
+            instead (:class:`SkipGuard` decides when to stop).
     """
     from components.objectives.core import hot_path
 
     optimizer.zero_grad(set_to_none=True)
+    problem = None
     with autocast(device, train_cfg.amp), hot_path(equal_batches=equal_batches):
         try:
             loss, metrics = model(batch.images, batch.labels, batch.sample_ids, batch.captions,
                                   ema)
         except NonFiniteError as e:
-            raise NonFiniteLossError(f"{where}: {e}") from None
-    value = metrics["loss"]
-    if not math.isfinite(value):
+            problem = str(e)
+    if problem is None and not math.isfinite(metrics["loss"]):
+        problem = f"the loss is {metrics['loss']} (non-finite)"
+    if problem is not None:
+        if scaler is not None:  # fp16 overflow: skip the step, as the scaler would
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            raise SkippedStep(f"{where}: {problem}")
         raise NonFiniteLossError(
-            f"{where}: the loss is {value} (non-finite); stopping. Lower the learning rate, "
-            "raise the temperature, or use amp='none'/'bf16'; the last checkpoint is intact"
-        )
+            f"{where}: {problem}; stopping. Lower the learning rate, raise the temperature, "
+            "or use amp='none'/'bf16'; the last checkpoint is intact")
     if scaler is not None:
         scaler.scale(loss).backward()
         scaler.unscale_(optimizer)
@@ -284,24 +320,3 @@ def extract_features(
         return (torch.zeros(0, width, device=device),
                 torch.zeros(0, dtype=torch.long, device=device))
     return torch.cat(feats), torch.cat(labels).to(device)
-
-
-def distributed_knn_top1(
-    bank: tuple[Tensor, Tensor],
-    queries: tuple[Tensor, Tensor],
-    *,
-    k: int,
-    num_classes: int,
-    temperature: float,
-) -> float:
-    """Weighted-kNN top-1 of every rank's queries against every rank's bank rows: the bank is
-    gathered, each rank scores its own queries, correct counts are summed. Equals the
-    single-process value on the concatenated features."""
-    bank_f = distributed.gather(bank[0].contiguous(), grad=False)
-    bank_y = distributed.gather(bank[1].contiguous(), grad=False)
-    correct, total = knn_correct(bank_f, bank_y, queries[0], queries[1], k, num_classes,
-                                 temperature)
-    counts = distributed.all_reduce_sum(
-        torch.tensor([correct, total], dtype=torch.float64, device=bank_f.device)
-    )
-    return float(counts[0] / counts[1]) if counts[1] > 0 else float("nan")

@@ -14,12 +14,13 @@ import torch
 from components.checkpoint import CheckpointError, is_complete, load_state, save_state
 from components.config import LOSS_CONFIGS, ModelConfig, TrainConfig, from_dict
 from components.data.reader import Batch
-from components.evaluation.knn import knn_top1
+from components.evaluation.knn import knn_top1, sharded_knn_top1
 from components.optim import build_optimizer, build_scheduler
 from components.training import (
     NonFiniteLossError,
+    SkipGuard,
+    SkippedStep,
     build_model,
-    distributed_knn_top1,
     extract_features,
     seed_everything,
     train_step,
@@ -106,6 +107,34 @@ def test_non_finite_loss_stops_with_its_location() -> None:
     assert torch.equal(model.encoder.projector[-1].weight, w)  # the step never happened
 
 
+def test_fp16_overflow_skips_the_step_like_the_scaler() -> None:
+    """With a gradient scaler (amp='fp16') a non-finite loss skips the step instead of
+    stopping the run; the guard stops it when skips persist."""
+    model, ema, opt, sched = _setup("simclr")
+    bad = _batch()
+    bad.images[0, 0, 0, 0, 0] = float("inf")
+    w = model.encoder.projector[-1].weight.clone()
+    epoch_before = sched.last_epoch
+    with pytest.raises(SkippedStep, match=r"epoch 1 step 2: z has \d+ non-finite"):
+        train_step(model, ema, opt, sched, torch.amp.GradScaler("cpu"), bad,
+                   train_cfg=TrainConfig(), device=torch.device("cpu"), step=0,
+                   total_steps=10, ema_momentum=0.99, where="epoch 1 step 2")
+    assert torch.equal(model.encoder.projector[-1].weight, w)  # no update
+    assert sched.last_epoch == epoch_before + 1  # the schedule moves on, as with the scaler
+    assert all(p.grad is None for p in model.parameters())
+
+    guard = SkipGuard(limit=3)
+    for _ in range(2):
+        guard.skipped(SkippedStep("x"), "here")
+    guard.ok()  # a good step resets the run of skips
+    for _ in range(2):
+        guard.skipped(SkippedStep("x"), "here")
+    with pytest.raises(NonFiniteLossError, match=r"here: 3 steps in a row had a non-finite "
+                                                 r"loss under amp='fp16' \(last: boom\)"):
+        guard.skipped(SkippedStep("boom"), "here")
+    assert guard.total == 5
+
+
 def test_bf16_autocast_step_on_cpu() -> None:
     model, ema, opt, sched = _setup("supcon")
     m = train_step(model, ema, opt, sched, None, _batch(), train_cfg=TrainConfig(amp="bf16"),
@@ -128,7 +157,7 @@ def test_knn_monitor_single_process_equals_knn_top1() -> None:
     bank = extract_features(model.encoder, [_batch(seed=0), _batch(seed=1)], torch.device("cpu"))
     queries = extract_features(model.encoder, [_batch(seed=2)], torch.device("cpu"))
     assert bank[0].shape == (12, model.encoder.feat_dim)
-    got = distributed_knn_top1(bank, queries, k=5, num_classes=C, temperature=0.07)
+    got = sharded_knn_top1(bank, queries, k=5, num_classes=C, temperature=0.07)
     want = knn_top1(bank[0], bank[1], queries[0], queries[1], k=5, num_classes=C)
     assert got == want
 
