@@ -231,6 +231,45 @@ def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
                   if a.get(k) != b.get(k) and not k.startswith(RESUMABLE_CHANGES))
 
 
+class CorruptRunConfig(RunError):
+    """A run dir's ``config.yaml`` cannot be parsed (a partial copy, an edit gone wrong)."""
+
+
+def read_run_config(run_dir: str) -> dict[str, Any] | None:
+    """The run dir's ``config.yaml`` as a dict; ``None`` when there is none.
+
+    Raises:
+        CorruptRunConfig: the file is not UTF-8 YAML holding a mapping (the message names it).
+        storage.StorageError: it cannot be read.
+    """
+    from components import storage
+
+    path = storage.join(run_dir, RUN_CONFIG)
+    if not storage.exists(path):
+        return None
+    try:
+        data = yaml.safe_load(storage.read_text(path))
+    except (UnicodeDecodeError, yaml.YAMLError) as e:
+        reason = str(e).splitlines()[0]
+        raise CorruptRunConfig(f"{storage.display(path)} is corrupt ({reason})") from None
+    if not isinstance(data, dict):
+        raise CorruptRunConfig(f"{storage.display(path)} is corrupt (not a mapping of config "
+                               "keys)")
+    return data
+
+
+def checkpoint_config(run_dir: str) -> tuple[str, dict[str, Any]] | None:
+    """(checkpoint dir, the config stored in it) of the newest complete checkpoint, or None:
+    what a run dir with a corrupt ``config.yaml`` still says about its run."""
+    from components.checkpoint import load_state, local_copy
+
+    done = latest_complete(run_dir)
+    if done is None:
+        return None
+    with local_copy(done[1]) as d:
+        return done[1], load_state(d).get("config") or {}
+
+
 def prepare_run_dir(cfg: PretrainConfig, dataset: dict[str, Any] | None = None) -> str:
     """Create ``storage/name`` (a path or URI) with ``config.yaml``, or check a re-run
     against it; returns the run dir. ``dataset``: the :func:`dataset_identity` the run is
@@ -250,8 +289,18 @@ def prepare_run_dir(cfg: PretrainConfig, dataset: dict[str, Any] | None = None) 
     new = to_dict(cfg)
     try:
         storage.makedirs(run_dir)
-        if storage.exists(path):
-            diff = config_diff(yaml.safe_load(storage.read_text(path)) or {}, new)
+        try:
+            stored = read_run_config(run_dir)
+        except CorruptRunConfig as e:  # the checkpoints still hold the run's config
+            found = checkpoint_config(run_dir)
+            stored = None if found is None else found[1]
+            from components import console
+
+            console.say(f"[simgraph] warning: {e}; " + (
+                f"checked against {storage.display(found[0])}'s config instead and rewritten"
+                if found is not None else "no checkpoint to lose: rewritten"))
+        if stored is not None:
+            diff = config_diff(stored, new)
             if diff:
                 raise RunError(
                     f"run {cfg.name!r} in {storage.display(cfg.storage)} was started with a "

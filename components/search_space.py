@@ -687,10 +687,11 @@ def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> SweepConfig:
         ConfigError: prefixed with ``path``, naming the key or parameter and what is allowed.
     """
     path = Path(path)
+    data = load_yaml(path)  # its errors name the file already
     try:
         for item in overrides:
             _check_sweep_override(item)
-        raw = apply_overrides(load_yaml(path), overrides)
+        raw = apply_overrides(data, overrides)
         unknown = [k for k in raw if k not in FILE_KEYS]
         if unknown:
             raise ConfigError(f"unknown key {unknown[0]}; allowed keys: {', '.join(FILE_KEYS)}")

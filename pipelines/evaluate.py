@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from components.config import PretrainConfig, from_dict
 from components.errors import SimgraphError, run_command
@@ -88,16 +87,33 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None
     """
     from components import storage
     from components.checkpoint import CheckpointError, load_state, local_copy
-    from components.run_dir import RUN_CONFIG, config_diff, latest_complete
+    from components.run_dir import (
+        RUN_CONFIG,
+        CorruptRunConfig,
+        checkpoint_config,
+        config_diff,
+        latest_complete,
+        read_run_config,
+    )
 
     run_dir = str(run_dir)
     shown = storage.display(run_dir)
     try:
-        raw = storage.read_text(storage.join(run_dir, RUN_CONFIG))
-    except storage.StorageError:
+        raw = read_run_config(run_dir)
+    except CorruptRunConfig as e:  # the checkpoints still hold the run's config
+        stored = checkpoint_config(run_dir)
+        if stored is None:
+            raise EvaluateError(f"{e}, and the run has no complete checkpoint to read its "
+                                "config from") from None
+        print(f"simgraph evaluate: warning: {e}; using the config stored in "
+              f"{storage.display(stored[0])}", file=sys.stderr)
+        raw = stored[1]
+    except storage.StorageError as e:
+        raise EvaluateError(f"cannot read {shown}: {e}") from None
+    if raw is None:
         raise EvaluateError(f"{shown} is not a run dir (no {RUN_CONFIG}); give the "
-                            "storage/name dir that `simgraph pretrain` wrote") from None
-    cfg = from_dict(PretrainConfig, yaml.safe_load(raw))
+                            "storage/name dir that `simgraph pretrain` wrote")
+    cfg = from_dict(PretrainConfig, raw)
     if checkpoint is None:
         found = latest_complete(run_dir)
         if found is None:

@@ -207,9 +207,14 @@ def _deep_copy(data: Mapping[str, Any]) -> dict[str, Any]:
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping with ``yaml.safe_load`` (never executes tags)."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as e:
         raise ConfigError(f"cannot read {path}: {e}") from None
+    except UnicodeDecodeError as e:  # before yaml sees it: a binary or mis-encoded file
+        line = Path(path).read_bytes()[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} on line "
+                          f"{line}): save it as UTF-8, or check that it is the config you "
+                          "meant") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path} is not valid YAML: {e}") from None
     if data is None:
@@ -221,7 +226,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 def load_config(path: str | Path, cls: type[T], overrides: Sequence[str] = ()) -> T:
     """Load ``path`` as ``cls`` after applying dotted ``overrides``."""
+    data = load_yaml(path)  # its errors name the file already
     try:
-        return from_dict(cls, apply_overrides(load_yaml(path), overrides))
+        return from_dict(cls, apply_overrides(data, overrides))
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None

@@ -1,0 +1,77 @@
+"""Bad input is one line (naming the file and what to do) or a counted skip — never a
+traceback, never lost work (issue 29). Each case feeds the mistake as a user would make it
+and checks the message, the exit code and that nothing was lost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components.checkpoint import save_state
+from components.config import PretrainConfig, from_dict, to_dict
+from components.run_dir import RUN_CONFIG, RunError, check_dataset, prepare_run_dir
+from pipelines.cli import main
+from tests.datasets import synthetic_dataset, tiny_run_config
+
+
+@pytest.mark.parametrize("command", ["validate", "pretrain", "preprocess", "sweep", "run"])
+def test_a_config_that_is_not_utf8_is_one_line_and_exit_2(
+        command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "run.yaml"
+    bad.write_bytes(b"name: x\ndata:\n  dataset: /tmp/d\xff\xfe\n")
+    assert main([command, str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"{bad} is not UTF-8 text (byte 0xff on line 3): save it as UTF-8, or "
+                        "check that it is the config you meant"), err
+    assert len(err.splitlines()) == 1 and err.count(str(bad)) == 1
+
+
+def _run_dir(tmp_path: Path) -> tuple[PretrainConfig, Path, Path]:
+    data = synthetic_dataset(tmp_path / "ds", size=16, train_per_class=8, val_per_class=2)
+    cfg = from_dict(PretrainConfig, tiny_run_config(data, tmp_path / "runs"))
+    run_dir = Path(prepare_run_dir(cfg))
+    return cfg, data, run_dir
+
+
+def _checkpoint(cfg: PretrainConfig, run_dir: Path) -> None:
+    from components.training import build_model
+
+    facts = check_dataset(cfg)
+    model, _ = build_model(cfg.model, cfg.loss, facts.num_classes, None, facts.caption_dim)
+    save_state(run_dir / "epoch_00001", {"model": model.state_dict(), "epoch": 1, "step": 4,
+                                         "history": [], "config": to_dict(cfg),
+                                         "dataset": facts.dataset})
+
+
+def test_a_corrupt_run_config_falls_back_to_the_checkpoints(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg, data, run_dir = _run_dir(tmp_path)
+    _checkpoint(cfg, run_dir)
+    (run_dir / RUN_CONFIG).write_text("name: run\ndata: {dataset: [unclosed\n")
+    # Resuming with another config is still refused: the checkpoint's config is compared.
+    other = from_dict(PretrainConfig, tiny_run_config(data, tmp_path / "runs", optim__lr=0.5))
+    with pytest.raises(RunError, match=r"optim\.lr differ"):
+        prepare_run_dir(other)
+    assert (run_dir / "epoch_00001" / "state.pt").exists()
+    # The same run resumes, and config.yaml is written again.
+    prepare_run_dir(cfg)
+    out = capsys.readouterr().out
+    assert f"{run_dir / RUN_CONFIG} is corrupt" in out and "epoch_00001's config" in out
+    assert yaml.safe_load((run_dir / RUN_CONFIG).read_text()) == to_dict(cfg)
+
+
+def test_evaluate_reads_a_run_with_a_corrupt_config(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pipelines.evaluate import EvaluateError, load_run
+
+    cfg, _, run_dir = _run_dir(tmp_path)
+    (run_dir / RUN_CONFIG).write_bytes(b"\xff\xfe not yaml")
+    with pytest.raises(EvaluateError, match=r"config.yaml is corrupt .*and the run has no "
+                                            r"complete checkpoint"):
+        load_run(run_dir)
+    _checkpoint(cfg, run_dir)
+    got, state, checkpoint = load_run(run_dir)
+    assert got == cfg and checkpoint.endswith("epoch_00001") and state["epoch"] == 1
+    assert "is corrupt" in capsys.readouterr().err
