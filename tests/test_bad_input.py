@@ -75,3 +75,19 @@ def test_evaluate_reads_a_run_with_a_corrupt_config(
     got, state, checkpoint = load_run(run_dir)
     assert got == cfg and checkpoint.endswith("epoch_00001") and state["epoch"] == 1
     assert "is corrupt" in capsys.readouterr().err
+
+
+def test_a_truncated_split_file_is_named(tmp_path: Path) -> None:
+    from components.data.reader import DatasetError, ViewLoader, set_jit
+
+    data = synthetic_dataset(tmp_path / "ds", size=16, train_per_class=8, val_per_class=2)
+    beton = data / "train.beton"
+    with open(beton, "r+b") as f:
+        f.truncate(beton.stat().st_size // 2)
+    set_jit(False)
+    try:
+        with pytest.raises(DatasetError, match=rf"{beton} cannot be read as an FFCV file "
+                                               r"\(ValueError: .*\): it is truncated or corrupt"):
+            ViewLoader(beton, batch_size=4, views=1, num_workers=1)
+    finally:
+        set_jit(True)

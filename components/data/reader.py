@@ -212,7 +212,13 @@ class ViewLoader:
         self.views = views if train else 1
         drop_last = train if drop_last is None else drop_last
         threads = torch.get_num_threads()
-        handlers = Reader(str(path)).handlers
+        try:
+            handlers = Reader(str(path)).handlers
+        except (ValueError, OSError, IndexError, KeyError) as e:  # FFCV's header/table reads
+            raise DatasetError(
+                f"{path} cannot be read as an FFCV file ({type(e).__name__}: {e}): it is "
+                "truncated or corrupt; restore it, or rebuild the dataset with `simgraph "
+                "preprocess`") from None
         fields = list(handlers)
         self.has_captions = with_captions and "caption" in fields
         # float16 captions are stored as int16 bits (shards.write_shard); viewed back below.
