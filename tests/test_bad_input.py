@@ -91,3 +91,19 @@ def test_a_truncated_split_file_is_named(tmp_path: Path) -> None:
             ViewLoader(beton, batch_size=4, views=1, num_workers=1)
     finally:
         set_jit(True)
+
+
+def test_a_manifest_row_with_an_unreadable_scheme_is_a_counted_skip(tmp_path: Path) -> None:
+    from components.data.sources import UNSUPPORTED_URI, SourceError, list_manifest
+
+    (tmp_path / "a.png").write_bytes(b"")
+    (tmp_path / "m.csv").write_text("path,label\na.png,cat\nhttp://example.org/b.png,dog\n"
+                                    "s3://bucket/c.png,cat\n")
+    got = list_manifest(str(tmp_path / "m.csv"))
+    assert [it.path for it in got.items] == [str(tmp_path / "a.png"), "s3://bucket/c.png"]
+    assert [(s.path, s.reason) for s in got.skipped] == [("http://example.org/b.png",
+                                                          UNSUPPORTED_URI)]
+    assert "http:// cannot be read: paths may be local or s3://" in got.skipped[0].detail
+    with pytest.raises(SourceError, match=r"http://example.org/b.png: http:// cannot be read.*"
+                                          r"set bad_input=skip to skip and count"):
+        list_manifest(str(tmp_path / "m.csv"), on_bad_input="error")

@@ -41,6 +41,7 @@ DUPLICATE = "duplicate-path"
 UNKNOWN_LABEL = "unknown-label"
 MISSING_CAPTION = "missing-caption"
 MISSING_FILE = "missing-file"
+UNSUPPORTED_URI = "unsupported-uri"  # a path with a scheme no reader here handles (http://)
 # Caption checks: a caption file or value that is not valid UTF-8, or empty / whitespace only.
 # Such an item is treated like one without a caption (``captions.missing`` decides), and
 # counted under this reason instead of missing-caption.
@@ -195,7 +196,9 @@ def list_manifest(
 ) -> Listing:
     """A CSV, Parquet or JSONL table with ``path`` and optional ``label`` / ``caption``.
 
-    Relative paths are relative to the manifest's folder. Labels may be class names (strings)
+    Relative paths are relative to the manifest's folder; a URI whose scheme cannot be read
+    (``http://``: only local paths and ``s3://`` / ``gs://`` / ``file://``) is a counted skip
+    (``unsupported-uri``) under ``bad_input: skip``. Labels may be class names (strings)
     or indices; with ``classes`` given, anything outside it is an unknown label. CSV captions
     are read as bytes and decoded per row (strict UTF-8), so one bad row is counted, not fatal.
     ``group_by``: a column whose value (any type, ``null`` = no group) becomes ``Item.group``.
@@ -204,6 +207,8 @@ def list_manifest(
     import pyarrow.csv as pcsv
     import pyarrow.json as pjson
     import pyarrow.parquet as pq
+
+    from components.storage import SCHEMES
 
     p = Path(path)
     if not p.is_file():
@@ -249,6 +254,13 @@ def list_manifest(
             _note(skipped, on_bad_input, repr(rel), MISSING_FILE, "empty or non-text path")
             continue
         full = rel if ("://" in rel or os.path.isabs(rel)) else str(p.parent / rel)
+        scheme = full.split("://", 1)[0].lower() if "://" in full else None
+        if scheme is not None and scheme not in SCHEMES:  # what read_item can open
+            _note(skipped, on_bad_input, full, UNSUPPORTED_URI,
+                  f"{scheme}:// cannot be read: paths may be local or "
+                  f"{', '.join(s + '://' for s in SCHEMES)} URIs (download the file "
+                  "and list its local path)")
+            continue
         label = -1
         if lab is not None:
             key = lab if isinstance(lab, int) and not isinstance(lab, bool) else str(lab)
