@@ -250,7 +250,7 @@ class PretrainRecipe:
 
         cfg, facts = self.cfg, self.facts
         if self.host is None:
-            self.host = TrainWorker()
+            self.host = TrainWorker(self.run_dir)
         host = self.host
         self.rank, self.world = host.rank, host.world
         device = self.device = host.device()

@@ -53,13 +53,16 @@ class RunHost(Protocol):
 
 
 class TrainWorker:
-    """A Ray Train V2 worker: rank, device and checkpoints are Ray Train's."""
+    """A Ray Train V2 worker: rank, device and checkpoints are Ray Train's — cross-checked
+    against the run dir (``run_dir``), whose newest complete checkpoint wins when Ray's
+    snapshot is missing or older (:func:`resume_from`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, run_dir: str | None = None) -> None:
         import ray.train
 
         ctx = ray.train.get_context()
         self._ctx = ctx
+        self.run_dir = run_dir
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
 
     def device(self) -> torch.device:
@@ -75,12 +78,27 @@ class TrainWorker:
     def latest_checkpoint(self) -> Iterator[Path | None]:
         import ray.train
 
+        from components.checkpoint import local_copy, read_meta
+        from components.run_dir import latest_complete
+
         checkpoint = ray.train.get_checkpoint()
-        if checkpoint is None:
-            yield None
-            return
-        with checkpoint.as_directory() as d:
-            yield Path(d)
+        newest = latest_complete(self.run_dir) if self.run_dir is not None else None
+        with contextlib.ExitStack() as stack:
+            ray_dir = None if checkpoint is None else Path(
+                stack.enter_context(checkpoint.as_directory()))
+            ray_epoch = None if ray_dir is None else int(read_meta(ray_dir)["epoch"])
+            if resume_from(ray_epoch, None if newest is None else newest[0]) == "run_dir":
+                assert newest is not None
+                if self.rank == 0:
+                    from components import console
+
+                    console.say(f"[simgraph] Ray's run snapshot names "
+                                f"{'no checkpoint' if ray_epoch is None else f'epoch {ray_epoch}'}"
+                                f"; resuming from the run dir's newest complete checkpoint "
+                                f"{Path(newest[1]).name}")
+                yield stack.enter_context(local_copy(newest[1]))
+                return
+            yield ray_dir
 
     def report(self, row: dict[str, Any], checkpoint: str | None, name: str | None) -> None:
         import ray.train
@@ -90,6 +108,16 @@ class TrainWorker:
             return
         ckpt = None if checkpoint is None else ray.train.Checkpoint.from_directory(checkpoint)
         ray.train.report(row, checkpoint=ckpt, checkpoint_dir_name=name)
+
+
+def resume_from(ray_epoch: int | None, run_dir_epoch: int | None) -> str | None:
+    """Which checkpoint a Ray Train worker resumes from: ``"ray"`` (Ray's snapshot),
+    ``"run_dir"`` (the run dir's newest complete checkpoint, when Ray names none or an older
+    one: a lost or stale snapshot must not restart a run at epoch 0 on top of its
+    checkpoints) or ``None`` (a fresh start)."""
+    if run_dir_epoch is not None and (ray_epoch is None or run_dir_epoch > ray_epoch):
+        return "run_dir"
+    return "ray" if ray_epoch is not None else None
 
 
 class TuneTrial:

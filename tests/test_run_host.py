@@ -119,3 +119,48 @@ def test_resources_mode_decides_where_trials_train() -> None:
         Resources(workers=2, mode="in_trial")
     with pytest.raises(ConfigError, match="resources.mode='actor' is not allowed: choose one"):
         Resources(mode="actor")  # type: ignore[arg-type]
+
+
+def test_resume_from_prefers_the_newest_complete_checkpoint() -> None:
+    from components.run_host import resume_from
+
+    assert resume_from(None, None) is None
+    assert resume_from(3, None) == "ray"
+    assert resume_from(3, 3) == "ray"
+    assert resume_from(None, 2) == "run_dir"  # the snapshot was lost: never back to epoch 0
+    assert resume_from(2, 4) == "run_dir"  # a stale snapshot
+
+
+def test_train_worker_resumes_from_the_run_dir_when_rays_snapshot_is_lost(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import ray.train
+
+    from components.run_host import TrainWorker
+
+    class Context:
+        def get_world_rank(self) -> int:
+            return 0
+
+        def get_world_size(self) -> int:
+            return 2
+
+    for epoch in (1, 2):
+        save_state(tmp_path / f"epoch_{epoch:05d}", {"epoch": epoch, "step": 4 * epoch})
+    (tmp_path / "epoch_00003").mkdir()  # an interrupted write: never chosen
+    monkeypatch.setattr(ray.train, "get_context", Context)
+    snapshot: list[Any] = [None]
+    monkeypatch.setattr(ray.train, "get_checkpoint", lambda: snapshot[0])
+    worker = TrainWorker(str(tmp_path))
+    with worker.latest_checkpoint() as d:
+        assert d is not None and load_state(d)["epoch"] == 2
+    assert "Ray's run snapshot names no checkpoint; resuming from the run dir's newest " \
+           "complete checkpoint epoch_00002" in capsys.readouterr().out
+    snapshot[0] = ray.train.Checkpoint.from_directory(str(tmp_path / "epoch_00001"))
+    with worker.latest_checkpoint() as d:  # stale: epoch 1 < 2
+        assert d is not None and load_state(d)["epoch"] == 2
+    snapshot[0] = ray.train.Checkpoint.from_directory(str(tmp_path / "epoch_00002"))
+    with worker.latest_checkpoint() as d:
+        assert d is not None and load_state(d)["epoch"] == 2
+    assert capsys.readouterr().out.count("resuming from the run dir") == 1
+    assert TrainWorker(None).run_dir is None
