@@ -27,6 +27,7 @@ import json
 import math
 import os
 import socket
+import sys
 import tempfile
 import time
 import warnings
@@ -80,7 +81,7 @@ def run_pretraining(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, An
             stays in the run dir).
     """
     from components.checkpoint import load_state
-    from components.errors import describe
+    from components.errors import SimgraphError, describe, root_cause
     from components.session import ray_session
     from components.storage import display
 
@@ -108,6 +109,10 @@ def run_pretraining(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, An
         try:
             result = trainer.fit()
         except Exception as e:  # noqa: BLE001 - Ray wraps the worker's error
+            if not isinstance(root_cause(e), SimgraphError):
+                # A bug (or the machine: CUDA, NCCL, memory): what a report needs is the
+                # traceback, which Ray's text holds for every failed worker.
+                sys.stderr.write(f"{e}\n")
             raise PretrainError(
                 f"training {cfg.name!r} failed: {describe(e)}\n"
                 f"completed checkpoints stay in {display(run_dir)}; re-run the same command to "

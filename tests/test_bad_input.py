@@ -107,3 +107,32 @@ def test_a_manifest_row_with_an_unreadable_scheme_is_a_counted_skip(tmp_path: Pa
     with pytest.raises(SourceError, match=r"http://example.org/b.png: http:// cannot be read.*"
                                           r"set bad_input=skip to skip and count"):
         list_manifest(str(tmp_path / "m.csv"), on_bad_input="error")
+
+
+@pytest.mark.parametrize("bug", [True, False])
+def test_a_bug_in_a_worker_keeps_its_traceback(bug: bool, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A user error in a worker is one line; a bug also prints Ray's text, which holds every
+    failed worker's traceback."""
+    import contextlib
+
+    from components import recipe, session
+    from components.recipe import PretrainError
+
+    data = synthetic_dataset(tmp_path / "ds", size=16, train_per_class=8, val_per_class=2)
+    cfg = from_dict(PretrainConfig, tiny_run_config(data, tmp_path / "runs"))
+    error: Exception = (RuntimeError("Training failed due to worker errors:\nTraceback (most "
+                                     "recent call last):\n  File \"x.py\", line 1\nKeyError: 'k'")
+                        if bug else RunError("the checkpoint is at step 9, past this run's 8"))
+
+    class Trainer:
+        def fit(self) -> None:
+            raise error
+
+    monkeypatch.setattr(session, "ray_session", lambda _: contextlib.nullcontext())
+    monkeypatch.setattr(recipe, "make_trainer", lambda *a, **k: Trainer())
+    with pytest.raises(PretrainError, match="completed checkpoints stay in"):
+        recipe.run_pretraining(cfg, echo=False)
+    err = capsys.readouterr().err
+    assert ("Traceback (most recent call last)" in err) == bug
