@@ -25,8 +25,11 @@ from pathlib import Path
 from typing import Any, cast
 
 from components.errors import SimgraphError
+from components.files import write_text
 
 RUN_ID_FILE = "mlflow_run_id"
+RUN_KEY_FILE = "mlflow_run_key"  # ours, written before the MLflow run is created
+RUN_KEY_TAG = "simgraph.run_key"
 DB_FILE = "mlflow.db"
 WANDB_ID_FILE = "wandb_run_id"
 
@@ -93,14 +96,25 @@ class MLflowRun:
         if id_file.exists():  # a resumed run: the same MLflow run
             self.run_id = id_file.read_text().strip()
             return
+        # MLflow names the run only once it exists: a key of ours, written first and set as
+        # a tag, finds a run created by a process killed before it wrote its id file.
+        key_file = local_dir / RUN_KEY_FILE
+        if not key_file.exists():
+            write_text(key_file, uuid.uuid4().hex + "\n")
+        key = key_file.read_text().strip()
         exp = self.client.get_experiment_by_name(experiment)
         exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(
             experiment)
-        self.run_id = self.client.create_run(exp_id, run_name=name).info.run_id
+        found = self.client.search_runs([exp_id], f"tags.`{RUN_KEY_TAG}` = '{key}'")
+        if found:
+            self.run_id = found[0].info.run_id
+        else:
+            self.run_id = self.client.create_run(exp_id, run_name=name,
+                                                 tags={RUN_KEY_TAG: key}).info.run_id
         params = [Param(k, str(v)[:6000]) for k, v in sorted(flatten(config).items())]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
             self.client.log_batch(self.run_id, params=params[i:i + 100])
-        id_file.write_text(self.run_id + "\n")
+        write_text(id_file, self.run_id + "\n")
 
     def log_epoch(self, row: dict[str, Any]) -> None:
         from mlflow.entities import Metric
@@ -127,15 +141,14 @@ class WandbRun:
         # refused ("run ID ... is in use"). This process starts its own.
         os.environ.pop("WANDB_SERVICE", None)
         id_file = local_dir / WANDB_ID_FILE
-        resumed = id_file.exists()
-        run_id = id_file.read_text().strip() if resumed else uuid.uuid4().hex[:12]
+        if not id_file.exists():  # chosen here: written before the run starts, atomically
+            write_text(id_file, uuid.uuid4().hex[:12] + "\n")
+        run_id = id_file.read_text().strip()
         self.run = wandb.init(project=project, name=name, id=run_id, resume="allow",
                               mode=cast(Any, mode), dir=str(local_dir), config=config,
                               settings=_wandb_settings(), reinit="create_new")
         self.run.define_metric("epoch")
         self.run.define_metric("*", step_metric="epoch")
-        if not resumed:
-            id_file.write_text(run_id + "\n")
         self.run_id = run_id
 
     def log_epoch(self, row: dict[str, Any]) -> None:

@@ -34,6 +34,7 @@ import numpy as np
 
 from components.config import PretrainConfig, from_dict
 from components.errors import SimgraphError, run_command
+from components.files import write_text
 
 KS = (1, 5, 10, 20, 50, 100, 200)
 # Hyperparameters worth a column in the comparison table, when the loss has them.
@@ -349,7 +350,7 @@ def _write_report(e: RunEval, out: Path) -> None:
     plot_knn([e], out / "knn_vs_k.png")
     plot_separation([e], out / "separation.png")
     plot_similarity(e, out / "class_similarity.png")
-    (out / "metrics.json").write_text(json.dumps(e.summary(), indent=1))
+    write_text(out / "metrics.json", json.dumps(e.summary(), indent=1))
     knn_rows = "\n".join(f"| {k} | {_pct(v['top1'])} | {_pct(v['top5'])} |"
                          for k, v in sorted(e.knn.items()))
     labels = (f"the groups of `{e.label_set}` ({', '.join(e.classes)})" if e.label_set
@@ -394,7 +395,7 @@ class in its largest connected component; not on the scale of X-CLR's Table 9).
 
 ![class similarity](class_similarity.png)
 """
-    (out / "report.md").write_text(text)
+    write_text(out / "report.md", text)
 
 
 def write_comparison(evals: Sequence[RunEval], dest: str) -> str:
@@ -414,8 +415,8 @@ def _write_comparison(evals: Sequence[RunEval], out: Path) -> None:
             "overlap: % of test images at least as close to another class; label error %: "
             "share of 10-NN edges across classes.\n\n"
             "![kNN vs k](knn_vs_k.png)\n\n![separation](separation.png)\n")
-    (out / "comparison.md").write_text(text)
-    (out / "comparison.json").write_text(json.dumps([e.summary() for e in evals], indent=1))
+    write_text(out / "comparison.md", text)
+    write_text(out / "comparison.json", json.dumps([e.summary() for e in evals], indent=1))
 
 
 def main(run_dirs: Sequence[str], checkpoint: str | None = None, projector: bool = False,

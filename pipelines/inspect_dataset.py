@@ -29,6 +29,7 @@ import numpy as np
 from components.data import shards
 from components.data.reader import DatasetError, DatasetInfo
 from components.errors import SimgraphError
+from components.files import write_text
 
 SPLIT_ORDER = ("train", "val", "test")
 PAIRS_SAMPLE = 4000  # captions compared for nearest pairs (all of them when fewer)
@@ -353,7 +354,7 @@ def run(dataset: str, out: str | None = None, per_class: int = 8, seed: int = 0)
     lines += _duplicates(info, sp, target)
     lines += _skips(info)
     report = target / "report.md"
-    report.write_text("\n".join(lines) + "\n")
+    write_text(report, "\n".join(lines) + "\n")
     return report
 
 

@@ -40,6 +40,7 @@ import yaml
 
 from components.config import to_dict
 from components.errors import SimgraphError
+from components.files import atomic_open, write_text
 from components.paths import base_dir, portable
 from components.run_host import metric_first
 
@@ -310,19 +311,20 @@ def _write_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> Non
     from components.search_space import trial_config
 
     keys = sorted({k for r in rows for k in r["params"]})
-    with open(out / "trials.csv", "w", newline="") as f:
+    with atomic_open(out / "trials.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["trial", "status", "error", "epochs", sweep.metric,
                     f"best_{sweep.metric}", *keys])
         for r in rows:
             w.writerow([r["trial"], r["status"], r["error"], r["epochs"], r[sweep.metric],
                         r[f"best_{sweep.metric}"], *[r["params"].get(k) for k in keys]])
-    (out / "trials.md").write_text(markdown(rows, sweep) + "\n")
+    write_text(out / "trials.md", markdown(rows, sweep) + "\n")
     best = best_row(rows, sweep)
     if best is not None:
         cfg = trial_config(sweep, best["params"], name=f"{sweep.name}-best",
                            storage=sweep.storage)
-        (out / "best.yaml").write_text(
+        write_text(
+            out / "best.yaml",
             f"# best trial {best['trial']} of sweep {sweep.name}: {sweep.metric} = "
             f"{best[f'best_{sweep.metric}']:.4g}\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False)
         )
@@ -408,7 +410,7 @@ def plot_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> None:
         study = _study(sweep, rows)
         importances = param_importances(sweep, rows, study)
         if importances:
-            (out / "param_importances.yaml").write_text(yaml.safe_dump(importances))
+            write_text(out / "param_importances.yaml", yaml.safe_dump(importances))
         _optuna_plots(study, out, list(importances))
 
 

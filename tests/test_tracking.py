@@ -117,3 +117,35 @@ def test_sweep_wandb_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
     assert os.environ["WANDB_MODE"] == "offline"
     cb.setup()  # Ray's callback: no API key asked for offline
+
+
+def test_a_kill_before_the_run_id_is_written_continues_the_same_tracker_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow: the run exists but its id file was never written (killed after create_run):
+    the next start finds it by our key, and there is one run. W&B: the id is chosen and
+    written before the run starts."""
+    from components.tracking import RUN_ID_FILE, WANDB_ID_FILE, MLflowRun, WandbRun, default_uri
+
+    cfg = to_dict(from_dict(PretrainConfig, {"name": "r", "data": {"dataset": "/d"}}))
+    first = MLflowRun(tmp_path, "r", cfg, None, "simgraph")
+    (tmp_path / RUN_ID_FILE).unlink()
+    again = MLflowRun(tmp_path, "r", cfg, None, "simgraph")
+    assert again.run_id == first.run_id
+    client = mlflow.MlflowClient(default_uri(tmp_path))
+    assert len(client.search_runs([client.get_experiment_by_name("simgraph").experiment_id])) == 1
+
+    wandb = pytest.importorskip("wandb")
+
+    def killed(**kwargs: object) -> None:
+        raise KeyboardInterrupt  # the process dies inside wandb.init
+
+    monkeypatch.setattr(wandb, "init", killed)
+    with pytest.raises(KeyboardInterrupt):
+        WandbRun(tmp_path, "r", cfg, "simgraph", "offline")
+    chosen = (tmp_path / WANDB_ID_FILE).read_text().strip()
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(wandb, "init", lambda **kw: seen.update(kw) or (_ for _ in ()).throw(
+        KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        WandbRun(tmp_path, "r", cfg, "simgraph", "offline")
+    assert seen["id"] == chosen and seen["resume"] == "allow"
