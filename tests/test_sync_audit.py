@@ -25,6 +25,7 @@ and the batch checks deferred into the objective's read.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import traceback
@@ -41,8 +42,18 @@ from components.config import LOSS_CONFIGS, TrainConfig, from_dict
 from components.data.augment import BatchedSimCLRAugment
 from components.errors import NonFiniteError
 from components.memory import EMA, MemoryBank
-from components.objectives import ContrastiveBatch, CrossEntropy, InfoNCE, SupCon
-from components.objectives.core import hot_path
+from components.objectives import (
+    CLIP,
+    XCLR,
+    CoNe,
+    ContrastiveBatch,
+    CrossEntropy,
+    InfoNCE,
+    Objective,
+    SupCon,
+)
+from components.objectives.core import Pairs, hot_path
+from components.objectives.targets import class_similarity_graph
 from components.optim import LARS, build_optimizer, build_scheduler, param_groups
 from components.training import StepState, build_model, train_step
 from tests.test_training import LOSSES, MODEL, C, E, _batch
@@ -92,19 +103,19 @@ def test_the_counter_sees_every_readback() -> None:
 
 
 # Host reads per training step (LARS, grad clipping on), once a memory bank holds keys:
-#   1  the objective's one read: the loss statistics [Σ loss, count, total] of every rank,
-#      its per-anchor extras (X-CLR's true_positive_weight) and this batch's input checks
-#      (finite values, labels >= 0), all in one tensor. grad_norm stays on the device
+#   1  the objective's one read, for every loss: the loss statistics [Σ loss, count, total]
+#      of every rank, of each of its terms (CoNe: CE, L_in and dc) and its per-anchor
+#      extras (X-CLR's true_positive_weight), this batch's input checks (finite values,
+#      labels >= 0) and the objective's own (CE / CoNe: labels < C; X-CLR's class graph:
+#      anchor and candidate labels in [0, C)), all in one tensor. Until that read, labels
+#      are clamped where they index (F.cross_entropy, the class graph), so a bad label
+#      raises after it rather than as a device assert. grad_norm stays on the device
 #      (StepState sums it there); the memory bank's pointer lives on the host.
-# Beyond that, reads in files this change did not touch (left for a follow-up):
-#   clip  +1  the batch checks, read before compute: clip.py reduces with
-#             distributed.global_mean itself, whose read cannot carry them;
-#   ce    +2  the batch checks (read before compute: a label out of range would otherwise
-#             reach F.cross_entropy, a device assert on CUDA) and cone._check_labels' max;
-#   cone  +4  as ce, and three distributed.global_mean reads (CE, L_in, dc) instead of one;
-#   xclr  +4  targets.class_similarity_graph: min and max of anchor and candidate labels.
+# (Before: clip 2, ce 3, cone 5, xclr with the class graph 5: separate reads of the batch
+# checks, of cone._check_labels' max, of CoNe's three global means and of the class graph's
+# label min / max.)
 BUDGET = {"simclr": 1, "supcon": 1, "sincere": 1, "eps_supinfonce": 1, "xclr_caption": 1,
-          "xclr": 5, "clip": 2, "ce": 3, "cone": 5}
+          "xclr": 1, "clip": 1, "ce": 1, "cone": 1}
 
 
 @pytest.mark.parametrize("name", sorted(LOSSES))
@@ -165,8 +176,8 @@ def test_deferred_checks_raise_the_same_errors_in_the_objective() -> None:
         assert len(objective.bank) == 0 and int(objective.bank.filled) == 0
         with pytest.raises(ValueError, match="labels must be >= 0"):
             SupCon(0.1)(ContrastiveBatch(z=z, labels=torch.tensor([0, 1, -1, 2])))
-        # objectives that cannot fold them read them before computing (here: before a -1
-        # label reaches F.cross_entropy)
+        # CE folds them too: a -1 label is clamped for F.cross_entropy (which would refuse
+        # it, on CUDA with a device assert) and refused after the read
         with pytest.raises(ValueError, match="labels must be >= 0"):
             CrossEntropy(3)(ContrastiveBatch(z=z, labels=torch.tensor([0, 1, -1, 2]),
                                              logits=torch.randn(4, 2, 3)))
@@ -185,6 +196,105 @@ def test_hot_path_batch_contrastive_reads_once_and_matches() -> None:
     assert counter.count == 1, dict(counter.where)
     assert torch.equal(fast[0], plain[0]) and fast[1] == plain[1]
     assert ContrastiveBatch(z=z).rank_sizes is None  # outside: exchanged when distributed
+
+
+def _objective_batch(labels: Tensor, seed: int = 0, z: Tensor | None = None) -> dict[str, Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    b = labels.shape[0]
+    return {"z": torch.randn(b, 2, 5, generator=g) if z is None else z, "labels": labels,
+            "sample_ids": torch.arange(b) + 10 * seed, "captions": torch.randn(b, 4, generator=g),
+            "logits": torch.randn(b, 2, 3, generator=g), "ema_z": torch.randn(b, 2, 5, generator=g),
+            "ema_logits": torch.randn(b, 2, 3, generator=g)}
+
+
+_OBJECTIVES: dict[str, Callable[[], Objective]] = {
+    "ce": lambda: CrossEntropy(3, label_smoothing=0.1),
+    "cone": lambda: CoNe(3, 5, bank_size=16, top_n=3),
+    "xclr_class": lambda: XCLR(0.2, 0.3, "class", torch.eye(3) * 0.5 + 0.5, bank_size=16, dim=5),
+    "clip": lambda: CLIP(5, caption_dim=4),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_OBJECTIVES))
+def test_objective_checks_ride_in_the_one_read_and_match(name: str) -> None:
+    """CE, CoNe (three terms), X-CLR's class graph and CLIP read once inside hot_path (the loss
+    statistics with the batch's checks and their own), with the values and gradients of the
+    same objective outside it; step 1 runs with the bank that step 0 filled."""
+    labels = torch.tensor([0, 1, 0, 2, 1, 2])
+    plain, fast = _OBJECTIVES[name](), _OBJECTIVES[name]()
+    fast.load_state_dict(plain.state_dict())
+    for step in range(2):
+        fields = _objective_batch(labels, seed=step)
+        z = fields.pop("z")
+        logits = fields.pop("logits")
+        outs = []
+        for objective, hot in ((plain, False), (fast, True)):
+            zz, ll = z.clone().requires_grad_(), logits.clone().requires_grad_()
+            with (hot_path() if hot else contextlib.nullcontext()), ReadbackCounter() as counter:
+                loss, metrics = objective(ContrastiveBatch(z=zz, logits=ll, **fields))
+            assert counter.count == (1 if hot else 2), dict(counter.where)  # + the batch's
+            loss.backward()
+            outs.append((loss.detach(), metrics, zz.grad, ll.grad))
+        (la, ma, za, lga), (lb, mb, zb, lgb) = outs
+        assert torch.equal(la, lb) and ma == mb, (step, ma, mb)
+        for a, b in ((za, zb), (lga, lgb)):
+            assert (a is None and b is None) or torch.equal(a, b)
+    for key, value in plain.state_dict().items():  # the banks too
+        assert torch.equal(fast.state_dict()[key], value), key
+
+
+@pytest.mark.parametrize("name", ["ce", "cone"])
+def test_label_out_of_range_raises_after_the_read_and_stores_nothing(name: str) -> None:
+    """A label >= C reaches F.cross_entropy clamped (on CPU it would raise IndexError there,
+    on CUDA a device assert) and is refused after the one read, with the message of the
+    eager check; CoNe's bank is not written. Negative labels: the batch's check, likewise."""
+    for bad, message in (([0, 1, 2, 7], "label 7 is out of range for 3 classes"),
+                         ([0, 1, -1, 2], "labels must be >= 0")):
+        objective = _OBJECTIVES[name]()
+        before = copy.deepcopy(objective.state_dict())
+        with hot_path(), ReadbackCounter() as counter, pytest.raises(ValueError, match=message):
+            objective(ContrastiveBatch(**_objective_batch(torch.tensor(bad))))
+        assert counter.count >= 1
+        for key, value in objective.state_dict().items():
+            assert torch.equal(value, before[key]), (bad, key)
+        with pytest.raises(ValueError, match=message):  # outside hot_path: the same error
+            _OBJECTIVES[name]()(ContrastiveBatch(**_objective_batch(torch.tensor(bad))))
+
+
+def test_class_graph_labels_raise_after_the_read_and_store_nothing() -> None:
+    """X-CLR's class graph: a label >= C indexes the matrix clamped (on CPU it would raise
+    IndexError, on CUDA a device assert) and is refused after the one read, before the bank
+    is written, with the eager check's message; so is a label that reaches the candidates
+    from the bank. :func:`class_similarity_graph` alone still checks (one read)."""
+    objective = _OBJECTIVES["xclr_class"]()
+    with hot_path(), pytest.raises(ValueError, match=r"anchor labels span \[0, 5\] but the "
+                                   r"class similarity matrix is 3×3: labels must lie in \[0, 3\)"):
+        objective(ContrastiveBatch(**_objective_batch(torch.tensor([0, 1, 2, 5, 1, 0]))))
+    assert len(objective.bank) == 0 and int(objective.bank.filled) == 0
+    with hot_path(), pytest.raises(ValueError, match="labels must be >= 0"):  # batch's first
+        objective(ContrastiveBatch(**_objective_batch(torch.tensor([0, 1, -1, 5, 1, 0]))))
+    assert len(objective.bank) == 0
+    objective.bank.enqueue(torch.randn(2, 5), labels=torch.tensor([1, 4]))
+    with hot_path(), pytest.raises(ValueError, match=r"candidate labels span \[0, 4\]"):
+        objective(ContrastiveBatch(**_objective_batch(torch.tensor([0, 1, 2, 2, 1, 0]))))
+    assert len(objective.bank) == 2
+    pairs = Pairs(anchors=torch.randn(2, 5), candidates=torch.randn(3, 5),
+                  self_index=torch.tensor([0, 1]), anchor_ids=torch.arange(2),
+                  candidate_ids=torch.arange(3), views=1, anchor_labels=torch.tensor([0, 1]),
+                  candidate_labels=torch.tensor([0, 1, 3]))
+    with pytest.raises(ValueError, match=r"candidate labels span \[0, 3\]"):
+        class_similarity_graph(pairs, torch.eye(3))
+    pairs.candidate_labels = torch.tensor([0, 1, 2])
+    with ReadbackCounter() as counter:
+        graph = class_similarity_graph(pairs, torch.eye(3))
+    assert counter.count == 1 and torch.equal(graph, torch.eye(3)[:2])
+
+
+def test_clip_non_finite_raises_in_its_one_read() -> None:
+    z = torch.randn(6, 2, 5)
+    z[2, 1, 0] = float("inf")
+    with hot_path(), pytest.raises(NonFiniteError, match=r"z has 1 non-finite value\(s\)"):
+        _OBJECTIVES["clip"]()(ContrastiveBatch(**_objective_batch(torch.arange(6) % 3, z=z)))
 
 
 # ------------------------------------------------------------------ LARS and EMA, multi-tensor

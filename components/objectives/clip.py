@@ -31,6 +31,7 @@ from components.objectives.core import (
     check_positive,
     chunk_rows,
     chunked_rows,
+    fused_global_means,
     unit,
 )
 
@@ -38,6 +39,7 @@ from components.objectives.core import (
 class CLIP(Objective):
     requires = frozenset({"captions"})
     logit_budget_bytes: int = LOGIT_BUDGET_BYTES  # per chunk (core.chunk_rows)
+    folds_batch_checks = True  # one read: the loss and the batch's checks
 
     def __init__(self, dim: int, caption_dim: int = 384, tau: float = 0.07) -> None:
         super().__init__()
@@ -57,9 +59,12 @@ class CLIP(Objective):
         b, v, _ = batch.z.shape
         images = unit(batch.z)  # [B, V, D]
         texts = unit(self.head(batch.captions.to(self.head.weight.dtype)))  # [B, D]
-        all_images = distributed.gather(images)  # [N, V, D]
-        all_texts = distributed.gather(texts)  # [N, D]
-        offset = distributed.row_offset(b, batch.z.device)
+        # Every rank's B, for all three: exchanged once per step at most (none for equal
+        # batches, hot_path), not once per gather.
+        sizes = batch.sizes_per_rank()
+        all_images = distributed.gather(images, sizes=sizes)  # [N, V, D]
+        all_texts = distributed.gather(texts, sizes=sizes)  # [N, D]
+        offset = distributed.row_offset(b, batch.z.device, sizes=sizes)
         targets = offset + torch.arange(b, device=batch.z.device)
 
         def rows(start: int, stop: int, images: Tensor, texts: Tensor, targets: Tensor,
@@ -79,5 +84,6 @@ class CLIP(Objective):
                                      chunk_rows(b, 2 * all_texts.shape[0],
                                                 self.logit_budget_bytes))
         everyone = torch.ones(b, dtype=torch.bool, device=batch.z.device)
-        share, value, _, _ = distributed.global_mean(per_sample, everyone)
+        # One read: the global mean and the batch's deferred checks.
+        ((share, value, _, _),) = fused_global_means([(per_sample, everyone)], batch)
         return share, {"loss": value}

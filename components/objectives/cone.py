@@ -27,43 +27,64 @@ Raises:
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from components import distributed
 from components.memory import MemoryBank
 from components.objectives.core import (
     ContrastiveBatch,
+    DeferredCheck,
     Metrics,
     Objective,
     at_least_fp32,
     check_non_negative,
     check_positive,
+    fused_global_means,
     unit,
 )
 
 
-def _check_labels(batch: ContrastiveBatch, num_classes: int) -> None:
+def _check_labels(batch: ContrastiveBatch, num_classes: int) -> DeferredCheck | None:
+    """The logits' width, checked now (a shape), and labels < ``num_classes``, on the device:
+    read with the loss statistics (:func:`fused_global_means`), which raises for it. Until
+    then :func:`_cross_entropy` clamps the labels (the batch checks labels ≥ 0 likewise).
+
+    Raises:
+        ValueError: (now) logits with another number of classes; (``raise_failed``) a label
+            ≥ ``num_classes``.
+    """
     assert batch.labels is not None and batch.logits is not None
     if batch.logits.shape[-1] != num_classes:
         raise ValueError(
             f"logits have {batch.logits.shape[-1]} classes, the objective was built for "
             f"{num_classes}"
         )
-    if batch.labels.numel() and int(batch.labels.max()) >= num_classes:
-        raise ValueError(
-            f"label {int(batch.labels.max())} is out of range for {num_classes} classes"
-        )
+    labels = batch.labels
+    if not labels.numel():
+        return None
+
+    def raise_failed(flag: Sequence[float]) -> None:
+        if flag[0]:  # the failure path: read the label for the message
+            raise ValueError(f"label {int(labels.max())} is out of range for {num_classes} "
+                             "classes")
+
+    return DeferredCheck((labels.max() >= num_classes).view(1), raise_failed)
 
 
 def _cross_entropy(batch: ContrastiveBatch, label_smoothing: float) -> Tensor:
-    """Per-query CE [B·V] (torch's label smoothing: (1−ε)·onehot + ε/C)."""
+    """Per-query CE [B·V] (torch's label smoothing: (1−ε)·onehot + ε/C).
+
+    The labels are clamped into ``[0, C)``: the identity on valid labels; invalid ones are
+    refused after the loss statistics' read (:func:`_check_labels`, the batch's labels ≥ 0
+    check), and must not reach ``F.cross_entropy`` before (a device assert on CUDA).
+    """
     assert batch.logits is not None and batch.labels is not None
     logits = at_least_fp32(batch.logits).flatten(0, 1)
-    labels = batch.labels.repeat_interleave(batch.views)
+    labels = batch.labels.clamp(0, logits.shape[-1] - 1).repeat_interleave(batch.views)
     return F.cross_entropy(logits, labels, label_smoothing=label_smoothing, reduction="none")
 
 
@@ -81,10 +102,13 @@ class CrossEntropy(Objective):
         self.num_classes = num_classes
         self.label_smoothing = check_non_negative("label_smoothing", label_smoothing)
 
+    folds_batch_checks = True  # one read: the loss, the batch's checks and labels < C
+
     def compute(self, batch: ContrastiveBatch) -> tuple[Tensor, Metrics]:
-        _check_labels(batch, self.num_classes)
+        check = _check_labels(batch, self.num_classes)
         ce = _cross_entropy(batch, self.label_smoothing)
-        share, value, _, _ = distributed.global_mean(ce, torch.ones_like(ce, dtype=torch.bool))
+        ((share, value, _, _),) = fused_global_means(
+            [(ce, torch.ones_like(ce, dtype=torch.bool))], batch, [check])
         return share, {"loss": value, "ce": value}
 
 
@@ -123,10 +147,12 @@ class CoNe(Objective):
         self.neighbours_from = neighbours_from
         self.bank = MemoryBank(bank_size, dim, num_classes=num_classes)
 
+    folds_batch_checks = True  # one read: CE, L_in, dc, the batch's checks and labels < C
+
     def compute(self, batch: ContrastiveBatch) -> tuple[Tensor, Metrics]:
         assert batch.labels is not None and batch.logits is not None
         assert batch.ema_z is not None and batch.ema_logits is not None
-        _check_labels(batch, self.num_classes)
+        check = _check_labels(batch, self.num_classes)
         q = unit(batch.z).flatten(0, 1)  # [A, D] queries
         k = unit(batch.ema_z).flatten(0, 1)  # [A, D] EMA keys
         logits = at_least_fp32(batch.logits).flatten(0, 1)  # [A, C]
@@ -134,28 +160,26 @@ class CoNe(Objective):
         labels = per_view(batch.labels)  # [A]
         everyone = torch.ones_like(labels, dtype=torch.bool)
 
-        ce_share, ce, _, anchors = distributed.global_mean(
-            _cross_entropy(batch, self.label_smoothing), everyone
-        )
-        loss = ce_share
-        metrics: Metrics = {"ce": ce, "bank_fill": len(self.bank) / self.bank.size}
+        ce_term = (_cross_entropy(batch, self.label_smoothing), everyone)
+        bank_fill = len(self.bank) / self.bank.size
         rows = self.bank.valid()
+        # One read for every term's global mean and the checks, before the bank is written.
         if len(self.bank) == 0:
+            ((ce_share, ce, _, anchors),) = fused_global_means([ce_term], batch, [check])
             zero = logits.sum() * 0.0
             sup_in, dc, without = 0.0, 0.0, float(anchors)
-            loss = loss + zero
+            loss = ce_share + zero
         else:
             bank_z = rows["features"].to(q.dtype)
             with torch.no_grad():
                 key_sim = k @ bank_z.T  # [A, K]: picks neighbours and weighs p_dc
-            sup_share, sup_in, count, total = distributed.global_mean(
-                *self._neighbour_sup_in(q, key_sim, labels, bank_z, rows["labels"])
-            )
-            dc_share, dc, _, _ = distributed.global_mean(
-                self._dc(key_sim, logits, rows["probs"].to(q.dtype)), everyone
-            )
+            sup_term = self._neighbour_sup_in(q, key_sim, labels, bank_z, rows["labels"])
+            dc_term = (self._dc(key_sim, logits, rows["probs"].to(q.dtype)), everyone)
+            (ce_share, ce, _, _), (sup_share, sup_in, count, total), (dc_share, dc, _, _) = (
+                fused_global_means([ce_term, sup_term, dc_term], batch, [check]))
             without = float(total - count)
-            loss = loss + self.lambda_sup * sup_share + self.lambda_dc * dc_share
+            loss = ce_share + self.lambda_sup * sup_share + self.lambda_dc * dc_share
+        metrics: Metrics = {"ce": ce, "bank_fill": bank_fill}
         metrics.update(
             sup_in=sup_in,
             dc=dc,
@@ -170,6 +194,9 @@ class CoNe(Objective):
                 if batch.sample_ids is None
                 else batch.sample_ids.repeat_interleave(batch.views),
                 probs=torch.softmax(at_least_fp32(batch.ema_logits).flatten(0, 1), dim=1),
+                # every rank's B·V rows: sizes exchanged once per step at most, none for
+                # equal batches (hot_path)
+                sizes=[n * batch.views for n in batch.sizes_per_rank()],
             )
         return loss, metrics
 

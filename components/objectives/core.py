@@ -20,10 +20,13 @@ so the peak is one chunk's, not A×M. Chunking is automatic above :data:`LOGIT_B
 of logits; the values and gradients are those of the unchunked computation.
 
 Host synchronisation: every device-to-host read (``.item()``, ``bool(t)``, ``.tolist()``)
-makes the host wait for the device. A :class:`BatchContrastive` step reads once: the global
-loss statistics (:func:`fused_global_means`), which also carry the batch's input checks
-(finite values, labels ≥ 0) when the batch was built inside :func:`hot_path` (training's
-step); outside it a :class:`ContrastiveBatch` checks itself when built (one read). Inside
+makes the host wait for the device. Every objective's step reads once: the global loss
+statistics (:func:`fused_global_means`), which also carry the batch's input checks (finite
+values, labels ≥ 0) when the batch was built inside :func:`hot_path` (training's step), and
+the objective's own input checks (:class:`DeferredCheck`: labels < C, labels inside a class
+graph); outside :func:`hot_path` a :class:`ContrastiveBatch` checks itself when built (one
+read). Until the read, inputs that would index out of bounds are clamped (a failed check
+still raises, after the read, before anything is stored). Inside
 :func:`hot_path` every rank's batch may also be declared equally large, so the gathers skip
 their size exchange (:attr:`ContrastiveBatch.rank_sizes`); otherwise the sizes are exchanged
 once per step, not once per gather.
@@ -562,6 +565,25 @@ def noise_contrastive(
     return total / count.clamp_min(1), count > 0
 
 
+class DeferredCheck(NamedTuple):
+    """An objective's own input check, computed on the device and read back with the loss
+    statistics (:func:`fused_global_means`) instead of in a read of its own.
+
+    ``values``: a few numbers on the device (read as floats: keep them exact there, e.g.
+    0/1 flags). ``raise_failed(values)``: given them read back, raise the check's error if
+    it failed (it may read the inputs again to word the message: the failure path only).
+    Until then the objective must not let a failing input do harm (e.g. clamp labels it
+    indexes with: an out-of-range index is a device-side assert on CUDA).
+    """
+
+    values: Tensor
+    raise_failed: Callable[[Sequence[float]], None]
+
+    def apply(self) -> None:
+        """Read the values now (one device read) and raise if the check failed."""
+        self.raise_failed(self.values.reshape(-1).tolist())
+
+
 class Objective(nn.Module):
     """Base of all objectives: ``objective(batch) -> (loss, metrics)``.
 
@@ -605,18 +627,20 @@ GlobalMean = tuple[Tensor, float, int, int]  # (share, value, count, total): glo
 
 
 def fused_global_means(terms: Sequence[tuple[Tensor, Tensor]],
-                       batch: ContrastiveBatch | None = None) -> list[GlobalMean]:
+                       batch: ContrastiveBatch | None = None,
+                       checks: Sequence[DeferredCheck | None] = ()) -> list[GlobalMean]:
     """:func:`components.distributed.global_mean` of each ``(per_anchor [A_k], valid [A_k])``
     term, with one all-reduce and **one** device-to-host read for all of them.
 
     That read also carries ``batch``'s pending input checks (:meth:`ContrastiveBatch.
-    take_checks`; this rank's own, not reduced), which are raised after it. The values are
-    global_mean's: the statistics are summed in the terms' common dtype (read alongside the
-    checks in float64, an exact widening).
+    take_checks`) and the objective's ``checks`` (None entries skipped), this rank's own,
+    not reduced; they are raised after it, the batch's first, then ``checks`` in order. The
+    values are global_mean's: the statistics are summed in the terms' common dtype (read
+    alongside the checks in float64, an exact widening).
 
     Raises:
-        ValueError / NonFiniteError: ``batch``'s checks failed (every rank has taken part in
-            the all-reduce by then).
+        ValueError / NonFiniteError: ``batch``'s checks or one of ``checks`` failed (every
+            rank has taken part in the all-reduce by then).
     """
     dtype = functools.reduce(torch.promote_types, [p.dtype for p, _ in terms])
     local_sums, stats = [], []
@@ -627,12 +651,23 @@ def fused_global_means(terms: Sequence[tuple[Tensor, Tensor]],
         stats += [local_sum.detach().to(dtype), valid.sum().to(dtype),
                   torch.full((), valid.numel(), dtype=dtype, device=valid.device)]
     reduced = distributed.all_reduce_sum(torch.stack(stats))  # [3·T]: sum, count, total
-    checks = batch.take_checks() if batch is not None else None
-    read = reduced if checks is None else torch.cat([reduced.to(checks.values.dtype),
-                                                     checks.values])
+    pending = batch.take_checks() if batch is not None else None
+    own = [c for c in checks if c is not None]
+    parts = ([] if pending is None else [pending.values]) + [c.values.reshape(-1) for c in own]
+    if parts:
+        wide = torch.float32 if reduced.device.type == "mps" else torch.float64  # no f64 there
+        read = torch.cat([reduced.to(wide), *(p.to(device=reduced.device, dtype=wide)
+                                              for p in parts)])
+    else:
+        read = reduced
     values = read.tolist()  # the one device-to-host copy
-    if checks is not None and batch is not None:
-        batch.raise_failed(checks, values[len(stats):])
+    at = len(stats)
+    if pending is not None and batch is not None:
+        batch.raise_failed(pending, values[at : at + pending.values.numel()])
+        at += pending.values.numel()
+    for check in own:
+        check.raise_failed(values[at : at + check.values.numel()])
+        at += check.values.numel()
     out: list[GlobalMean] = []
     for k, local_sum in enumerate(local_sums):
         loss_sum, count_f, total_f = values[3 * k : 3 * k + 3]
@@ -646,9 +681,11 @@ def fused_global_means(terms: Sequence[tuple[Tensor, Tensor]],
 
 
 def reduce(per_anchor: Tensor, valid: Tensor, batch: ContrastiveBatch | None = None,
-           means: Mapping[str, Tensor] | None = None, **extra: float) -> tuple[Tensor, Metrics]:
+           means: Mapping[str, Tensor] | None = None,
+           checks: Sequence[DeferredCheck | None] = (), **extra: float) -> tuple[Tensor, Metrics]:
     """Global mean over valid anchors plus the standard metrics, in one device read
-    (:func:`fused_global_means`, which also applies ``batch``'s pending checks).
+    (:func:`fused_global_means`, which also applies ``batch``'s pending checks and
+    ``checks``).
 
     ``means``: per-anchor values ([A] each, no gradient) logged as their mean over every
     rank's anchors; ``extra``: plain metrics added as given.
@@ -656,7 +693,7 @@ def reduce(per_anchor: Tensor, valid: Tensor, batch: ContrastiveBatch | None = N
     means = dict(means or {})
     terms = [(per_anchor, valid)] + [(v, torch.ones_like(v, dtype=torch.bool))
                                      for v in means.values()]
-    (share, value, count, total), *averaged = fused_global_means(terms, batch)
+    (share, value, count, total), *averaged = fused_global_means(terms, batch, checks)
     metrics = {
         "loss": value,
         "anchors": float(total),
@@ -702,6 +739,7 @@ class BatchContrastive(Objective):
     def compute(self, batch: ContrastiveBatch) -> tuple[Tensor, Metrics]:
         sizes = batch.sizes_per_rank()  # every rank's B: one exchange at most, for all gathers
         pairs = pair_up(batch, self.bank, sizes)
+        checks = self.deferred_checks(pairs)  # read with the loss statistics
         names: list[str] = []
 
         def rows(start: int, stop: int, anchors: Tensor,
@@ -715,8 +753,9 @@ class BatchContrastive(Objective):
             chunk_rows(pairs.anchors.shape[0], pairs.candidates.shape[0],
                        self.logit_budget_bytes))
         # Extras are per-anchor values: their mean over every rank's anchors, in the same
-        # read as the loss (and the batch's deferred checks).
-        out = reduce(per_anchor, valid, batch, means=dict(zip(names, extra, strict=True)))
+        # read as the loss (and the batch's deferred checks, and the subclass's own).
+        out = reduce(per_anchor, valid, batch, means=dict(zip(names, extra, strict=True)),
+                     checks=checks)
         if self.bank is not None:
             out[1]["bank_fill"] = len(self.bank) / self.bank.size
             self._enqueue(batch, sizes)
@@ -727,6 +766,13 @@ class BatchContrastive(Objective):
         their mean over all ranks' anchors). Must be row-wise (anchor i's values from row i
         alone): :meth:`compute` may call it on row chunks of ``pairs``."""
         raise NotImplementedError
+
+    def deferred_checks(self, pairs: Pairs) -> list[DeferredCheck]:
+        """Input checks of the subclass over all of ``pairs`` (e.g. labels inside its class
+        graph), computed on the device and raised after the loss statistics' one read,
+        before the bank is written; :meth:`per_anchor` must stay harmless (no out-of-bounds
+        index) on inputs that fail them. None by default."""
+        return []
 
     @torch.no_grad()
     def _enqueue(self, batch: ContrastiveBatch, sizes: Sequence[int]) -> None:

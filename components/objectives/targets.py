@@ -9,10 +9,12 @@ graph, …) is one more function here returning such a matrix.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
-from components.objectives.core import Pairs, PositivePairs, at_least_fp32
+from components.objectives.core import DeferredCheck, Pairs, PositivePairs, at_least_fp32
 
 
 def _equal_key_pairs(anchor_keys: Tensor, candidate_keys: Tensor,
@@ -62,23 +64,59 @@ def label_graph(pairs: Pairs) -> Tensor:
     return label_pairs(pairs).dense(pairs.anchors.shape[0], pairs.candidates.shape[0])
 
 
-def class_similarity_graph(pairs: Pairs, class_similarity: Tensor) -> Tensor:
-    """[A, M] float: ``G_ij = S[y_i, y_j]`` from a [C, C] class-similarity matrix (xclr.txt A.12).
+def class_label_check(pairs: Pairs, num_classes: int) -> DeferredCheck | None:
+    """The class-similarity graph's label check, on the device: one flag per side (anchors,
+    candidates) set when a label lies outside ``[0, C)``; nothing is read here. An objective
+    reads it with its loss statistics (:func:`components.objectives.core.fused_global_means`)
+    and builds the graph with ``check=False``; None when there are no labels to check.
 
     Raises:
-        ValueError: a label outside ``[0, C)`` or an unlabelled candidate.
+        ValueError: (now) anchors or candidates without labels; (``raise_failed``) a label
+            outside ``[0, C)``, as :func:`class_similarity_graph`.
+    """
+    if pairs.anchor_labels is None or pairs.candidate_labels is None:
+        raise ValueError("the class-similarity graph needs labels for anchors and candidates")
+    sides = [(name, labels) for name, labels in (("anchor", pairs.anchor_labels),
+                                                 ("candidate", pairs.candidate_labels))
+             if labels.numel()]
+    if not sides:
+        return None
+
+    def raise_failed(flags: Sequence[float]) -> None:
+        for (name, labels), flag in zip(sides, flags, strict=True):
+            if flag:  # the failure path: read the span for the message
+                lo, hi = (int(x) for x in torch.stack(torch.aminmax(labels)).tolist())
+                raise ValueError(
+                    f"{name} labels span [{lo}, {hi}] but the class similarity matrix is "
+                    f"{num_classes}×{num_classes}: labels must lie in [0, {num_classes})"
+                )
+
+    flags = []
+    for _, labels in sides:
+        lo, hi = torch.aminmax(labels)
+        flags.append((lo < 0) | (hi >= num_classes))
+    return DeferredCheck(torch.stack(flags), raise_failed)
+
+
+def class_similarity_graph(pairs: Pairs, class_similarity: Tensor, check: bool = True) -> Tensor:
+    """[A, M] float: ``G_ij = S[y_i, y_j]`` from a [C, C] class-similarity matrix (xclr.txt A.12).
+
+    ``check=False``: the caller reads :func:`class_label_check` itself (with its loss
+    statistics); labels outside ``[0, C)`` are then clamped into it here (so they index in
+    bounds until that check raises). Labels inside are used as they are.
+
+    Raises:
+        ValueError: (``check=True``: one device read) a label outside ``[0, C)`` or an
+            unlabelled candidate; anchors or candidates without labels.
     """
     if pairs.anchor_labels is None or pairs.candidate_labels is None:
         raise ValueError("the class-similarity graph needs labels for anchors and candidates")
     c = class_similarity.shape[0]
-    for name, labels in (("anchor", pairs.anchor_labels), ("candidate", pairs.candidate_labels)):
-        if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= c):
-            raise ValueError(
-                f"{name} labels span [{int(labels.min())}, {int(labels.max())}] but the class "
-                f"similarity matrix is {c}×{c}: labels must lie in [0, {c})"
-            )
+    if check and (deferred := class_label_check(pairs, c)) is not None:
+        deferred.apply()
     sim = class_similarity.to(pairs.anchors.device, pairs.anchors.dtype)
-    return sim[pairs.anchor_labels][:, pairs.candidate_labels]
+    # clamp: the identity on valid labels; an out-of-range index is a device assert on CUDA
+    return sim[pairs.anchor_labels.clamp(0, c - 1)][:, pairs.candidate_labels.clamp(0, c - 1)]
 
 
 def caption_similarity_graph(pairs: Pairs) -> Tensor:

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from components.objectives.core import (
     BatchContrastive,
+    DeferredCheck,
     Pairs,
     at_least_fp32,
     check_positive,
@@ -39,6 +40,7 @@ from components.objectives.core import (
 )
 from components.objectives.targets import (
     caption_similarity_graph,
+    class_label_check,
     class_similarity_graph,
     soft_targets,
 )
@@ -78,9 +80,17 @@ class XCLR(BatchContrastive):
         elif bank_size and caption_dim < 1:
             raise ValueError("X-CLR graph='caption' with a bank needs caption_dim >= 1")
 
+    def deferred_checks(self, pairs: Pairs) -> list[DeferredCheck]:
+        """The class graph's labels lie in [0, C): read with the loss statistics."""
+        if self.graph != "class":
+            return []
+        check = class_label_check(pairs, self.class_similarity.shape[0])
+        return [] if check is None else [check]
+
     def per_anchor(self, pairs: Pairs) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         if self.graph == "class":
-            similarity = class_similarity_graph(pairs, self.class_similarity)
+            # checked in deferred_checks (compute's one read); clamped until then
+            similarity = class_similarity_graph(pairs, self.class_similarity, check=False)
         else:
             similarity = caption_similarity_graph(pairs)
         targets = soft_targets(similarity, pairs, self.tau_s)
