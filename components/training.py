@@ -220,10 +220,10 @@ def train_step(
     would make the host wait for the device each step; :class:`StepState` sums it on the
     device).
 
-    Host reads: the objective's one read of its loss statistics, which also carries the
-    batch's input checks (:func:`components.objectives.core.hot_path`); losses whose own code
-    reads more are listed in tests/test_sync_audit.py; ``amp='fp16'`` adds the gradient
-    scaler's read of its inf/NaN flag in ``scaler.step``. ``equal_batches``: every rank's batch
+    Host reads: one per step, for every loss — the objective's read of its loss statistics,
+    which also carries the batch's input checks and the loss's own label checks
+    (:func:`components.objectives.core.hot_path`; budgets in tests/test_sync_audit.py);
+    ``amp='fp16'`` adds the gradient scaler's read of its inf/NaN flag in ``scaler.step``. ``equal_batches``: every rank's batch
     has the same size, as the training loader's ``drop_last`` guarantees
     (:mod:`components.data.reader`), so the gathers exchange no sizes; pass False for
     batches that may differ between ranks.
