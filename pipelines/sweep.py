@@ -201,7 +201,7 @@ def _base_epochs(sweep: Any) -> int:
 def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
         echo: bool = True) -> list[dict[str, Any]]:
     """Run (or resume) a sweep; returns one row per trial (see :func:`trial_rows`)."""
-    from components.search_space import load_sweep
+    from components.search_space import load_sweep, sweep_identity
     from components.session import ray_session
     from components.storage import display, join
 
@@ -210,8 +210,13 @@ def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
     # and ends between two snapshots is unknown to a resumed sweep, which re-suggests its
     # parameters under a new id and trains them again. One-worker trials can take seconds.
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "1")
+    identity = sweep_identity(sweep_path, sweep, overrides)
+    if resume:
+        check_resume(sweep, identity)
     with ray_session(None):
         tuner = make_tuner(sweep, sweep_path, overrides, resume)
+        if not resume:  # the sweep dir is new (make_tuner refused an old one)
+            record_start(sweep, identity)
         prefetch_plotting()
         results = tuner.fit()
     rows = trial_rows(results, sweep)
@@ -226,6 +231,46 @@ def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
                   f"{display(join(sweep_dir(sweep), 'best.yaml'))}")
         print(f"sweep dir: {display(sweep_dir(sweep))} (trials.md, plots: *.png)")
     return rows
+
+
+def record_start(sweep: Any, identity: dict[str, Any]) -> None:
+    """Write :data:`~components.search_space.SWEEP_RECORD` into the new sweep dir."""
+    import json
+
+    from components import storage
+    from components.search_space import SWEEP_RECORD
+
+    path = sweep_dir(sweep)
+    storage.makedirs(path)
+    storage.write_text(storage.join(path, SWEEP_RECORD), json.dumps(identity, indent=1))
+
+
+def check_resume(sweep: Any, identity: dict[str, Any]) -> None:
+    """Refuse ``--resume`` when the sweep file, its base config or the command-line overrides
+    changed since the sweep started: Tune would restore the old searcher's trials while new
+    trials are built from the new files — two experiments in one sweep.
+
+    Raises:
+        SweepError: naming what changed and the two ways out.
+    """
+    import json
+
+    from components import console, storage
+    from components.search_space import SWEEP_RECORD, identity_changes
+
+    path = storage.join(sweep_dir(sweep), SWEEP_RECORD)
+    if not storage.exists(path):
+        if storage.exists(sweep_dir(sweep)):
+            console.say(f"[simgraph] warning: {storage.display(sweep_dir(sweep))} has no "
+                        f"{SWEEP_RECORD} (a sweep from an older simgraph): its files cannot be "
+                        "checked against the ones given now")
+        return
+    changed = identity_changes(json.loads(storage.read_text(path)), identity)
+    if changed:
+        raise SweepError(
+            f"--resume: {'; '.join(changed)} changed since sweep {sweep.name!r} started; "
+            "resuming would mix two experiments. Restore those files (and overrides), or "
+            "start a new sweep with name=<another name>")
 
 
 def trial_rows(results: Any, sweep: Any) -> list[dict[str, Any]]:

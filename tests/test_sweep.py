@@ -76,6 +76,22 @@ def test_sweep_killed_after_two_trials_resumes_the_rest(tmp_path: Path) -> None:
     first = {d.name: (d / "workers" / "rank0.json").read_text() for d in _done(trials)}
     assert len(first) in (2, 3)
 
+    # An edit between the kill and the resume is refused before anything runs: Tune would
+    # restore the old searcher's trials and build new ones from the edited files.
+    base_text = (tmp_path / "base.yaml").read_text()
+    edited = yaml.safe_load(base_text)
+    edited["train"]["epochs"] = 3
+    (tmp_path / "base.yaml").write_text("# edited\n" + yaml.safe_dump(edited))
+    before = sorted(p.name for p in (tmp_path / "sweeps" / "s").rglob("*"))
+    out = subprocess.run([sys.executable, "-m", "pipelines.cli", "sweep", str(space), "--resume"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and out.stderr.strip().endswith(
+        f"--resume: base config {tmp_path / 'base.yaml'}: train.epochs changed since sweep 's' "
+        "started; resuming would mix two experiments. Restore those files (and overrides), or "
+        "start a new sweep with name=<another name>"), out.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "sweeps" / "s").rglob("*")) == before
+    (tmp_path / "base.yaml").write_text("# comments and layout do not count\n" + base_text)
+
     out = subprocess.run([sys.executable, "-m", "pipelines.cli", "sweep", str(space), "--resume"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
