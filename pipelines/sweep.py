@@ -213,6 +213,7 @@ def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
     identity = sweep_identity(sweep_path, sweep, overrides)
     if resume:
         check_resume(sweep, identity)
+    check_study_storage(sweep)
     with ray_session(None):
         tuner = make_tuner(sweep, sweep_path, overrides, resume)
         if not resume:  # the sweep dir is new (make_tuner refused an old one)
@@ -555,12 +556,11 @@ def _study(sweep: Any, rows: Sequence[dict[str, Any]], storage: Any = None) -> A
 
     dists = optuna_distributions(sweep)
     direction: Literal["maximize", "minimize"] = "maximize" if sweep.mode == "max" else "minimize"
-    if storage is not None:
-        try:
-            optuna.delete_study(study_name=sweep.name, storage=storage)
-        except KeyError:
-            pass
+    if storage is not None and study_owner(storage, sweep.name) == _owner(sweep):
+        optuna.delete_study(study_name=sweep.name, storage=storage)  # ours: written again
     study = optuna.create_study(study_name=sweep.name, storage=storage, direction=direction)
+    if storage is not None:
+        study.set_user_attr(STUDY_OWNER, _owner(sweep))
     for r in rows:
         params = {k: v for k, v in r["params"].items() if k in dists}
         value = r[f"best_{sweep.metric}"]
@@ -589,18 +589,64 @@ def param_importances(sweep: Any, rows: Sequence[dict[str, Any]],
         return {}
 
 
-def export_study(sweep: Any, rows: Sequence[dict[str, Any]]) -> None:
-    """Write the trials to ``study_storage`` (``sqlite:///…`` or ``journal:<file>``) so the
-    study opens in Optuna's API and dashboard."""
+STUDY_OWNER = "simgraph_sweep_dir"  # user attr: the sweep dir whose trials the study holds
+
+
+def _owner(sweep: Any) -> str:
+    from components.storage import display
+
+    return display(sweep_dir(sweep))
+
+
+def study_owner(storage: Any, name: str) -> str | None:
+    """The sweep dir that wrote study ``name`` in ``storage``; ``""`` for a study simgraph did
+    not write, ``None`` when there is none."""
     import optuna
 
-    spec = sweep.study_storage
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        return None
+    return str(study.user_attrs.get(STUDY_OWNER, ""))
+
+
+def _study_storage(spec: str) -> Any:
+    import optuna
+
     if spec.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend
 
-        storage: Any = optuna.storages.JournalStorage(JournalFileBackend(spec[len("journal:"):]))
-    else:
-        storage = optuna.storages.RDBStorage(spec)
+        return optuna.storages.JournalStorage(JournalFileBackend(spec[len("journal:"):]))
+    return optuna.storages.RDBStorage(spec)
+
+
+def check_study_storage(sweep: Any) -> None:
+    """Before a sweep starts: ``study_storage`` must not hold a study of this name that
+    another sweep (or a person) wrote — exporting would replace it.
+
+    Raises:
+        SweepError: naming the storage, the study and the ways out.
+    """
+    if not sweep.study_storage:
+        return
+    with _optuna_console():
+        owner = study_owner(_study_storage(sweep.study_storage), sweep.name)
+    if owner not in (None, _owner(sweep)):
+        who = f"sweep {owner}" if owner else "someone else (not a simgraph sweep)"
+        raise SweepError(
+            f"study_storage={sweep.study_storage!r} already holds a study named {sweep.name!r} "
+            f"written by {who}; exporting this sweep would replace it. Set study_storage to "
+            "another file, or name= another sweep")
+
+
+def export_study(sweep: Any, rows: Sequence[dict[str, Any]]) -> None:
+    """Write the trials to ``study_storage`` (``sqlite:///…`` or ``journal:<file>``) so the
+    study opens in Optuna's API and dashboard."""
+    storage = _study_storage(sweep.study_storage)
+    if study_owner(storage, sweep.name) not in (None, _owner(sweep)):  # appeared meanwhile
+        raise SweepError(f"study_storage={sweep.study_storage!r} now holds another study named "
+                         f"{sweep.name!r}; not replaced — the results are in "
+                         f"{_owner(sweep)} (trials.csv)")
     _study(sweep, rows, storage)
 
 

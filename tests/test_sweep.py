@@ -227,3 +227,32 @@ def test_every_shipped_search_space_validates() -> None:
     for path in sorted((ROOT / "search_spaces").rglob("*.yaml")):
         sweep = load_sweep(path)
         assert sweep.num_samples >= 1, path
+
+
+def test_study_export_never_replaces_a_study_it_did_not_write(tmp_path: Path) -> None:
+    import optuna
+
+    from components.search_space import load_sweep
+    from pipelines.sweep import SweepError, check_study_storage, export_study, study_owner
+
+    sweep = load_sweep(_space(tmp_path))
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    rows = [{"trial": "t1", "params": {"loss.name": "simclr", "optim.lr": 0.1},
+             "best_knn_top1": 0.5}]
+    check_study_storage(sweep)  # nothing there yet
+    export_study(sweep, rows)
+    export_study(sweep, rows)  # its own study: written again, not doubled
+    assert len(optuna.load_study(study_name="s", storage=url).trials) == 1
+    check_study_storage(sweep)
+
+    optuna.delete_study(study_name="s", storage=url)
+    hand = optuna.create_study(study_name="s", storage=url)
+    hand.enqueue_trial({"x": 1})
+    with pytest.raises(SweepError, match=r"already holds a study named 's' written by someone "
+                                         r"else \(not a simgraph sweep\); exporting this sweep "
+                                         r"would replace it"):
+        check_study_storage(sweep)
+    with pytest.raises(SweepError, match="not replaced"):
+        export_study(sweep, rows)
+    assert study_owner(optuna.storages.RDBStorage(url), "s") == ""
+    assert len(optuna.load_study(study_name="s", storage=url).trials) == 1  # the hand-made one
