@@ -35,6 +35,12 @@ class CheckpointError(SimgraphError, RuntimeError):
     """A checkpoint is incomplete, corrupted or from another format."""
 
 
+class CheckpointUnreadable(CheckpointError):
+    """A checkpoint could not be *checked* (an I/O or storage error, possibly transient): not
+    evidence that it is incomplete, so never a reason to resume from an older one or from
+    scratch."""
+
+
 def save_state(directory: str | Path, state: dict[str, Any]) -> Path:
     """Write ``state`` into ``directory`` (created) atomically; returns the directory."""
     d = Path(directory)
@@ -65,21 +71,36 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{d} is not a complete checkpoint: no {META} (its write was interrupted)"
         ) from None
-    except (OSError, ValueError) as e:
+    except ValueError as e:
         raise CheckpointError(f"{d / META} is unreadable: {e}") from None
+    except OSError as e:
+        raise CheckpointUnreadable(f"cannot read {d / META}: {e}") from None
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{d} has format {meta.get('format')!r}, expected {FORMAT!r}")
     return dict(meta)
 
 
 def is_complete(directory: str | Path) -> bool:
-    """Whether ``directory`` holds a checkpoint whose ``state.pt`` matches its ``meta.json``."""
+    """Whether ``directory`` holds a checkpoint whose ``state.pt`` matches its ``meta.json``.
+
+    Raises:
+        CheckpointUnreadable: it could not be checked (an I/O error other than a missing
+            file): the caller must not take it for incomplete.
+    """
     try:
         meta = read_meta(directory)
-        f = Path(directory) / STATE
-        return f.stat().st_size == meta["bytes"] and sha256_file(f) == meta["sha256"]
-    except (CheckpointError, OSError, KeyError):
+    except CheckpointUnreadable:
+        raise
+    except CheckpointError:
         return False
+    f = Path(directory) / STATE
+    try:
+        return bool(f.stat().st_size == meta.get("bytes")
+                    and sha256_file(f) == meta.get("sha256"))
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise CheckpointUnreadable(f"cannot check {f}: {e}") from None
 
 
 def load_state(directory: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -109,7 +130,11 @@ def load_state(directory: str | Path, map_location: str | torch.device = "cpu") 
 def is_complete_at(path: str | Path) -> bool:
     """:func:`is_complete` for a local dir or a URI (``s3://…``). For a URI the check is
     ``meta.json`` readable and ``state.pt`` of the recorded size; the sha256 is verified when
-    :func:`local_copy` + :func:`load_state` read it."""
+    :func:`local_copy` + :func:`load_state` read it.
+
+    Raises:
+        CheckpointUnreadable: the storage could not be asked (see :func:`is_complete`).
+    """
     from components import storage
 
     if not storage.is_uri(str(path)):
@@ -119,8 +144,10 @@ def is_complete_at(path: str | Path) -> bool:
         fs, fs_path = storage.resolve(storage.join(str(path), STATE))
         return bool(meta.get("format") == FORMAT and fs.get_file_info(fs_path).size
                     == meta["bytes"])
-    except (storage.StorageError, ValueError, KeyError, OSError):
-        return False
+    except (storage.StorageNotFoundError, ValueError, KeyError):
+        return False  # no meta.json, or not ours: an interrupted upload
+    except (storage.StorageError, OSError) as e:
+        raise CheckpointUnreadable(f"cannot check {storage.display(str(path))}: {e}") from None
 
 
 @contextlib.contextmanager

@@ -162,7 +162,13 @@ class TuneTrial:
 
     def report(self, row: dict[str, Any], checkpoint: str | None, name: str | None) -> None:
         if checkpoint is not None and name is not None:
-            publish_checkpoint(checkpoint, self.run_dir, name)
+            from components.checkpoint import CheckpointError, is_complete_at
+
+            dest = publish_checkpoint(checkpoint, self.run_dir, name)
+            # The older ones go only once the new one is there, whole, and on disk.
+            if not is_complete_at(dest):
+                raise CheckpointError(f"{dest} did not verify after it was written; the "
+                                      "older checkpoints are kept")
             prune_checkpoints(self.run_dir, self.keep)
         self.send(metric_first(row, self.metric))
 
@@ -195,9 +201,21 @@ def publish_checkpoint(local_dir: str | Path, run_dir: str, name: str) -> str:
     tmp = Path(run_dir) / f".{name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(local_dir, tmp)
+    for f in [*tmp.iterdir(), tmp]:  # on disk before the rename makes it the newest
+        _fsync(f)
     shutil.rmtree(dest, ignore_errors=True)  # a redone epoch (resumed mid-way) replaces it
     os.replace(tmp, dest)
+    _fsync(Path(run_dir))  # the rename itself
     return dest
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file or a directory's entries to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def prune_checkpoints(run_dir: str, keep: int | None) -> list[str]:

@@ -223,10 +223,10 @@ def train_step(
     Host reads: one per step, for every loss — the objective's read of its loss statistics,
     which also carries the batch's input checks and the loss's own label checks
     (:func:`components.objectives.core.hot_path`; budgets in tests/test_sync_audit.py);
-    ``amp='fp16'`` adds the gradient scaler's read of its inf/NaN flag in ``scaler.step``. ``equal_batches``: every rank's batch
-    has the same size, as the training loader's ``drop_last`` guarantees
-    (:mod:`components.data.reader`), so the gathers exchange no sizes; pass False for
-    batches that may differ between ranks.
+    ``amp='fp16'`` adds the gradient scaler's read of its inf/NaN flag in ``scaler.step``.
+    ``equal_batches``: every rank's batch has the same size, as the training loader's
+    ``drop_last`` guarantees (:mod:`components.data.reader`), so the gathers exchange no
+    sizes; pass False for batches that may differ between ranks.
 
     Raises:
         NonFiniteLossError: the global loss is NaN/inf (``where`` says which epoch/step);

@@ -164,3 +164,44 @@ def test_train_worker_resumes_from_the_run_dir_when_rays_snapshot_is_lost(
         assert d is not None and load_state(d)["epoch"] == 2
     assert capsys.readouterr().out.count("resuming from the run dir") == 1
     assert TrainWorker(None).run_dir is None
+
+
+def test_a_checkpoint_that_cannot_be_checked_is_not_taken_for_incomplete(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transient I/O error while checking must not restart a trial from scratch (or from
+    an older checkpoint): it is an error, not an incomplete checkpoint."""
+    import errno
+
+    from components import checkpoint
+    from components.checkpoint import CheckpointUnreadable
+
+    save_state(tmp_path / "epoch_00001", {"epoch": 1, "step": 4})
+
+    def flaky(path: Any, *a: Any, **k: Any) -> str:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(checkpoint, "sha256_file", flaky)
+    with pytest.raises(CheckpointUnreadable, match="cannot check .*state.pt: .*Input/output"):
+        latest_complete(tmp_path)
+    monkeypatch.undo()
+    assert latest_complete(tmp_path) == (1, str(tmp_path / "epoch_00001"))
+
+
+def test_older_checkpoints_are_pruned_only_after_the_new_one_verifies(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from components import checkpoint
+    from components.checkpoint import CheckpointError
+
+    for epoch in (1, 2):
+        save_state(tmp_path / f"epoch_{epoch:05d}", {"epoch": epoch, "step": 4 * epoch})
+    new = save_state(tmp_path / "staged", {"epoch": 3, "step": 12})
+    host = RecordingTrial(str(tmp_path), keep=1)
+    monkeypatch.setattr(checkpoint, "is_complete_at", lambda p: False)  # e.g. a bad copy
+    with pytest.raises(CheckpointError, match="did not verify .*older checkpoints are kept"):
+        host.report({"epoch": 3, "knn_top1": 0.5}, str(new), "epoch_00003")
+    assert sorted(p.name for p in tmp_path.glob("epoch_*")) == ["epoch_00001", "epoch_00002",
+                                                                "epoch_00003"]
+    assert host.sent == []
+    monkeypatch.undo()
+    host.report({"epoch": 3, "knn_top1": 0.5}, str(new), "epoch_00003")
+    assert sorted(p.name for p in tmp_path.glob("epoch_*")) == ["epoch_00003"]
