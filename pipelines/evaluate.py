@@ -34,6 +34,16 @@ import numpy as np
 
 from components.config import PretrainConfig, from_dict
 from components.errors import SimgraphError, run_command
+from components.evaluation.intervals import (
+    CONFIDENCE,
+    RESAMPLES,
+    Interval,
+    fmt,
+    margin_interval,
+    mean_interval,
+    paired_margin_difference,
+    paired_mean_difference,
+)
 from components.files import write_text
 
 KS = (1, 5, 10, 20, 50, 100, 200)
@@ -64,6 +74,20 @@ class RunEval:
     classes: list[str]
     feature: str
     label_set: str | None = None  # a label-map file (``--labels``); None = the dataset's
+    # Per query image, in the query split's order (what intervals and paired differences
+    # resample): kNN top-1 hits per k, the probe's top-1 hits, and the query labels.
+    knn_hits: dict[int, np.ndarray] = dataclasses.field(default_factory=dict)
+    probe_hits: np.ndarray | None = None
+    query_labels: np.ndarray | None = None
+
+    def intervals(self) -> dict[str, Interval]:
+        """95 % bootstrap intervals over the query images: ``knn@k`` (top-1), ``probe``
+        (top-1) and ``margin`` (SINCERE's median margin)."""
+        out = {f"knn@{k}": mean_interval(h) for k, h in sorted(self.knn_hits.items())}
+        if self.probe_hits is not None:
+            out["probe"] = mean_interval(self.probe_hits)
+        out["margin"] = margin_interval(self.target_sims, self.noise_sims)
+        return out
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -71,7 +95,27 @@ class RunEval:
             "feature": self.feature, "labels": self.label_set or "dataset classes",
             "knn": {str(k): v for k, v in self.knn.items()},
             "probe": self.probe, "separation": self.separation, "graph": self.graph,
+            "intervals": {k: iv.as_dict() for k, iv in self.intervals().items()},
+            "interval_method": f"{int(100 * CONFIDENCE)} % percentile bootstrap over the "
+                               f"{0 if self.query_labels is None else len(self.query_labels)} "
+                               f"query images ({RESAMPLES} resamples)",
         }
+
+
+def paired_differences(a: RunEval, b: RunEval) -> dict[str, Interval] | None:
+    """``a`` minus ``b`` for every interval metric both have, paired over the query images
+    (``None`` when they were not scored on the same images: other data or label sets)."""
+    if (a.query_labels is None or b.query_labels is None
+            or not np.array_equal(a.query_labels, b.query_labels)
+            or a.label_set != b.label_set):
+        return None
+    out = {f"knn@{k}": paired_mean_difference(a.knn_hits[k], b.knn_hits[k])
+           for k in sorted(set(a.knn_hits) & set(b.knn_hits))}
+    if a.probe_hits is not None and b.probe_hits is not None:
+        out["probe"] = paired_mean_difference(a.probe_hits, b.probe_hits)
+    out["margin"] = paired_margin_difference((a.target_sims, a.noise_sims),
+                                             (b.target_sims, b.noise_sims))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,7 +220,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
         graph_metrics,
         target_noise_separation,
     )
-    from components.evaluation.knn import knn_accuracy, weighted_knn_predict
+    from components.evaluation.knn import knn_accuracy, knn_hits, weighted_knn_predict
     from components.evaluation.labels import LabelMapError, load_label_map
     from components.evaluation.probe import linear_probe
     from components.storage import basename
@@ -214,10 +258,11 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
     c = len(classes)
     ks = [k for k in KS if k <= len(bank_f)]
     scores = weighted_knn_predict(bank_f, bank_y, query_f, ks, c, temperature=0.07)
-    knn = {}
+    knn, hits = {}, {}
     for k in ks:
         acc = knn_accuracy(scores[k], query_y.to(scores[k].device), topk=(1, 5))
         knn[k] = {"top1": acc[1], "top5": acc[5]}
+        hits[k] = knn_hits(scores[k], query_y, 1).cpu().numpy()
     pr = linear_probe(bank_f, bank_y, query_f, query_y, c, epochs=probe_epochs, device=dev)
     sep = target_noise_separation(bank_f, bank_y, query_f, query_y)
     graph = graph_metrics(query_f, query_y, k=min(10, len(query_f) - 1))
@@ -234,6 +279,8 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
         target_sims=sep.target_sims.numpy(), noise_sims=sep.noise_sims.numpy(),
         classes=classes, feature="projector" if projector else "backbone",
         label_set=None if labels is None else str(labels),
+        knn_hits=hits, probe_hits=None if pr.hits1 is None else pr.hits1.numpy(),
+        query_labels=query_y.cpu().numpy(),
     )
 
 
@@ -329,6 +376,53 @@ def comparison_table(evals: Sequence[RunEval]) -> str:
     return "\n".join(lines)
 
 
+def headline_k(evals: Sequence[RunEval]) -> int | None:
+    """The k the interval tables show: 20 (the parity benches' kNN@20), else the largest k
+    every run has below it, else the smallest."""
+    common = sorted(set.intersection(*(set(e.knn_hits) for e in evals))) if evals else []
+    if not common:
+        return None
+    below = [k for k in common if k <= 20]
+    return below[-1] if below else common[0]
+
+
+def interval_table(evals: Sequence[RunEval]) -> str:
+    """kNN, probe and margin with their 95 % intervals, one row per run; with several runs
+    scored on the same images, each run's paired difference to the first (``*``: the
+    interval excludes 0)."""
+    k = headline_k(evals)
+    knn_key = f"knn@{k}"
+    head = ["run", f"kNN@{k} top-1 %", "probe top-1 %", "margin"]
+    diffs = [paired_differences(e, evals[0]) for e in evals[1:]]
+    paired = len(evals) > 1
+    if paired:
+        head += [f"Δ kNN@{k} vs {evals[0].name}", "Δ probe", "Δ margin"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for i, e in enumerate(evals):
+        iv = e.intervals()
+        cells = [e.name, fmt(iv.get(knn_key)), fmt(iv.get("probe")),
+                 fmt(iv["margin"], scale=1.0, digits=3)]
+        if paired:
+            d = None if i == 0 else diffs[i - 1]
+            if d is None:
+                cells += ["—" if i == 0 else "not the same images"] + ["—"] * 2
+            else:
+                cells += [_diff(d.get(knn_key)), _diff(d.get("probe")),
+                          _diff(d["margin"], scale=1.0, digits=3)]
+        lines.append("| " + " | ".join(cells) + " |")
+    n = 0 if evals[0].query_labels is None else len(evals[0].query_labels)
+    note = (f"95 % percentile bootstrap over the {n} query images ({RESAMPLES} resamples)"
+            + ("; differences are paired (the same images), `*` where the interval excludes 0"
+               if paired else ""))
+    return "\n".join(lines) + f"\n\n{note}."
+
+
+def _diff(iv: Interval | None, scale: float = 100.0, digits: int = 1) -> str:
+    if iv is None:
+        return "—"
+    return fmt(iv, scale, digits) + (" *" if iv.excludes_zero() else "")
+
+
 def eval_dir_name(label_set: str | None) -> str:
     """``eval``, or ``eval-<label map stem>`` for a report against another label set
     (``eval-depth1`` for ``--labels depth:1``)."""
@@ -362,6 +456,8 @@ epoch {e.epoch}; {e.feature} features of one centre view per image; labels:
 {labels}.
 
 {comparison_table([e])}
+
+{interval_table([e])}
 
 ## Weighted kNN (Wu et al. 2018; votes exp(cos / 0.07))
 
@@ -414,9 +510,16 @@ def _write_comparison(evals: Sequence[RunEval], out: Path) -> None:
             "kNN@k and probe: top-1 %; margin: SINCERE median target − noise similarity; "
             "overlap: % of test images at least as close to another class; label error %: "
             "share of 10-NN edges across classes.\n\n"
+            f"## With intervals, against {evals[0].name}\n\n{interval_table(evals)}\n\n"
             "![kNN vs k](knn_vs_k.png)\n\n![separation](separation.png)\n")
     write_text(out / "comparison.md", text)
-    write_text(out / "comparison.json", json.dumps([e.summary() for e in evals], indent=1))
+    summaries = [e.summary() for e in evals]
+    for e, summary in zip(evals[1:], summaries[1:], strict=True):
+        d = paired_differences(e, evals[0])
+        summary["paired_difference_vs"] = evals[0].name
+        summary["paired_difference"] = (None if d is None
+                                        else {k: iv.as_dict() for k, iv in d.items()})
+    write_text(out / "comparison.json", json.dumps(summaries, indent=1))
 
 
 def main(run_dirs: Sequence[str], checkpoint: str | None = None, projector: bool = False,
@@ -440,6 +543,7 @@ def main(run_dirs: Sequence[str], checkpoint: str | None = None, projector: bool
     if code:
         return code
     print(comparison_table(evals))
+    print(interval_table(evals))
     if len(evals) > 1:
         from components.storage import join, parent
 

@@ -19,7 +19,7 @@ from components.evaluation.knn import knn_top1
 from components.evaluation.probe import linear_probe
 from components.run_dir import check_dataset, prepare_run_dir
 from components.training import build_model
-from pipelines.evaluate import EvaluateError, evaluate_run, load_run, main
+from pipelines.evaluate import EvaluateError, evaluate_run, load_run, main, paired_differences
 from tests.datasets import synthetic_dataset, tiny_run_config
 
 
@@ -73,11 +73,31 @@ def test_report_and_comparison_render(dataset: Path, tmp_path: Path,
         for k in (1, 20):
             v = again.knn[k]
             assert f"| {k} | {100 * v['top1']:.1f} | {100 * v['top5']:.1f} |" in report, k
+        # every reported accuracy carries its interval, over the query images
+        iv = m["intervals"]
+        assert set(iv) == {"knn@1", "knn@5", "knn@10", "knn@20", "knn@50", "knn@100",
+                           "probe", "margin"}
+        for key, value in (("knn@20", again.knn[20]["top1"]), ("probe", again.probe["top1"]),
+                           ("margin", again.separation["margin"])):
+            assert iv[key]["low"] <= iv[key]["value"] <= iv[key]["high"], key
+            assert iv[key]["value"] == pytest.approx(value, abs=1e-6), key
+        assert "32 query images" in m["interval_method"]
+        assert "kNN@20 top-1 % | probe top-1 % | margin |" in report
     comp = (tmp_path / "comparison" / "comparison.md").read_text()
     assert "| a | supcon | tau=0.2, variant=out, bank_size=40 | 1 |" in comp
     assert "| b | xclr | tau=0.1, tau_s=0.2, graph=class" in comp
+    assert "Δ kNN@20 vs a" in comp and "differences are paired" in comp
+    pairs = json.loads((tmp_path / "comparison" / "comparison.json").read_text())
+    d = pairs[1]["paired_difference"]
+    assert pairs[1]["paired_difference_vs"] == "a"
+    ea, eb = evaluate_run(a), evaluate_run(b)
+    assert d["knn@20"]["value"] == pytest.approx(eb.knn[20]["top1"] - ea.knn[20]["top1"])
     assert (tmp_path / "comparison" / "knn_vs_k.png").exists()
     assert "kNN@1" in capsys.readouterr().out
+    # the same run against itself: a paired difference of exactly 0
+    same = paired_differences(ea, evaluate_run(a))
+    assert same is not None and all((v.value, v.low, v.high) == (0.0, 0.0, 0.0)
+                                    for v in same.values())
 
 
 def test_projector_features(dataset: Path, tmp_path: Path) -> None:

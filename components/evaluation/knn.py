@@ -45,7 +45,7 @@ from torch import Tensor
 
 from components.evaluation import checks
 
-__all__ = ["knn_accuracy", "knn_correct", "knn_top1", "nearest", "sharded_knn_top1",
+__all__ = ["knn_accuracy", "knn_correct", "knn_hits", "knn_top1", "nearest", "sharded_knn_top1",
            "weighted_knn_predict"]
 
 _LOG_F32_MAX = math.log(torch.finfo(torch.float32).max)  # ≈ 88.7228
@@ -178,6 +178,19 @@ def _hits(scores: Tensor, labels: Tensor, t: int) -> Tensor:
     """[Q] bool: is ``labels[i]`` among the ``min(t, C)`` highest ``scores[i]`` (torch.topk)?"""
     top = scores.topk(min(t, scores.shape[1]), dim=1).indices  # [Q, t]
     return (top == labels[:, None]).any(dim=1)
+
+
+@torch.no_grad()
+def knn_hits(scores: Tensor, labels: Tensor, t: int = 1) -> Tensor:
+    """[Q] bool per query: its label is among the top ``t`` classes of ``scores`` [Q, C] —
+    the per-image outcomes that :func:`knn_accuracy` averages and intervals resample.
+
+    Raises:
+        ValueError: as :func:`knn_accuracy`.
+    """
+    _check_scores(scores, labels)
+    t = checks.at_least_one("t", t)
+    return _hits(scores, labels.to(device=scores.device, dtype=torch.int64), t)
 
 
 def _check_scores(scores: Tensor, labels: Tensor) -> None:

@@ -82,6 +82,9 @@ class ProbeResult:
     weight_decay: float  # the chosen one
     val_top1: dict[float, float]  # weight decay -> validation top-1 used to choose it
     epochs: int  # L-BFGS iterations or SGD epochs per fit
+    # [M] bool per test row (CPU): top-1 / top-5 correct — what intervals resample
+    hits1: Tensor | None = dataclasses.field(default=None, compare=False, repr=False)
+    hits5: Tensor | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 # --------------------------------------------------------------------------- validation
@@ -332,11 +335,16 @@ def fit_linear_classifier(
 
 
 @torch.no_grad()
-def _topk_accuracy(weight: Tensor, bias: Tensor, x: Tensor, y: Tensor, k: int) -> float:
-    """Fraction of rows whose label is among the ``min(k, C)`` largest logits (torch.topk)."""
+def _topk_hits(weight: Tensor, bias: Tensor, x: Tensor, y: Tensor, k: int) -> Tensor:
+    """[M] bool: is the row's label among the ``min(k, C)`` largest logits (torch.topk)?"""
     logits = x @ weight.T + bias  # [M, C]
     top = logits.topk(min(k, logits.shape[1]), dim=1).indices  # [M, k]
-    return int((top == y[:, None]).any(dim=1).sum()) / y.numel()  # exact count / M
+    return (top == y[:, None]).any(dim=1)
+
+
+def _topk_accuracy(weight: Tensor, bias: Tensor, x: Tensor, y: Tensor, k: int) -> float:
+    """Fraction of rows whose label is among the ``min(k, C)`` largest logits (torch.topk)."""
+    return int(_topk_hits(weight, bias, x, y, k).sum()) / y.numel()  # exact count / M
 
 
 # --------------------------------------------------------------------------- the protocol
@@ -451,6 +459,8 @@ def linear_probe(
             chosen = decays[0]
 
         w, b = fit(train_x, train_y, chosen)
-        top1 = _topk_accuracy(w, b, test_x, test_y, 1)
-        top5 = _topk_accuracy(w, b, test_x, test_y, 5)
-    return ProbeResult(top1=top1, top5=top5, weight_decay=chosen, val_top1=val_top1, epochs=epochs)
+        hits1, hits5 = (_topk_hits(w, b, test_x, test_y, k).cpu() for k in (1, 5))
+        top1 = int(hits1.sum()) / test_y.numel()  # exact count / M
+        top5 = int(hits5.sum()) / test_y.numel()
+    return ProbeResult(top1=top1, top5=top5, weight_decay=chosen, val_top1=val_top1, epochs=epochs,
+                       hits1=hits1, hits5=hits5)
