@@ -268,7 +268,9 @@ def epoch_line(row: dict[str, Any], epochs: int, eta_s: float | None) -> str:
     data-wait 3 %  12 s  ETA 2:24``."""
     parts = [f"epoch {row['epoch']}/{epochs}", f"loss {row['loss']:.4f}", f"lr {row['lr']:.3g}"]
     if "knn_top1" in row:
-        parts.append(f"kNN {100 * row['knn_top1']:.1f} %")
+        se = row.get("knn_top1_se")
+        parts.append(f"kNN {100 * row['knn_top1']:.1f}" + (
+            f" ± {100 * se:.1f} %" if se is not None else " %"))
     parts += [f"{row['samples_per_s']:.0f} img/s", f"data-wait {100 * row['data_wait']:.0f} %",
               duration(row["time_s"])]
     if eta_s is not None and row["epoch"] < epochs:

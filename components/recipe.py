@@ -438,7 +438,7 @@ class PretrainRecipe:
         epochs ``knn.every_epochs`` names and the last one, when the dataset allows it
         (:attr:`RunFacts.knn`)."""
         from components.data.reader import ViewLoader
-        from components.evaluation.knn import sharded_knn_top1
+        from components.evaluation.knn import sharded_knn_correct
         from components.training import extract_features
 
         cfg, d = self.cfg, self.cfg.data
@@ -459,9 +459,15 @@ class PretrainRecipe:
         encoder = self.model.encoder
         bank = extract_features(encoder, self.knn_loaders[0], self.device, cfg.train.amp)
         queries = extract_features(encoder, self.knn_loaders[1], self.device, cfg.train.amp)
-        row["knn_top1"] = sharded_knn_top1(
+        correct, total = sharded_knn_correct(
             bank, queries, k=cfg.knn.k, num_classes=self.facts.num_classes,
             temperature=cfg.knn.temperature)
+        p = correct / total
+        row["knn_top1"] = p
+        # Its standard error over the query images (binomial): how far apart two epochs'
+        # values must be before they differ.
+        row["knn_top1_se"] = math.sqrt(p * (1 - p) / total)
+        row["knn_queries"] = total
         row["eval_s"] = time.perf_counter() - t0
 
     def save(self, epoch: int, row: dict[str, Any]) -> None:

@@ -59,6 +59,8 @@ def test_epoch_and_progress_lines() -> None:
     assert console.epoch_line(row, 15, 144.0) == (
         "[simgraph] epoch 3/15  loss 3.9123  lr 0.001  kNN 78.4 %  620 img/s  data-wait 3 %  "
         "12 s  ETA 2:24")
+    # with its standard error over the query images, as the recipe reports it
+    assert "  kNN 78.4 ± 1.3 %  " in console.epoch_line({**row, "knn_top1_se": 0.0131}, 15, 1.0)
     last = {**row, "epoch": 15}
     last.pop("knn_top1")
     assert "ETA" not in console.epoch_line(last, 15, 0.0) and "kNN" not in console.epoch_line(

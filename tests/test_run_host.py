@@ -61,6 +61,10 @@ def test_interrupted_in_trial_run_resumes_to_identical_weights(tmp_path: Path) -
     full, full_dir = _train(config("a"))
     assert [r["epoch"] for r in full.sent] == [1, 2, 3]
     assert all(list(r)[:3] == ["knn_top1", "epoch", "lr"] for r in full.sent)
+    for r in full.sent:  # the online kNN's binomial standard error over its 32 val images
+        p = r["knn_top1"]
+        assert r["knn_queries"] == 32
+        assert r["knn_top1_se"] == pytest.approx((p * (1 - p) / 32) ** 0.5)
     # Ray Train's layout, checkpoint.keep = 2 newest kept, each complete
     names = sorted(p.name for p in Path(full_dir).glob("epoch_*"))
     assert names == ["epoch_00002", "epoch_00003"]

@@ -45,7 +45,8 @@ from torch import Tensor
 
 from components.evaluation import checks
 
-__all__ = ["knn_accuracy", "knn_correct", "knn_hits", "knn_top1", "nearest", "sharded_knn_top1",
+__all__ = ["knn_accuracy", "knn_correct", "knn_hits", "knn_top1", "nearest", "sharded_knn_correct",
+           "sharded_knn_top1",
            "weighted_knn_predict"]
 
 _LOG_F32_MAX = math.log(torch.finfo(torch.float32).max)  # ≈ 88.7228
@@ -344,8 +345,19 @@ def sharded_knn_top1(
     bank: tuple[Tensor, Tensor], queries: tuple[Tensor, Tensor], *, k: int, num_classes: int,
     temperature: float = 0.07, chunk_size: int = 1024,
 ) -> float:
-    """:func:`knn_top1` of every rank's queries against every rank's bank rows, without
-    gathering the bank.
+    """The accuracy of :func:`sharded_knn_correct` (``correct / queries``)."""
+    correct, total = sharded_knn_correct(bank, queries, k=k, num_classes=num_classes,
+                                         temperature=temperature, chunk_size=chunk_size)
+    return correct / total
+
+
+@torch.no_grad()
+def sharded_knn_correct(
+    bank: tuple[Tensor, Tensor], queries: tuple[Tensor, Tensor], *, k: int, num_classes: int,
+    temperature: float = 0.07, chunk_size: int = 1024,
+) -> tuple[int, int]:
+    """(queries right, queries) of :func:`knn_top1` over every rank's queries against every
+    rank's bank rows, without gathering the bank.
 
     Each rank holds a shard of the bank ``([n_r, D] features, [n_r] labels)`` and of the
     queries. The queries are gathered (the val split: small beside the train bank — at
@@ -389,4 +401,4 @@ def sharded_knn_top1(
     scores = torch.zeros(q, num_classes, dtype=torch.float32, device=query_f.device)
     scores.scatter_add_(1, votes, torch.exp(top_sim / temperature))  # [Q, C]
     correct = _hits(scores, query_y.to(torch.int64), 1).sum()
-    return int(correct) / q
+    return int(correct), q
