@@ -144,10 +144,12 @@ def history_table(history: Sequence[dict[str, Any]]) -> str:
 
 
 def make_trainer(cfg: PretrainConfig, run_dir: str, facts: RunFacts,
-                 callbacks: Sequence[Any] = (), pause_at_step: int | None = None) -> Any:
+                 callbacks: Sequence[Any] = (), pause_at_step: int | None = None,
+                 score: dict[str, Any] | None = None) -> Any:
     """The Ray Train V2 ``TorchTrainer`` for this run (same name + storage = resume).
     ``callbacks``: Ray Train callbacks, e.g. Tune's ``TuneReportCallback`` in a sweep trial.
-    ``pause_at_step``: fault injection for tests (see :data:`PAUSE_ENV`; default: read it)."""
+    ``pause_at_step``: fault injection for tests (see :data:`PAUSE_ENV`; default: read it).
+    ``score``: a sweep trial's score (see :func:`loop_config`)."""
     import ray.train
     from ray.train.torch import TorchTrainer
 
@@ -157,7 +159,8 @@ def make_trainer(cfg: PretrainConfig, run_dir: str, facts: RunFacts,
         resources["GPU"] = s.gpus_per_worker
     return TorchTrainer(
         train_loop,
-        train_loop_config=loop_config(cfg, run_dir, facts, pause_at_step, live=console.live()),
+        train_loop_config=loop_config(cfg, run_dir, facts, pause_at_step, live=console.live(),
+                                      score=score),
         scaling_config=ray.train.ScalingConfig(
             num_workers=s.num_workers, use_gpu=s.use_gpu, resources_per_worker=resources,
             placement_strategy=s.placement_strategy,
@@ -173,11 +176,14 @@ def make_trainer(cfg: PretrainConfig, run_dir: str, facts: RunFacts,
 
 
 def loop_config(cfg: PretrainConfig, run_dir: str, facts: RunFacts,
-                pause_at_step: int | None = None, live: bool = False) -> dict[str, Any]:
+                pause_at_step: int | None = None, live: bool = False,
+                score: dict[str, Any] | None = None) -> dict[str, Any]:
     """What :class:`PretrainRecipe` is built from (plain containers: Ray ships it to workers).
     ``pause_at_step`` ``None``: read :data:`PAUSE_ENV` here, once. ``live``: rank 0 sends
     progress events for the driver's live bar (:func:`components.console.live`) instead of
-    a progress line every :data:`PROGRESS_EVERY_S`."""
+    a progress line every :data:`PROGRESS_EVERY_S`. ``score`` (sweep trials): ``metric``,
+    ``mode`` and the :class:`~components.search_space.Statistic` fields ``name``, ``k``:
+    every epoch's row gets ``sweep_score``, that statistic of the metric so far."""
     if pause_at_step is None:
         pause_at_step = int(os.environ.get(PAUSE_ENV, "0") or 0)
     sync_debug = os.environ.get(SYNC_DEBUG_ENV, "")
@@ -186,10 +192,11 @@ def loop_config(cfg: PretrainConfig, run_dir: str, facts: RunFacts,
                        f"{', '.join(m for m in SYNC_DEBUG_MODES if m)} or leave it unset")
     return {"config": to_dict(cfg), "run_dir": run_dir, "facts": facts.to_dict(),
             "pause_at_step": pause_at_step, "verbose": console.verbose(), "live": live,
-            "cuda_sync_debug": sync_debug}
+            "cuda_sync_debug": sync_debug, "score": score}
 
 
-def train_in_trial(cfg: PretrainConfig, run_dir: str, facts: RunFacts, metric: str) -> None:
+def train_in_trial(cfg: PretrainConfig, run_dir: str, facts: RunFacts, metric: str,
+                   score: dict[str, Any] | None = None) -> None:
     """Train one-worker ``cfg`` in this process, a Ray Tune trial actor
     (:class:`~components.run_host.TuneTrial`: no Ray Train worker group): resumes from the
     run dir's newest complete checkpoint and reports every epoch to Tune, ``metric`` first."""
@@ -199,7 +206,7 @@ def train_in_trial(cfg: PretrainConfig, run_dir: str, facts: RunFacts, metric: s
         raise RunError(f"scaling.num_workers={cfg.scaling.num_workers} cannot train inside a "
                        "Tune trial: only one-worker runs can (use a Ray Train worker group)")
     host = TuneTrial(run_dir, cfg.checkpoint.keep, metric)
-    PretrainRecipe(loop_config(cfg, run_dir, facts), host=host).run()
+    PretrainRecipe(loop_config(cfg, run_dir, facts, score=score), host=host).run()
 
 
 def train_views(cfg: PretrainConfig, info: Any, rank: int, world: int, device: Any,
@@ -240,6 +247,7 @@ class PretrainRecipe:
         self.pause_at_step = int(loop_config.get("pause_at_step", 0))
         self.live = bool(loop_config.get("live", False))
         self.cuda_sync_debug = str(loop_config.get("cuda_sync_debug", ""))
+        self.score: dict[str, Any] | None = loop_config.get("score")
         console.set_verbose(bool(loop_config.get("verbose", False)))
 
     # -- setup ---------------------------------------------------------------------------------
@@ -478,6 +486,12 @@ class PretrainRecipe:
         cfg, host = self.cfg, self.host
         assert host is not None  # set by setup
         self.history.append(row)
+        if self.score is not None:  # a sweep trial: its score so far (what Tune ranks)
+            from components.search_space import SCORE, score_history
+
+            value = score_history(self.history, self.score)[-1]
+            if value is not None:
+                row[SCORE] = value
         if self.log is not None:
             self.log.write(self.history)
         last = epoch + 1 == cfg.train.epochs
@@ -487,16 +501,10 @@ class PretrainRecipe:
         with tempfile.TemporaryDirectory(prefix="simgraph-ckpt-") as tmp:
             ckpt = None
             if self.rank == 0:
-                save_state(tmp, {
-                    "model": self.model.state_dict(),
-                    "ema": None if self.ema is None else self.ema.state_dict(),
-                    "optimizer": self.optimizer.state_dict(),
-                    "scheduler": self.scheduler.state_dict(),
-                    "scaler": None if self.scaler is None else self.scaler.state_dict(),
-                    "epoch": epoch + 1, "step": self.step, "history": self.history,
-                    "seed": cfg.train.seed, "config": to_dict(cfg),
-                    "dataset": self.facts.dataset,
-                })
+                save_state(tmp, checkpoint_state(
+                    cfg, model=self.model, ema=self.ema, optimizer=self.optimizer,
+                    scheduler=self.scheduler, scaler=self.scaler, epoch=epoch + 1,
+                    step=self.step, history=self.history, dataset=self.facts.dataset))
                 ckpt = tmp
             host.report(row, ckpt, f"epoch_{epoch + 1:05d}")
 
@@ -515,6 +523,26 @@ class PretrainRecipe:
                 per_epoch = (time.perf_counter() - t0) / (epoch + 1 - self.start_epoch)
                 console.say(console.epoch_line(row, epochs, per_epoch * (epochs - epoch - 1)))
         self.cleanup()
+
+
+def checkpoint_state(cfg: PretrainConfig, *, model: Any, ema: Any, optimizer: Any,
+                     scheduler: Any, scaler: Any, epoch: int, step: int,
+                     history: list[dict[str, Any]], dataset: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint's ``state.pt`` holds: the full training state after ``epoch`` epochs,
+    the history, the dataset identity and the run's config — without the credentials of any
+    URI in it (:func:`components.storage.redacted`), as in ``config.yaml``."""
+    from components.storage import redacted
+
+    return {
+        "model": model.state_dict(),
+        "ema": None if ema is None else ema.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": None if scaler is None else scaler.state_dict(),
+        "epoch": epoch, "step": step, "history": history,
+        "seed": cfg.train.seed, "config": redacted(to_dict(cfg)),
+        "dataset": dataset,
+    }
 
 
 def train_loop(loop_config: dict[str, Any]) -> None:

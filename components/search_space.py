@@ -25,6 +25,9 @@ Format (every key but ``name``, ``base`` and ``space`` is optional; defaults sho
     scheduler: {name: asha, grace_period: 1, reduction_factor: 2, max_epochs: null}
                                   # asha | fifo; ASHA's time unit is the reported epoch;
                                   # max_epochs null = the trials' train.epochs
+    statistic: {name: mean_last, k: 3}    # a trial's score from its metric's evaluations:
+                                  # mean_last (mean of the last k) | last | best (the best
+                                  # epoch: rewards noise); searcher, ASHA and tables use it
     study_storage: null           # also write the study to "sqlite:///path.db" or
                                   # "journal:path.log" (Optuna's API and dashboard read it)
     mlflow: false                 # log every trial to MLflow (Ray Tune's MLflowLoggerCallback,
@@ -103,7 +106,7 @@ REPORTED_METRICS = ("knn_top1", "loss", "lr", "samples_per_s", "data_wait",
 OVERRIDABLE_KEYS = ("name", "storage", "metric", "mode", "num_samples", "max_concurrent",
                     "study_storage", "mlflow", "mlflow_uri", "wandb", "wandb_project",
                     "wandb_mode", "overrides")
-OVERRIDABLE_SECTIONS = ("resources", "searcher", "scheduler")
+OVERRIDABLE_SECTIONS = ("resources", "searcher", "scheduler", "statistic")
 # Config keys every trial gets from the sweep itself: not searchable, not in ``overrides``.
 SET_BY_SWEEP = {
     "name": "the trial's run name", "storage": "the sweep dir",
@@ -376,6 +379,67 @@ class Scheduler:
                                   f"it must be <= scheduler.max_epochs={self.max_epochs}")
 
 
+@dataclasses.dataclass(frozen=True)
+class Statistic:
+    """What a trial's score is, from its per-epoch ``metric`` values: ``mean_last`` (the mean
+    of the last ``k`` evaluations: the default, since one evaluation on a small val split
+    moves by several points from epoch to epoch), ``last`` (the final evaluation) or ``best``
+    (the best epoch's value — the maximum of noisy draws rewards noise, and a run cannot be
+    stopped at a best epoch it only knows afterwards). The searcher, ASHA and the tables use
+    the score (``sweep_score`` in each trial's results)."""
+
+    name: Literal["mean_last", "last", "best"] = "mean_last"
+    k: int = 3
+
+    def __post_init__(self) -> None:
+        if self.name not in STATISTICS:
+            raise ConfigError(f"statistic.name={self.name!r} is not allowed: choose one of "
+                              f"{', '.join(STATISTICS)}")
+        check_at_least("statistic.k", self.k, 1)
+
+    def describe(self, metric: str) -> str:
+        return {"mean_last": f"mean of the last {self.k} {metric} evaluations",
+                "last": f"the last {metric} evaluation",
+                "best": f"the best epoch's {metric}"}[self.name]
+
+    def score(self, values: Sequence[float], mode: str) -> float | None:
+        """The score of a trial whose evaluations so far are ``values`` (non-finite ones
+        dropped; ``None`` when there is none)."""
+        finite = [float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)]
+        if not finite:
+            return None
+        if self.name == "last":
+            return finite[-1]
+        if self.name == "best":
+            return max(finite) if mode == "max" else min(finite)
+        tail = finite[-self.k:]
+        return sum(tail) / len(tail)
+
+
+STATISTICS = ("mean_last", "last", "best")
+SCORE = "sweep_score"  # the column every trial reports: the statistic of its metric so far
+
+
+def score_spec(sweep: SweepConfig) -> dict[str, Any]:
+    """What a trial needs to compute its score (plain values: shipped to Ray workers)."""
+    return {"metric": sweep.metric, "mode": sweep.mode, "name": sweep.statistic.name,
+            "k": sweep.statistic.k}
+
+
+def score_history(history: Sequence[Mapping[str, Any]], spec: Mapping[str, Any]
+                  ) -> list[float | None]:
+    """The score after each epoch of ``history`` (per-epoch rows), from the rows holding the
+    metric so far (``None`` before the first evaluation)."""
+    stat = Statistic(spec["name"], spec["k"])
+    seen: list[float] = []
+    out: list[float | None] = []
+    for row in history:
+        if spec["metric"] in row:
+            seen.append(row[spec["metric"]])
+        out.append(stat.score(seen, spec["mode"]))
+    return out
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _SweepSettings:
     """The keys a sweep file and a loaded sweep share, declared once (defaults as in the
@@ -389,6 +453,7 @@ class _SweepSettings:
     resources: Resources = dataclasses.field(default_factory=Resources)
     searcher: Searcher = dataclasses.field(default_factory=Searcher)
     scheduler: Scheduler = dataclasses.field(default_factory=Scheduler)
+    statistic: Statistic = dataclasses.field(default_factory=Statistic)
     study_storage: str | None = None
     mlflow: bool = False
     mlflow_uri: str | None = None
@@ -699,7 +764,8 @@ def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> SweepConfig:
         for key in ("name", "base", "space"):
             if key not in raw:
                 raise ConfigError(f"the sweep needs {key!r}")
-        for key in ("overrides", "conditional", "resources", "searcher", "scheduler"):
+        for key in ("overrides", "conditional", "resources", "searcher", "scheduler",
+                    "statistic"):
             if raw.get(key) is None:
                 raw.pop(key, None)
         if raw.get("study_storage") == "":

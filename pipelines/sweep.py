@@ -75,10 +75,11 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
         finished_history,
         prepare_run_dir,
     )
-    from components.search_space import load_sweep, trial_config
+    from components.search_space import SCORE, load_sweep, score_history, score_spec, trial_config
     from components.storage import join
 
     sweep = load_sweep(localize(sweep_path), sweep_overrides)
+    score = score_spec(sweep)
     trial_id = tune.get_context().get_trial_id()
     # Relative paths mean what they meant where `simgraph sweep` was started (or
     # $SIMGRAPH_BASE_DIR): Tune runs each trial in its own working directory.
@@ -90,11 +91,12 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
     if history is not None:
         # Trained to the end before the sweep driver died, but Tune never recorded it: replay
         # its per-epoch results instead of training again.
-        for row in history:
-            tune.report(metric_first(row, sweep.metric))
+        for row, value in zip(history, score_history(history, score), strict=True):
+            tune.report(metric_first({**row, **({} if value is None else {SCORE: value})},
+                                     sweep.metric))
         return
     if sweep.resources.in_trial:
-        train_in_trial(cfg, run_dir, facts, sweep.metric)
+        train_in_trial(cfg, run_dir, facts, sweep.metric, score=score)
         return
     from ray.tune.integration.ray_train import TuneReportCallback  # Ray Train: ~1 s to import
 
@@ -107,7 +109,7 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
             super().after_report(run_context, [metric_first(m, sweep.metric) for m in metrics],
                                  checkpoint)
 
-    make_trainer(cfg, run_dir, facts, callbacks=[Report()]).fit()
+    make_trainer(cfg, run_dir, facts, callbacks=[Report()], score=score).fit()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,7 +124,7 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
     from ray.tune.search.optuna import OptunaSearch
 
     from components.paths import resolve_path
-    from components.search_space import define_by_run, make_sampler
+    from components.search_space import SCORE, define_by_run, make_sampler
     from components.storage import display, list_dir
     from components.tracking import prepare_sweep_trackers, tune_callbacks
     from components.tune_loggers import use_deferred_tensorboard
@@ -146,14 +148,15 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
         raise SweepError(f"{display(path)} already holds a sweep: add --resume to continue it, "
                          "or set name= to start another")
     searcher = ConcurrencyLimiter(
-        OptunaSearch(space=define_by_run(sweep), metric=sweep.metric, mode=sweep.mode,
+        # The trial's score (sweep.statistic of its metric so far), not one noisy evaluation.
+        OptunaSearch(space=define_by_run(sweep), metric=SCORE, mode=sweep.mode,
                      sampler=make_sampler(sweep)),
         max_concurrent=concurrency(sweep),
     )
     s = sweep.scheduler
     if s.name == "asha":
         scheduler: Any = ASHAScheduler(
-            time_attr="epoch", metric=sweep.metric, mode=sweep.mode,
+            time_attr="epoch", metric=SCORE, mode=sweep.mode,
             max_t=s.max_epochs or _base_epochs(sweep), grace_period=s.grace_period,
             reduction_factor=s.reduction_factor,
         )
@@ -194,6 +197,37 @@ def _base_config(sweep: Any) -> Any:
     return trial_config(sweep, {}, name="probe", storage="/tmp")
 
 
+def start_notes(sweep: Any) -> list[str]:
+    """What a user should know before the sweep spends its time: how trials are scored (the
+    default changed from the best epoch's value), and whether the evaluation split is too
+    small for the differences a sweep looks for."""
+    notes = [f"[simgraph] trials are scored by the {sweep.statistic.describe(sweep.metric)} "
+             f"(statistic: {sweep.statistic.name}"
+             + (f", k: {sweep.statistic.k}" if sweep.statistic.name == "mean_last" else "")
+             + "); before 2026-11-25 the best epoch's value was used: set statistic.name=best "
+             "for that"]
+    if sweep.metric != "knn_top1":
+        return notes
+    from components.data.reader import DatasetError
+    from components.data.staging import dataset_info
+    from components.paths import resolve_path
+    from components.storage import StorageError
+
+    base = _base_config(sweep)
+    try:
+        n = dataset_info(resolve_path(base.data.dataset)).splits.get(base.knn.query_split, 0)
+    except (DatasetError, StorageError):
+        return notes  # the trials will say what is wrong with the dataset
+    if n and 0.5 / math.sqrt(n) > 0.02:
+        se = 100 * 0.5 / math.sqrt(n)
+        notes.append(
+            f"[simgraph] warning: the kNN is scored on {n} {base.knn.query_split} images: one "
+            f"image is {100 / n:.1f} points and an accuracy near 50 % has a standard error "
+            f"of ±{se:.1f} points, so trials closer than ~{2 * se:.0f} points cannot be told "
+            "apart; a larger split (preprocess split.val) or statistic.k > 1 helps")
+    return notes
+
+
 def _base_epochs(sweep: Any) -> int:
     return int(_base_config(sweep).train.epochs)
 
@@ -214,6 +248,9 @@ def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
     if resume:
         check_resume(sweep, identity)
     check_study_storage(sweep)
+    if echo:
+        for line in start_notes(sweep):
+            print(line, flush=True)
     with ray_session(None):
         tuner = make_tuner(sweep, sweep_path, overrides, resume)
         if not resume:  # the sweep dir is new (make_tuner refused an old one)
@@ -227,8 +264,8 @@ def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
         best = best_row(rows, sweep)
         if best is not None:
             settings = " ".join(f"{k}={_fmt(v)}" for k, v in sorted(best["params"].items()))
-            print(f"best trial {best['trial']}: {sweep.metric} {_fmt(best[f'best_{sweep.metric}'])}"
-                  f" ({settings}); its pretrain config: "
+            print(f"best trial {best['trial']}: {sweep.statistic.describe(sweep.metric)} "
+                  f"{_fmt(best['score'])} ({settings}); its pretrain config: "
                   f"{display(join(sweep_dir(sweep), 'best.yaml'))}")
         print(f"sweep dir: {display(sweep_dir(sweep))} (trials.md, plots: *.png)")
     return rows
@@ -243,7 +280,8 @@ def record_start(sweep: Any, identity: dict[str, Any]) -> None:
 
     path = sweep_dir(sweep)
     storage.makedirs(path)
-    storage.write_text(storage.join(path, SWEEP_RECORD), json.dumps(identity, indent=1))
+    storage.write_text(storage.join(path, SWEEP_RECORD),  # never a URI's credentials
+                       json.dumps(storage.redacted(identity), indent=1))
 
 
 def check_resume(sweep: Any, identity: dict[str, Any]) -> None:
@@ -266,7 +304,8 @@ def check_resume(sweep: Any, identity: dict[str, Any]) -> None:
                         f"{SWEEP_RECORD} (a sweep from an older simgraph): its files cannot be "
                         "checked against the ones given now")
         return
-    changed = identity_changes(json.loads(storage.read_text(path)), identity)
+    changed = identity_changes(storage.redacted(json.loads(storage.read_text(path))),
+                               storage.redacted(identity))  # other credentials: the same
     if changed:
         raise SweepError(
             f"--resume: {'; '.join(changed)} changed since sweep {sweep.name!r} started; "
@@ -284,11 +323,12 @@ def trial_rows(results: Any, sweep: Any) -> list[dict[str, Any]]:
         history = [] if df is None or sweep.metric not in df else list(df[sweep.metric])
         epochs = int(df["epoch"].max()) if df is not None and "epoch" in df else 0
         failed = r.error is not None
-        best = None
+        best = score = None
         if history and not failed:
             finite = [v for v in history if isinstance(v, int | float) and math.isfinite(v)]
             if finite:
                 best = max(finite) if sweep.mode == "max" else min(finite)
+            score = sweep.statistic.score(history, sweep.mode)
         curve = ([(int(e), float(v)) for e, v in zip(df["epoch"], df[sweep.metric], strict=True)
                   if isinstance(v, int | float) and math.isfinite(v)]
                  if history and "epoch" in df else [])
@@ -299,14 +339,15 @@ def trial_rows(results: Any, sweep: Any) -> list[dict[str, Any]]:
             "epochs": epochs,
             sweep.metric: None if failed or not history else history[-1],
             f"best_{sweep.metric}": best,
+            "score": score,  # sweep.statistic of the metric's evaluations: what ranks trials
             "params": cfg,
             "curve": curve,  # (epoch, metric) as reported: the learning-curves plot
         })
     sign = -1.0 if sweep.mode == "max" else 1.0
 
     def order(row: dict[str, Any]) -> tuple[bool, float]:
-        best = row[f"best_{sweep.metric}"]
-        return best is None, sign * float(best or 0.0)
+        score = row["score"]
+        return score is None, sign * float(score or 0.0)
 
     rows.sort(key=order)
     return rows
@@ -314,7 +355,7 @@ def trial_rows(results: Any, sweep: Any) -> list[dict[str, Any]]:
 
 def best_row(rows: Sequence[dict[str, Any]], sweep: Any) -> dict[str, Any] | None:
     """The best trial of :func:`trial_rows` (sorted best first, failed ones last), or None."""
-    return rows[0] if rows and rows[0][f"best_{sweep.metric}"] is not None else None
+    return rows[0] if rows and rows[0]["score"] is not None else None
 
 
 def _short(err: Any) -> str:
@@ -325,12 +366,14 @@ def _short(err: Any) -> str:
 
 def markdown(rows: Sequence[dict[str, Any]], sweep: Any) -> str:
     keys = sorted({k for r in rows for k in r["params"]})
-    head = ["trial", "status", "epochs", f"best {sweep.metric}", *keys]
+    head = ["trial", "status", "epochs", f"score: {sweep.statistic.describe(sweep.metric)}",
+            f"best {sweep.metric}", *keys]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        best = r[f"best_{sweep.metric}"]
+        best, score = r[f"best_{sweep.metric}"], r["score"]
         cells = [r["trial"], r["status"] + (f" ({r['error']})" if r["error"] else ""),
-                 str(r["epochs"]), "—" if best is None else f"{best:.4g}"]
+                 str(r["epochs"]), "—" if score is None else f"{score:.4g}",
+                 "—" if best is None else f"{best:.4g}"]
         cells += [_fmt(r["params"].get(k)) for k in keys]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -355,15 +398,17 @@ def write_results(sweep: Any, rows: Sequence[dict[str, Any]]) -> None:
 
 def _write_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> None:
     from components.search_space import trial_config
+    from components.storage import redacted
 
     keys = sorted({k for r in rows for k in r["params"]})
     with atomic_open(out / "trials.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["trial", "status", "error", "epochs", sweep.metric,
+        w.writerow(["trial", "status", "error", "epochs", "score", sweep.metric,
                     f"best_{sweep.metric}", *keys])
         for r in rows:
-            w.writerow([r["trial"], r["status"], r["error"], r["epochs"], r[sweep.metric],
-                        r[f"best_{sweep.metric}"], *[r["params"].get(k) for k in keys]])
+            w.writerow([r["trial"], r["status"], r["error"], r["epochs"], r["score"],
+                        r[sweep.metric], r[f"best_{sweep.metric}"],
+                        *[r["params"].get(k) for k in keys]])
     write_text(out / "trials.md", markdown(rows, sweep) + "\n")
     best = best_row(rows, sweep)
     if best is not None:
@@ -371,8 +416,9 @@ def _write_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> Non
                            storage=sweep.storage)
         write_text(
             out / "best.yaml",
-            f"# best trial {best['trial']} of sweep {sweep.name}: {sweep.metric} = "
-            f"{best[f'best_{sweep.metric}']:.4g}\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False)
+            f"# best trial {best['trial']} of sweep {sweep.name}: "
+            f"{sweep.statistic.describe(sweep.metric)} = {best['score']:.4g}\n"
+            + yaml.safe_dump(redacted(to_dict(cfg)), sort_keys=False)
         )
     plot_results(sweep, rows, out)
 
@@ -405,7 +451,7 @@ def plot_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    key = f"best_{sweep.metric}"
+    key = "score"
     good = [r for r in rows if r[key] is not None]
     dists = sweep.parameters()
     numeric = sorted({k for r in good for k, v in r["params"].items()
@@ -563,7 +609,7 @@ def _study(sweep: Any, rows: Sequence[dict[str, Any]], storage: Any = None) -> A
         study.set_user_attr(STUDY_OWNER, _owner(sweep))
     for r in rows:
         params = {k: v for k, v in r["params"].items() if k in dists}
-        value = r[f"best_{sweep.metric}"]
+        value = r["score"]
         state = (optuna.trial.TrialState.COMPLETE if value is not None
                  else optuna.trial.TrialState.FAIL)
         study.add_trial(optuna.trial.create_trial(
@@ -579,7 +625,7 @@ def param_importances(sweep: Any, rows: Sequence[dict[str, Any]],
     ``rows`` when the caller has built it already."""
     import optuna
 
-    if sum(r[f"best_{sweep.metric}"] is not None for r in rows) < 2:
+    if sum(r["score"] is not None for r in rows) < 2:
         return {}
     try:
         return {k: float(v) for k, v in optuna.importance.get_param_importances(

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from ray.train import WorkerGroupError
 
-from components.config import PretrainConfig, load_config
+from components.config import ConfigError, PretrainConfig, load_config
 from components.search_space import load_sweep
 from components.training import NonFiniteLossError
 from pipelines.sweep import markdown, trial_rows
@@ -163,6 +163,7 @@ def test_failed_trials_are_reported_failed_never_with_a_value(tmp_path: Path) ->
     rows = trial_rows([bad, good], sweep)
     assert [r["trial"] for r in rows] == ["a", "b"]
     assert rows[0]["best_knn_top1"] == 0.7 and rows[0]["status"] == "finished"
+    assert rows[0]["score"] == pytest.approx(0.6)  # mean of the last 3 (here 2) evaluations
     assert rows[1]["status"] == "failed" and rows[1]["best_knn_top1"] is None
     assert rows[1]["knn_top1"] is None and "NonFiniteLossError" in rows[1]["error"]
     table = markdown(rows, sweep)
@@ -196,7 +197,11 @@ def test_results_files_and_plots_of_a_small_sweep(tmp_path: Path) -> None:
     assert {"knn_top1_vs_optim.lr.png", "knn_top1_vs_loss.tau_s.png", "best_per_loss.png",
             "learning_curves.png", "optuna_history.png", "optuna_slice.png",
             "optuna_importances.png", "optuna_contour.png"} <= pngs, pngs
-    assert "# best trial t4 of sweep s: knn_top1 = 0.7" in (out / "best.yaml").read_text()
+    assert ("# best trial t4 of sweep s: mean of the last 3 knn_top1 evaluations = 0.5667"
+            in (out / "best.yaml").read_text())
+    csv_rows = list(csv.DictReader((out / "trials.csv").read_text().splitlines()))
+    assert float(csv_rows[0]["score"]) == pytest.approx(0.3 + 0.4 * 6 / 9)
+    assert float(csv_rows[0]["best_knn_top1"]) == pytest.approx(0.7)
     importances = yaml.safe_load((out / "param_importances.yaml").read_text())
     assert importances and set(importances) <= {"loss.name", "optim.lr", "loss.tau_s"}
     # A log axis with labels that do not collide: no minor-tick labels.
@@ -238,7 +243,7 @@ def test_study_export_never_replaces_a_study_it_did_not_write(tmp_path: Path) ->
     sweep = load_sweep(_space(tmp_path))
     url = f"sqlite:///{tmp_path / 'study.db'}"
     rows = [{"trial": "t1", "params": {"loss.name": "simclr", "optim.lr": 0.1},
-             "best_knn_top1": 0.5}]
+             "best_knn_top1": 0.5, "score": 0.5}]
     check_study_storage(sweep)  # nothing there yet
     export_study(sweep, rows)
     export_study(sweep, rows)  # its own study: written again, not doubled
@@ -256,3 +261,44 @@ def test_study_export_never_replaces_a_study_it_did_not_write(tmp_path: Path) ->
         export_study(sweep, rows)
     assert study_owner(optuna.storages.RDBStorage(url), "s") == ""
     assert len(optuna.load_study(study_name="s", storage=url).trials) == 1  # the hand-made one
+
+
+def test_each_statistic_on_a_hand_made_history() -> None:
+    from components.search_space import Statistic, score_history
+
+    noisy = [0.30, 0.52, 0.41, 0.47, 0.44]
+    assert Statistic("last").score(noisy, "max") == 0.44
+    assert Statistic("best").score(noisy, "max") == 0.52
+    assert Statistic("best").score(noisy, "min") == 0.30
+    assert Statistic("mean_last", 3).score(noisy, "max") == pytest.approx((0.41 + 0.47 + 0.44) / 3)
+    assert Statistic("mean_last", 10).score(noisy, "max") == pytest.approx(sum(noisy) / 5)
+    assert Statistic().score([float("nan"), 0.5], "max") == 0.5
+    assert Statistic().score([], "max") is None
+    # per epoch, from the rows that hold the metric (kNN every 2 epochs here)
+    rows = [{"epoch": 1}, {"epoch": 2, "knn_top1": 0.4}, {"epoch": 3},
+            {"epoch": 4, "knn_top1": 0.6}]
+    spec = {"metric": "knn_top1", "mode": "max", "name": "mean_last", "k": 3}
+    assert score_history(rows, spec) == [None, 0.4, 0.4, pytest.approx(0.5)]
+    with pytest.raises(ConfigError, match=r"statistic.name='max' is not allowed: choose one of "
+                                          r"mean_last, last, best"):
+        Statistic("max")  # type: ignore[arg-type]
+
+
+def test_sweep_start_notes_say_how_trials_are_scored_and_warn_about_a_small_val_split(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from components.search_space import load_sweep
+    from pipelines.sweep import start_notes
+
+    monkeypatch.chdir(tmp_path)  # the base config's relative dataset path, as a user runs it
+
+    notes = start_notes(load_sweep(_space(tmp_path)))
+    assert notes[0].startswith("[simgraph] trials are scored by the mean of the last 3 "
+                               "knn_top1 evaluations (statistic: mean_last, k: 3)")
+    assert "set statistic.name=best" in notes[0]
+    assert notes[1] == (
+        "[simgraph] warning: the kNN is scored on 32 val images: one image is 3.1 points and an "
+        "accuracy near 50 % has a standard error of ±8.8 points, so trials closer than ~18 "
+        "points cannot be told apart; a larger split (preprocess split.val) or statistic.k > 1 "
+        "helps")
+    best = load_sweep(_space(tmp_path), ["statistic.name=best"])
+    assert "the best epoch's knn_top1 (statistic: best)" in start_notes(best)[0]
