@@ -23,13 +23,14 @@ import pytest
 from PIL import Image
 
 from components.config import PreprocessConfig, from_dict
-from components.data import build
+from components.data.build import driver, transaction
 from components.data.reader import MANIFEST, DatasetInfo
 from components.files import sha256_file
 from pipelines.preprocess import PreprocessError, run
 
-# The on-disk names of components/data/build.py's swap (spelled out, so that the tests that do
-# not call the swap's functions run, and fail for what they check, on code without them).
+# The on-disk names of components/data/build/transaction.py's swap (spelled out, so that the
+# tests that do not call the swap's functions run, and fail for what they check, on code
+# without them).
 NEXT, PREVIOUS, SWAP_JOURNAL, STAGE_MARK = ".next", ".previous", ".swap.json", ".staging.json"
 LEFTOVERS = (NEXT, PREVIOUS, SWAP_JOURNAL)
 
@@ -134,7 +135,7 @@ def test_failed_overwrite_keeps_the_dataset_and_a_rerun_resumes_and_swaps(
         def fail(*args: object, **kwargs: object) -> None:
             raise PreprocessError("injected: the merge failed")
 
-        m.setattr(build, "merge_splits", fail)
+        m.setattr(driver, "merge_splits", fail)  # where _build looks it up
         with pytest.raises(PreprocessError, match="injected"):
             run(new_cfg, overwrite=True, echo=False)
     assert _dataset(out) == before
@@ -160,9 +161,10 @@ def test_failed_overwrite_keeps_the_dataset_and_a_rerun_resumes_and_swaps(
 
 
 def _faulty(after: int) -> tuple[list[int], Callable[[Path, Path], None]]:
-    """A :func:`build._move` that makes ``after`` moves, then raises (as a kill would stop)."""
+    """A :func:`transaction._move` that makes ``after`` moves, then raises (as a kill would
+    stop)."""
     done = [0]
-    real = build._move
+    real = transaction._move
 
     def move(src: Path, dst: Path) -> None:
         if done[0] == after:
@@ -201,8 +203,8 @@ def test_interrupted_swap_is_finished_or_rolled_back(
         return out
 
     counted, counting = _faulty(-1)  # never fails: counts the renames of a whole swap
-    monkeypatch.setattr(build, "_move", counting)
-    build._swap(prepared("whole"))
+    monkeypatch.setattr(transaction, "_move", counting)
+    transaction._swap(prepared("whole"))
     entries = [{p.name for p in (tmp_path / d).iterdir() if p.name != ".lock"} for d in "ab"]
     assert counted[0] == sum(map(len, entries))  # every old entry aside, every new one in
     assert _dataset(tmp_path / "whole") == b_files
@@ -216,11 +218,11 @@ def test_interrupted_swap_is_finished_or_rolled_back(
             out = prepared(f"{outcome}-{k}")
             with monkeypatch.context() as m:
                 if k == "cleanup":
-                    m.setattr(build, "_discard_swap", killed_before_cleanup)
+                    m.setattr(transaction, "_discard_swap", killed_before_cleanup)
                 else:
-                    m.setattr(build, "_move", _faulty(int(k))[1])
+                    m.setattr(transaction, "_move", _faulty(int(k))[1])
                 with pytest.raises(OSError, match="injected"):
-                    build._swap(out)
+                    transaction._swap(out)
             assert (out / SWAP_JOURNAL).exists(), (outcome, k)
             _assert_consistent(out, [a, b])
 
@@ -234,7 +236,7 @@ def test_interrupted_swap_is_finished_or_rolled_back(
                     f.write(b"damaged")
                 for j in itertools.count():  # ... even when it is killed while doing that
                     with monkeypatch.context() as m:
-                        m.setattr(build, "_move", _faulty(j)[1])
+                        m.setattr(transaction, "_move", _faulty(j)[1])
                         try:
                             got = run(_at(a_cfg, out), echo=False)
                             break

@@ -151,14 +151,17 @@ def test_node_layout_from_node_ids(nodes: list[str], expect: list[tuple[int, int
 
 def test_excludes_ship_every_source_file_and_no_outputs(tmp_path: Path) -> None:
     """Ray matches ``excludes`` with gitignore rules relative to the working_dir (its own
-    packaging helper decides here): the code ships, the venv / data / runs do not."""
-    from ray._private.runtime_env.packaging import _get_excludes
+    packaging helper decides here), and leaves out what the repo's ``.gitignore`` ignores: the
+    code ships, the venv / data / runs do not."""
+    from ray._private.runtime_env.packaging import _get_excludes, get_excludes_from_ignore_files
 
     excluded = _get_excludes(ROOT, EXCLUDES)
+    ignored = get_excludes_from_ignore_files(ROOT, include_gitignore=True)
     sources = [p for d in ("components", "pipelines", "search_spaces")
                for p in (ROOT / d).rglob("*") if p.is_file() and "__pycache__" not in p.parts]
     assert any(p.parent.name == "data" for p in sources)  # components/data/*.py
-    assert not [p for p in sources if excluded(p)]
+    assert any(p.parent.name == "build" for p in sources)  # components/data/build/*.py
+    assert not [p for p in sources if excluded(p) or any(ign(p) for ign in ignored)]
     for out in (".venv/bin/python", "data/demo/train.beton", "runs/a/config.yaml",
                 ".git/HEAD", "components/x.beton"):
         assert excluded(ROOT / out), out

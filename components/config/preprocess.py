@@ -8,7 +8,7 @@ from typing import Literal
 from components.config.checks import ConfigError, check_at_least, check_in_range
 
 # ---------------------------------------------------------------------------------------------
-# Preprocessing (components/data/build.py, run by pipelines/preprocess.py).
+# Preprocessing (components/data/build/, run by pipelines/preprocess.py).
 
 
 @dataclasses.dataclass(frozen=True)

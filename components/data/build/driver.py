@@ -1,0 +1,117 @@
+"""Steps 2–5 of one build, in order, into one dir (:func:`_build`): hash, plan, embed the
+captions, write the shards still missing, merge, write the manifest, reusing every shard whose
+sidecar matches the plan. Which dir (the dataset dir, or ``.next/`` for ``--overwrite``) and
+under which lock is :mod:`~components.data.build.transaction`'s.
+
+The stages' functions are looked up here, in this module's namespace: a test replaces one
+(``monkeypatch.setattr(driver, "merge_splits", ...)``) here."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from components.config import PreprocessConfig
+from components.data import captions as cap
+from components.data.build.common import PreprocessError, _digest
+from components.data.build.embedding import (
+    _stored_dim,
+    caption_files,
+    embed_captions,
+    write_class_files,
+)
+from components.data.build.hashing import dedupe_enabled, hash_with_ray
+from components.data.build.listing import Listed
+from components.data.build.manifest import _assemble, _cleanup, summary
+from components.data.build.merging import merge_splits
+from components.data.build.planning import Planned, _fields, plan
+from components.data.build.tasks import map_tasks
+from components.data.build.writing import ShardSettings, _shard_done, shard_specs, write_shard
+from components.session import ray_session
+
+
+def _build(
+    cfg: PreprocessConfig, out: Path, params: dict[str, Any], params_digest: str,
+    listed: Listed, echo: bool, dest: Path,
+) -> dict[str, Any]:
+    """Steps 2–5 into ``out`` (the dataset dir, or its ``.next`` staging dir for ``dest``),
+    reusing the shards already there that match the plan; the manifest is written last."""
+    import ray
+
+    if echo:
+        where = f"{dest}" if out == dest else f"{dest} (building in {out})"
+        print(f"simgraph preprocess: listed {len(listed.items)} items from {cfg.source.kind} "
+              f"source -> {where}", flush=True)
+    with ray_session(cfg.num_cpus):
+        content = None
+        if listed.items and dedupe_enabled(cfg):
+            t0 = time.perf_counter()
+            content = hash_with_ray(cfg, listed.items, out)
+            if echo:
+                print(f"simgraph preprocess: hashed {len(listed.items)} items "
+                      f"in {time.perf_counter() - t0:.1f} s")
+        p = plan(cfg, listed, content)
+        rows, classes, texts = p.rows, p.classes, p.texts
+        digests = {}
+        by_shard: dict[str, list[Planned]] = collections.defaultdict(list)
+        for r in rows:
+            by_shard[r.shard].append(r)
+        for name, members in by_shard.items():
+            # Field tuples as dataclasses.astuple gives them (same digest), without its deep copy.
+            digests[name] = _digest([params_digest, [_fields(m) for m in members]])
+        done = {n: s for n in by_shard if (s := _shard_done(out, n, digests[n])) is not None}
+        todo = {n: members for n, members in by_shard.items() if n not in done}
+        n_todo = sum(len(members) for members in todo.values())
+        if echo:
+            print(f"simgraph preprocess: {len(rows)} items in {len(by_shard)} shards "
+                  f"({len(done)} already complete), {len(texts)} unique captions")
+
+        model = (cap.load_encoder(cfg.captions.model, backend=cfg.captions.backend)
+                 if cfg.captions.enabled else None)
+        class_files = write_class_files(cfg, classes, out, model)
+        checks: dict[str, Any] | None = None
+        if model is not None:
+            checks, files = caption_files(cfg, p, out, model)
+            class_files.update(files)
+        t0 = time.perf_counter()
+        table = embed_captions(cfg, texts, out) if cfg.captions.enabled and todo else None
+        if echo and table is not None:
+            took = time.perf_counter() - t0
+            print(f"simgraph preprocess: {len(texts)} caption embeddings in {took:.1f} s "
+                  f"({len(texts) / max(took, 1e-9):.0f}/s, reused when cached)", flush=True)
+        t0 = time.perf_counter()
+        if todo:
+            specs = shard_specs(todo)
+            # one shard per task: no shuffle, each task writes what it read
+            map_tasks(write_shard, specs, settings=ShardSettings(
+                out_dir=str(out), table_ref=[ray.put(table)] if table is not None else [],
+                digests=digests, image=dataclasses.asdict(cfg.image),
+                caption_dtype=cfg.captions.dtype, bad_input=cfg.bad_input))
+            if echo:
+                took = time.perf_counter() - t0
+                print(f"simgraph preprocess: decoded and wrote {n_todo} images in "
+                      f"{len(specs)} shards in {took:.1f} s ({n_todo / max(took, 1e-9):.0f} "
+                      "images/s)", flush=True)
+        sides = dict(done)
+        for name in todo:
+            # Just written: the task hashed the file it renamed; the merge verifies it again.
+            side = _shard_done(out, name, digests[name], verify=False)
+            if side is None:
+                raise PreprocessError(f"shard {name} did not complete; re-run to continue")
+            sides[name] = side
+        t0 = time.perf_counter()
+        merged = merge_splits(out, sides)
+        if echo:
+            print(f"simgraph preprocess: merged {len(sides)} shards into "
+                  f"{len(merged)} split files in {time.perf_counter() - t0:.1f} s", flush=True)
+        dim = int(table.shape[1]) if table is not None else _stored_dim(out, by_shard)
+
+    manifest = _assemble(cfg, out, params, params_digest, p, sides, merged, class_files, dim,
+                         checks)
+    _cleanup(out, cfg, manifest)
+    if echo:
+        print(summary(manifest))
+    return manifest

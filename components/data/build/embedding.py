@@ -1,0 +1,124 @@
+"""Step 3: caption embeddings. The unique captions are embedded by a Ray Data actor pool (one
+text encoder per actor, batches streamed to it; :func:`embed_captions`, cached in
+``captions.npz``); on the driver, ``classes.json`` with the class embeddings and similarity
+(:func:`write_class_files`), and ``captions.json`` / ``caption_index.npy`` with the manifest's
+``caption_checks`` (:func:`caption_files`). The encoder itself: ``components/data/captions.py``."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components.config import PreprocessConfig
+from components.data import captions as cap
+from components.data.build.common import LISTED_MAX, _digest
+from components.data.build.planning import Plan, Planned
+from components.files import replacing, write_json
+
+CAPTION_TRUNCATED = "caption-truncated"
+
+
+def embed_captions(cfg: PreprocessConfig, texts: list[str], out: Path) -> np.ndarray:
+    """``[len(texts), E]`` float32 rows, one per unique text; cached in ``captions.npz``."""
+    import ray
+
+    cache = out / "captions.npz"
+    key = _digest({"texts": texts, "model": cfg.captions.model,
+                   **({} if cfg.captions.backend == "torch" else
+                      {"backend": cfg.captions.backend})})
+    if cache.exists():
+        with np.load(cache) as z:
+            if str(z["key"]) == key:
+                return np.asarray(z["embeddings"])
+    # The ONNX backends run on CPU (the same encoder as the driver's class embeddings).
+    use_gpu = cfg.captions.backend == "torch" and ray.cluster_resources().get("GPU", 0) > 0
+    # Shortest first: each actor batch then holds captions of similar length, so the encoder
+    # pads little (the table itself is sorted alphabetically); caption_id maps rows back.
+    by_length = sorted(range(len(texts)), key=lambda i: (len(texts[i]), i))
+    items = ray.data.from_items([{"caption_id": i, "text": texts[i]} for i in by_length])
+    ds = items.map_batches(
+        cap.CaptionEmbedder,
+        fn_constructor_kwargs={"model": cfg.captions.model, "device": "cuda" if use_gpu else "cpu",
+                               "backend": cfg.captions.backend},
+        batch_size=cfg.captions.batch_size,
+        batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=cfg.captions.actors),
+        num_gpus=1 if use_gpu else 0,
+        num_cpus=1,
+    )
+    got = ds.to_pandas()
+    emb = np.zeros((len(texts), len(got["embedding"].iloc[0])), dtype=np.float32)
+    emb[got["caption_id"].to_numpy()] = np.stack(got["embedding"].to_numpy())
+    with replacing(cache) as tmp:
+        np.savez(tmp, key=np.array(key), embeddings=emb)
+    return emb
+
+
+def write_class_files(
+    cfg: PreprocessConfig, classes: list[str], out: Path, model: Any = None
+) -> dict[str, str]:
+    """``classes.json``, and with captions the class embeddings and similarity (X-CLR)."""
+    write_json(out / "classes.json", classes)
+    if not cfg.captions.enabled or not classes:
+        return {}
+    desc = (
+        cap.load_descriptions(cfg.captions.class_descriptions)
+        if cfg.captions.class_descriptions
+        else None
+    )
+    texts = cap.class_texts(classes, cfg.captions.templates, desc)
+    model = model if model is not None else cap.load_encoder(cfg.captions.model,
+                                                             backend=cfg.captions.backend)
+    emb = cap.class_embeddings(model, texts)
+    sim = (emb.astype(np.float64) @ emb.astype(np.float64).T).astype(np.float32)
+    for name, arr in (("class_embeddings", emb), ("class_similarity", sim)):
+        with replacing(out / f"{name}.npy") as tmp:
+            np.save(tmp, arr)
+    return {"class_embeddings": "class_embeddings.npy", "class_similarity": "class_similarity.npy"}
+
+
+def caption_files(
+    cfg: PreprocessConfig, plan_: Plan, out: Path, model: Any
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """``captions.json`` (texts, token counts, the encoder's window) and ``caption_index.npy``
+    (``[N, 2]`` sample id, caption id); returns the manifest's ``caption_checks`` section and
+    the files. A caption longer than the window is embedded from its first tokens only
+    (sentence-transformers truncates): each such item is counted as ``caption-truncated``."""
+    limit = int(model.max_seq_length)
+    tokens = cap.token_counts(model, plan_.texts)
+    data = {"model": cfg.captions.model, "max_seq_length": limit, "texts": plan_.texts,
+            "tokens": tokens}
+    write_json(out / "captions.json", data)
+    index = np.array([(r.sample_id, r.caption_id) for r in plan_.rows], dtype=np.int64)
+    with replacing(out / "caption_index.npy") as tmp:
+        np.save(tmp, index.reshape(-1, 2))
+    long = [r for r in plan_.rows if r.caption_id >= 0 and tokens[r.caption_id] > limit]
+    notes = list(plan_.caption_notes) + [
+        {"path": r.path, "reason": CAPTION_TRUNCATED,
+         "detail": f"{tokens[r.caption_id]} tokens; the text encoder reads the first {limit}",
+         "action": "truncated"}
+        for r in sorted(long, key=lambda r: r.sample_id)
+    ]
+    skipped = collections.Counter(
+        s.reason for s in plan_.skipped if s.reason in ("caption-encoding", "caption-empty"))
+    by_reason = collections.Counter(n["reason"] for n in notes) + skipped
+    checks = {
+        "max_seq_length": limit,
+        "by_reason": dict(sorted(by_reason.items())),
+        "skipped": dict(sorted(skipped.items())),
+        "replaced_or_truncated": len(notes),
+        "listed": min(len(notes), LISTED_MAX),
+        "items": notes[:LISTED_MAX],
+    }
+    return checks, {"captions": "captions.json", "caption_index": "caption_index.npy"}
+
+
+def _stored_dim(out: Path, by_shard: dict[str, list[Planned]]) -> int:
+    cache = out / "captions.npz"
+    if cache.exists():
+        with np.load(cache) as z:
+            return int(z["embeddings"].shape[1])
+    return 0

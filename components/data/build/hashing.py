@@ -1,0 +1,127 @@
+"""Step 2a: the content pass. Every listed item is decoded as it will be stored and hashed
+(``components/data/integrity.py``: sha256 of its bytes and pixels, a pHash, a grey thumbnail),
+as Ray tasks (:func:`hash_with_ray`, cached in ``content.npz``) or in this process
+(:func:`hash_local`). :mod:`~components.data.build.planning` dedupes and groups by the
+resulting :class:`Content`; the pass runs only when :func:`dedupe_enabled`."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components.config import PreprocessConfig
+from components.data import integrity
+from components.data.build.common import _digest
+from components.data.build.tasks import _task_count, map_tasks
+from components.data.images import ImageError, decode_image
+from components.data.sources import FASHION_SCHEME, Item, read_item
+from components.files import replacing
+
+
+def dedupe_enabled(cfg: PreprocessConfig) -> bool:
+    return cfg.dedupe.exact or cfg.dedupe.near_threshold is not None
+
+
+def hash_batch(batch: dict[str, np.ndarray], max_side: int, min_side: int) -> dict[str, Any]:
+    """One Ray task of the content pass (and the in-process fallback): decode each item as it
+    will be stored and hash it (``integrity.hash_item``); a failure becomes a row with a
+    ``reason``."""
+    cols: dict[str, list[Any]] = {k: [] for k in (
+        "reason", "detail", "bytes_sha256", "pixels_sha256", "phash", "thumb")}
+    for path in batch["path"]:
+        try:
+            data = read_item(str(path))
+            rgb = decode_image(data, max_side=max_side, min_side=min_side)
+            h = integrity.hash_item(data, rgb)
+            row = ["", "", h.bytes_sha256, h.pixels_sha256, h.phash, h.thumb]
+        except (ImageError, OSError) as e:
+            row = [getattr(e, "reason", "unreadable-file"), str(e), "", "", 0,
+                   bytes(integrity.THUMB**2)]
+        for k, v in zip(cols, row, strict=True):
+            cols[k].append(v)
+    return {
+        "idx": batch["idx"],
+        **{k: np.array(cols[k], dtype=object) for k in ("reason", "detail", "bytes_sha256",
+                                                         "pixels_sha256", "thumb")},
+        "phash": np.array(cols["phash"], dtype=np.uint64),
+    }
+
+
+@dataclasses.dataclass
+class Content:
+    """Per listed item: its decode failure (``reason`` non-empty) or its hashes (see
+    :mod:`components.data.integrity`)."""
+
+    reason: list[str]
+    detail: list[str]
+    bytes_sha256: list[str]
+    pixels_sha256: list[str]
+    phash: np.ndarray  # [n] uint64
+    thumbs: np.ndarray  # [n, 256] uint8
+
+    @classmethod
+    def from_columns(cls, cols: dict[str, Any]) -> Content:
+        order = np.argsort(np.asarray(cols["idx"], dtype=np.int64), kind="stable")
+        thumbs = np.frombuffer(b"".join(cols["thumb"][i] for i in order), np.uint8)
+        return cls(
+            [str(cols["reason"][i]) for i in order], [str(cols["detail"][i]) for i in order],
+            [str(cols["bytes_sha256"][i]) for i in order],
+            [str(cols["pixels_sha256"][i]) for i in order],
+            np.asarray(cols["phash"], dtype=np.uint64)[order],
+            thumbs.reshape(len(order), integrity.THUMB**2).copy(),
+        )
+
+
+def hash_local(cfg: PreprocessConfig, items: Sequence[Item]) -> Content:
+    """The content pass in this process (small sources, unit tests)."""
+    batch = {"idx": np.arange(len(items)), "path": np.array([it.path for it in items], object)}
+    return Content.from_columns(hash_batch(batch, cfg.image.max_side, cfg.image.min_side))
+
+
+def _content_key(cfg: PreprocessConfig, items: Sequence[Item]) -> str:
+    stats = []
+    for it in items:
+        local = it.path.partition("#")[0].removeprefix(FASHION_SCHEME)
+        try:
+            st = os.stat(local) if "://" not in local else None
+        except OSError:
+            st = None
+        stats.append((it.path, st.st_size if st else None, st.st_mtime_ns if st else None))
+    return _digest({"items": stats, "image": [cfg.image.max_side, cfg.image.min_side],
+                    "hash": "sha256+phash64+thumb16/1"})
+
+
+def hash_with_ray(cfg: PreprocessConfig, items: Sequence[Item], out: Path) -> Content:
+    """The content pass as Ray tasks of about ``ITEMS_PER_TASK`` items (:func:`map_tasks`);
+    cached in ``content.npz`` (keyed by the items' paths, sizes and mtimes), so a resumed run
+    does not hash again."""
+    cache = out / "content.npz"
+    key = _content_key(cfg, items)
+    if cache.exists():
+        with np.load(cache, allow_pickle=False) as z:
+            if str(z["key"]) == key:
+                return Content([str(x) for x in z["reason"]], [str(x) for x in z["detail"]],
+                               [str(x) for x in z["bytes_sha256"]],
+                               [str(x) for x in z["pixels_sha256"]],
+                               z["phash"].copy(), z["thumbs"].copy())
+    bounds = np.linspace(0, len(items), _task_count(len(items)) + 1).astype(int)
+    batches = [{"idx": np.arange(a, b),
+                "path": np.array([it.path for it in items[a:b]], dtype=object)}
+               for a, b in itertools.pairwise(bounds) if b > a]
+    parts = map_tasks(hash_batch, batches, max_side=cfg.image.max_side,
+                      min_side=cfg.image.min_side)
+    content = Content.from_columns({k: np.concatenate([part[k] for part in parts])
+                                    for k in parts[0]})
+    with replacing(cache) as tmp:
+        np.savez(tmp, key=np.array(key), reason=np.array(content.reason, dtype=str),
+                 detail=np.array(content.detail, dtype=str),
+                 bytes_sha256=np.array(content.bytes_sha256, dtype=str),
+                 pixels_sha256=np.array(content.pixels_sha256, dtype=str),
+                 phash=content.phash, thumbs=content.thumbs)
+    return content

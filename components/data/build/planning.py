@@ -1,0 +1,211 @@
+"""Step 2b (driver, no Ray): everything decided before a shard is written (:func:`plan`, a
+:class:`Plan` of :class:`Planned` rows). Exact duplicates are dropped (``duplicate-of``), near
+duplicates and ``split.group_by`` values grouped, stratified splits assigned group by group and
+each split cut into shards of ``shard_size``; the manifest's ``near_duplicates`` and
+``split_groups`` reports. Also the build parameters a dataset's ``params_digest`` is taken
+over (:func:`_params`: what the bytes of a shard depend on)."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from components.config import PreprocessConfig, to_dict
+from components.data import integrity
+from components.data.build.common import LISTED_MAX, PreprocessError
+from components.data.build.hashing import Content, dedupe_enabled, hash_local
+from components.data.build.listing import Listed, list_items
+from components.data.shards import FORMAT
+from components.data.sources import Item, Skip
+from components.data.splits import SPLITS, assign_splits
+from components.files import sha256_file
+
+DUPLICATE_OF = "duplicate-of"
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    sample_id: int
+    path: str
+    label: int
+    caption_id: int  # row of the caption table, -1 when captions are disabled
+    split: str
+    shard: str
+
+
+def _fields(row: Planned) -> tuple[Any, ...]:
+    return tuple(getattr(row, f.name) for f in dataclasses.fields(row))
+
+
+@dataclasses.dataclass
+class Plan:
+    rows: list[Planned]
+    classes: list[str]
+    texts: list[str]  # the caption table (unique texts, sorted)
+    skipped: list[Skip]
+    caption_notes: list[dict[str, Any]]
+    near_duplicates: dict[str, Any] | None
+    split_groups: dict[str, Any] | None
+
+
+def plan(
+    cfg: PreprocessConfig, listed: Listed | None = None, content: Content | None = None
+) -> Plan:
+    """Everything decided before the shards are written: rows (sample id, split, shard),
+    classes, the caption table, skips, and the near-duplicate / group report.
+
+    With ``dedupe`` on, ``content`` (the items' hashes) is computed here, in this process, when
+    not given (:func:`hash_with_ray` computes it in parallel for :func:`run`).
+    """
+    listed = listed or list_items(cfg)
+    items, texts, skipped = listed.items, listed.texts, list(listed.skipped)
+    keep = np.ones(len(items), dtype=bool)
+    groups: np.ndarray | None = None
+    pairs: np.ndarray | None = None
+    split_groups: dict[str, Any] | None = None
+    if items and dedupe_enabled(cfg):
+        content = content or hash_local(cfg, items)
+        for i, reason in enumerate(content.reason):
+            if reason:
+                if cfg.bad_input == "error":
+                    raise PreprocessError(f"{items[i].path}: {content.detail[i]} (bad_input=error)")
+                skipped.append(Skip(items[i].path, reason, content.detail[i]))
+                keep[i] = False
+        if cfg.dedupe.exact:
+            _drop_exact(cfg, listed, content, keep, skipped)
+        ok = np.flatnonzero(keep)
+        uf = integrity.UnionFind(len(items))
+        if cfg.dedupe.near_threshold is not None:
+            _, local_pairs = integrity.near_duplicate_groups(
+                content.phash[ok], content.thumbs[ok], cfg.dedupe.near_threshold,
+                cfg.dedupe.near_max_diff)
+            pairs = ok[local_pairs]
+            for a, b in pairs.tolist():
+                uf.union(a, b)
+        if cfg.split.group_by is not None:
+            split_groups = _group_by(cfg, items, ok, uf)
+        groups = uf.labels()
+    rows_idx = np.flatnonzero(keep)
+    if not len(rows_idx):
+        raise PreprocessError(
+            f"source {cfg.source.kind} {cfg.source.path or ''} gave no usable items: every "
+            f"item was skipped ({len(skipped)}); nothing to write"
+        )
+    table = sorted({t for i in rows_idx if (t := texts[i]) is not None})
+    index = {t: i for i, t in enumerate(table)}
+    sub = [items[i] for i in rows_idx]
+    splits = assign_splits(
+        [it.label for it in sub], [it.official_split for it in sub],
+        cfg.split.val, cfg.split.test, cfg.split.seed,
+        None if groups is None else groups[rows_idx].tolist(),
+    )
+    split_of = {int(i): s for i, s in zip(rows_idx, splits, strict=True)}
+    rows: list[Planned] = []
+    for split in SPLITS:
+        members = [int(i) for i, s in zip(rows_idx, splits, strict=True) if s == split]
+        for k in range(0, len(members), cfg.shard_size):
+            name = f"{split}-{k // cfg.shard_size:05d}"
+            for i in members[k : k + cfg.shard_size]:
+                it, t = items[i], texts[i]
+                cid = -1 if t is None else index[t]
+                rows.append(Planned(i, it.path, it.label, cid, split, name))
+    near = None if pairs is None else _near_report(cfg, items, pairs, split_of)
+    if split_groups is not None and groups is not None:
+        split_groups["units"] = len(set(groups[rows_idx].tolist()))
+    return Plan(rows, listed.classes, table, skipped, listed.caption_notes, near, split_groups)
+
+
+def _drop_exact(
+    cfg: PreprocessConfig, listed: Listed, content: Content, keep: np.ndarray,
+    skipped: list[Skip],
+) -> None:
+    """Exact duplicates: the first copy in listing order is kept, the others are skipped as
+    ``duplicate-of`` it (``of`` names the kept copy)."""
+    items = listed.items
+    ok = np.flatnonzero(keep)
+    dropped = integrity.exact_duplicates([content.pixels_sha256[i] for i in ok])
+    for d, k in sorted(dropped.items()):
+        di, ki = int(ok[d]), int(ok[k])
+        same = ("same bytes" if content.bytes_sha256[di] == content.bytes_sha256[ki]
+                else "same pixels after decoding and resizing")
+        labels = "" if items[di].label == items[ki].label else (
+            f"; its label {_label(listed.classes, items[di].label)} differs from the kept "
+            f"copy's {_label(listed.classes, items[ki].label)}")
+        if cfg.bad_input == "error":
+            raise PreprocessError(
+                f"{items[di].path}: {same} as {items[ki].path} (bad_input=error; "
+                "dedupe.exact=false keeps exact duplicates)")
+        skipped.append(Skip(items[di].path, DUPLICATE_OF, f"{same} as {items[ki].path}{labels}",
+                            items[ki].path))
+        keep[di] = False
+
+
+def _group_by(
+    cfg: PreprocessConfig, items: list[Item], ok: np.ndarray, uf: integrity.UnionFind
+) -> dict[str, Any]:
+    """Join items sharing a ``split.group_by`` value; the manifest's ``split_groups``."""
+    first: dict[str, int] = {}
+    for i in ok.tolist():
+        g = items[i].group
+        if g is not None:
+            uf.union(first.setdefault(g, i), i)
+    count = collections.Counter(items[i].group for i in ok.tolist() if items[i].group is not None)
+    return {"column": cfg.split.group_by, "values": len(count), "items": sum(count.values()),
+            "largest": max(count.values(), default=0)}
+
+
+def _label(classes: list[str], label: int) -> str:
+    return repr(classes[label]) if 0 <= label < len(classes) else "(none)"
+
+
+def _near_report(
+    cfg: PreprocessConfig, items: list[Item], pairs: np.ndarray, split_of: dict[int, str]
+) -> dict[str, Any]:
+    """The manifest's ``near_duplicates`` section (groups from near-duplicate pairs only)."""
+    uf = integrity.UnionFind(len(items))
+    for a, b in pairs.tolist():
+        uf.union(a, b)
+    found = integrity.groups_from_roots(uf.labels())
+    found.sort(key=lambda g: (-len(g), g[0]))
+    straddle = [(a, b) for a, b in pairs.tolist() if split_of.get(a) != split_of.get(b)]
+    sizes = collections.Counter(len(g) for g in found)
+    return {
+        "method": "64-bit DCT pHash within threshold_bits, confirmed by 16x16 grey thumbnails "
+                  "within max_diff grey levels (components/data/integrity.py)",
+        "threshold_bits": cfg.dedupe.near_threshold,
+        "max_diff": cfg.dedupe.near_max_diff,
+        "pairs": len(pairs),
+        "groups": len(found),
+        "items": sum(len(g) for g in found),
+        "sizes": {str(k): sizes[k] for k in sorted(sizes)},
+        # Only official splits (kept as the source defines them) can separate a pair.
+        "straddling_splits": {
+            "pairs": len(straddle),
+            "examples": [{"a": items[a].path, "a_split": split_of.get(a),
+                          "b": items[b].path, "b_split": split_of.get(b)}
+                         for a, b in straddle[:20]],
+        },
+        "listed": min(len(found), LISTED_MAX),
+        "list": [[{"sample_id": i, "path": items[i].path, "split": split_of.get(i)} for i in g]
+                 for g in found[:LISTED_MAX]],
+    }
+
+
+def _params(cfg: PreprocessConfig) -> dict[str, Any]:
+    """What the bytes of a shard depend on (not paths of the output or Ray sizing)."""
+    p = to_dict(cfg)
+    for k in ("output", "keep_shards", "num_cpus"):
+        p.pop(k)
+    p["captions"].pop("actors")
+    p["captions"].pop("batch_size")
+    if cfg.captions.backend == "torch":
+        p["captions"].pop("backend")  # the default: datasets built before it existed stay valid
+    if cfg.source.label_depth == 1:
+        p["source"].pop("label_depth")  # the default: datasets built before it existed stay valid
+    if cfg.captions.class_descriptions:
+        p["captions"]["class_descriptions_sha256"] = sha256_file(cfg.captions.class_descriptions)
+    p["format"] = FORMAT
+    return p
