@@ -45,7 +45,9 @@ $(STAMP): pyproject.toml
 
 # The suite runs inside a loopback-only network namespace: Ray stays on 127.0.0.1 and
 # anything that tries to download at run time fails. Local Rays start without their
-# dashboard (components/session.py: ~2.4 s a start; the suite starts ~25).
+# dashboard (the default, components/session.py: ~2.4 s a start; the suite starts ~25);
+# SIMGRAPH_RAY_DASHBOARD=0 keeps it off even for a sweep with Train worker groups, which would
+# otherwise ask for it (the suite has none).
 # Two phases: every test but the cluster ones on TEST_WORKERS pytest-xdist workers (a test
 # file stays on one worker: its module fixtures are built once; most slow tests wait on Ray
 # and process start-up, so two streams overlap well on 2 cores), then tests/test_cluster.py

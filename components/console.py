@@ -219,6 +219,7 @@ def run_summary(cfg: Any, facts: Any, run_dir: str) -> str:
     :class:`~components.run_dir.RunFacts`."""
     from components.config import to_dict
     from components.optim import scaled_lr
+    from components.storage import display
 
     d, o, w = cfg.data, cfg.optim, cfg.scaling.num_workers
     gb = d.batch_size * w
@@ -236,7 +237,7 @@ def run_summary(cfg: Any, facts: Any, run_dir: str) -> str:
            else f"off ({facts.knn_note or 'knn.every_epochs 0'})")
     return "\n".join([
         f"simgraph pretrain: run {cfg.name!r} -> {run_dir}",
-        f"  data    {d.dataset}: {splits}; {facts.num_classes} classes{caps}",
+        f"  data    {display(d.dataset)}: {splits}; {facts.num_classes} classes{caps}",
         f"  loss    {cfg.loss.name} ({loss})" if loss else f"  loss    {cfg.loss.name}",
         f"  model   {cfg.model.backbone}, projector {cfg.model.projector_hidden}->"
         f"{cfg.model.projector_dim}",

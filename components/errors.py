@@ -99,6 +99,8 @@ def run_command(command: str, body: Callable[[], object]) -> int:
     try:
         body()
     except SimgraphError as e:
-        print(f"simgraph {command}: {e.headline}{e}", file=sys.stderr)
+        from components.storage import redact  # never a URI's credentials, whoever wrote it
+
+        print(redact(f"simgraph {command}: {e.headline}{e}"), file=sys.stderr)
         return e.exit_code
     return 0

@@ -1,5 +1,6 @@
 """The run-dir format: ``<storage>/<name>/`` holds ``config.yaml`` (the run's whole config,
-written on the first start; a re-run must match it except :data:`RESUMABLE_CHANGES`),
+written on the first start, without the credentials of any URI in it; a re-run must match it
+except :data:`RESUMABLE_CHANGES`),
 ``dataset.json`` (the identity of the data it trains on; a re-run must find the same data),
 ``epoch_NNNNN/`` checkpoints (:mod:`components.checkpoint`; the newest complete one resumes),
 ``metrics.csv`` and ``tb/`` (rank 0's per-epoch metrics) and ``workers/rank<r>.json``; plus the
@@ -66,6 +67,7 @@ def check_dataset(cfg: PretrainConfig) -> RunFacts:
         RunError: missing dataset, no labels for a supervised loss, no class graph or
             captions for X-CLR / CLIP, fewer training samples than one global batch.
     """
+    from components import storage
     from components.data.reader import DatasetError
     from components.data.staging import dataset_info
     from components.storage import StorageError
@@ -77,7 +79,7 @@ def check_dataset(cfg: PretrainConfig) -> RunFacts:
         info.split_file("train")
     except (DatasetError, StorageError) as e:
         raise RunError(str(e)) from None
-    where = cfg.data.dataset
+    where = storage.display(cfg.data.dataset)
     sim = info.class_similarity()
     import torch
 
@@ -201,8 +203,11 @@ def check_same_dataset(name: str, dataset: str, trained_on: dict[str, Any] | Non
     Raises:
         RunError: names what differs and the two ways out.
     """
+    from components.storage import display
+
     if trained_on is None:
         return
+    dataset = display(dataset)
     diff = identity_diff(trained_on, now)
     if diff:
         raise RunError(
@@ -225,8 +230,12 @@ def _with_defaults(d: dict[str, Any]) -> dict[str, Any]:
 def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Dotted keys whose values differ between two config dicts (either side may lack a key;
     keys added to the config classes later count as their defaults), ignoring
-    :data:`RESUMABLE_CHANGES`: what makes two configs different runs."""
-    a, b = flatten(_with_defaults(old)), flatten(_with_defaults(new))
+    :data:`RESUMABLE_CHANGES`: what makes two configs different runs. Values are compared
+    without the credentials of their URIs (:func:`components.storage.redacted`: what is
+    stored): the same place reached with other credentials is the same run."""
+    from components.storage import redacted
+
+    a, b = flatten(_with_defaults(redacted(old))), flatten(_with_defaults(redacted(new)))
     return sorted(k for k in set(a) | set(b)
                   if a.get(k) != b.get(k) and not k.startswith(RESUMABLE_CHANGES))
 
@@ -308,7 +317,9 @@ def prepare_run_dir(cfg: PretrainConfig, dataset: dict[str, Any] | None = None) 
                     "resumes it, so choose a new name= or restore those values"
                 )
         record = dataset is not None and _check_run_dataset(cfg, run_dir, dataset)
-        storage.write_text(path, yaml.safe_dump(new, sort_keys=False))
+        # Never the credentials of a URI (storage, data.dataset, a tracker's URI): they are
+        # used, not stored (a resume finds them in its own config or the environment).
+        storage.write_text(path, yaml.safe_dump(storage.redacted(new), sort_keys=False))
         if record:
             storage.write_text(storage.join(run_dir, RUN_DATASET),
                                json.dumps(dataset, sort_keys=True))

@@ -11,7 +11,10 @@ Format (every key but ``name``, ``base`` and ``space`` is optional; defaults sho
     metric: knn_top1              # reported per epoch by pretraining: knn_top1, loss, lr,
                                   # samples_per_s, data_wait, anchors_without_positive, loss_*
     mode: max                     # max | min
-    num_samples: 8                # trials
+    num_samples: 8                # settings the searcher suggests
+    repeats: 1                    # seeds per setting (train.seed + 0..repeats-1, Tune's
+                                  # Repeater): the searcher sees their mean, the tables show
+                                  # mean ± sd and n; needs scheduler fifo when > 1
     max_concurrent: 1             # trials at a time; auto: as many as the cluster's CPUs and
                                   # GPUs hold when the sweep starts (resources below)
     resources: {workers: 1, cpus_per_worker: 1.0, gpus_per_worker: 0.0, mode: auto}
@@ -103,7 +106,8 @@ KINDS = ("uniform", "loguniform", "int", "choice")
 REPORTED_METRICS = ("knn_top1", "loss", "lr", "samples_per_s", "data_wait",
                     "anchors_without_positive")
 # Keys of a sweep file that load_sweep's overrides may set; the sections take sub-keys.
-OVERRIDABLE_KEYS = ("name", "storage", "metric", "mode", "num_samples", "max_concurrent",
+OVERRIDABLE_KEYS = ("name", "storage", "metric", "mode", "num_samples", "repeats",
+                    "max_concurrent",
                     "study_storage", "mlflow", "mlflow_uri", "wandb", "wandb_project",
                     "wandb_mode", "overrides")
 OVERRIDABLE_SECTIONS = ("resources", "searcher", "scheduler", "statistic")
@@ -449,6 +453,7 @@ class _SweepSettings:
     metric: str = "knn_top1"
     mode: Literal["max", "min"] = "max"
     num_samples: int = 8
+    repeats: int = 1
     max_concurrent: int | Literal["auto"] = 1
     resources: Resources = dataclasses.field(default_factory=Resources)
     searcher: Searcher = dataclasses.field(default_factory=Searcher)
@@ -512,6 +517,12 @@ class SweepConfig(_SweepSettings):
                               f"it would pick the worst trial; use "
                               f"mode={'max' if self.mode == 'min' else 'min'}")
         check_at_least("num_samples", self.num_samples, 1)
+        check_at_least("repeats", self.repeats, 1)
+        if self.repeats > 1 and self.scheduler.name == "asha":
+            raise ConfigError(
+                f"repeats={self.repeats} with scheduler.name='asha' is not allowed: ASHA would "
+                "stop some seeds of a setting early and the searcher would average unequal "
+                "runs; use scheduler: {name: fifo} with repeats")
         if self.max_concurrent != "auto":
             check_at_least("max_concurrent", self.max_concurrent, 1)
         s = self.study_storage
@@ -903,12 +914,26 @@ def _all_overrides(cfg: SweepConfig, params: Mapping[str, Any], name: str,
             f"storage={format_value(storage)}", *scaling]
 
 
+REPEAT_INDEX = "__trial_index__"  # Tune's Repeater puts a setting's repeat number here
+
+
+def setting_of(params: Mapping[str, Any]) -> dict[str, Any]:
+    """A trial's parameters without Tune's repeat index: what its setting is."""
+    return {k: v for k, v in params.items() if k != REPEAT_INDEX}
+
+
 def trial_config(cfg: SweepConfig, params: Mapping[str, Any], name: str,
                  storage: str) -> PretrainConfig:
     """The pretrain config of one trial: base + :func:`trial_overrides` + ``name`` +
-    ``storage`` + the sweep's ``resources`` as ``scaling.*``."""
-    return load_config(cfg.base_path, PretrainConfig,
-                       _all_overrides(cfg, params, name=name, storage=storage))
+    ``storage`` + the sweep's ``resources`` as ``scaling.*``; the ``r``-th repeat of a
+    setting (``repeats``) trains with ``train.seed + r``."""
+    out = load_config(cfg.base_path, PretrainConfig,
+                      _all_overrides(cfg, setting_of(params), name=name, storage=storage))
+    index = int(params.get(REPEAT_INDEX, 0) or 0)
+    if index:
+        out = dataclasses.replace(out, train=dataclasses.replace(
+            out.train, seed=out.train.seed + index))
+    return out
 
 
 def make_sampler(cfg: SweepConfig) -> optuna.samplers.BaseSampler:

@@ -32,6 +32,13 @@ appears whole or not at all. Local writes (:func:`write_text`, :func:`write_byte
 Errors from pyarrow (no such bucket, no credentials, a directory where a file was expected) are
 raised as :class:`StorageError` naming the path (with any ``user:secret@`` removed).
 
+Credentials in a URI (``s3://KEY:SECRET@bucket/...``; pyarrow reads them as the access key and
+secret) are used but never stored or logged: whatever simgraph writes or logs about a config or
+a path goes through :func:`redact` / :func:`redacted` (run and sweep configs, checkpoints,
+trackers, job metadata, messages via :func:`display`). What is stored is the URI without them,
+so a later command must find the credentials elsewhere: prefer the environment or an instance
+role from the start.
+
 :class:`LocalMirror` is for files written by libraries that only write local files (metrics CSV,
 TensorBoard events, reports): write under ``mirror.local`` and call ``mirror.sync()``.
 """
@@ -41,11 +48,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import pyarrow
@@ -70,14 +79,44 @@ class StorageNotFoundError(StorageError):
     """Nothing exists at the path or URI."""
 
 
+# ``scheme://userinfo@``: the scheme as RFC 3986 spells it, then a user and an "@" before any
+# "/" (an "@" in a path is left alone), or ``user:password@`` whose password may hold a raw "/"
+# (AWS secret keys do; pyarrow refuses such a URI, but its error message would still show it)
+# unless it is a port: ``http://host:80/p@x`` is left alone.
+_USERINFO = re.compile(
+    r"(?<![A-Za-z0-9+.\-])([A-Za-z][A-Za-z0-9+.\-]*://)"
+    r"(?:[^/?#@\s:]*:(?!\d+[/?#])[^?#@\s]*|[^/?#@\s]*)@")
+
+
+def redact(value: str) -> str:
+    """``value`` with the ``user:password@`` of every URI in it removed
+    (``s3://KEY:SECRET@bucket/runs?region=x`` → ``s3://bucket/runs?region=x``; also inside
+    longer strings such as ``storage=s3://KEY:SECRET@bucket`` or a database URL
+    ``postgresql://user:pw@host/db``). Anything else is returned as it is."""
+    return _USERINFO.sub(r"\1", value) if "@" in value else value
+
+
+def redacted(value: Any) -> Any:
+    """A copy of ``value`` (a config as plain containers: dicts, lists, tuples, strings,
+    numbers) with :func:`redact` applied to every string in it, keys included; what is written
+    to config files, checkpoints, trackers and job metadata."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {redacted(k): redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(redacted(v) for v in value)
+    return value
+
+
+def has_credentials(value: Any) -> bool:
+    """Whether :func:`redacted` would change ``value``: it holds a URI with credentials."""
+    return bool(redacted(value) != value)
+
+
 def display(path: str) -> str:
-    """``path`` for messages: a URI without ``user:password@``."""
-    if not is_uri(path):
-        return path
-    parts = urlsplit(path)
-    if "@" not in parts.netloc:
-        return path
-    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+    """``path`` for messages: a URI without ``user:password@`` (:func:`redact`)."""
+    return redact(path)
 
 
 def _scheme(path: str) -> str:
@@ -110,7 +149,7 @@ def resolve(path: str | Path) -> tuple[pafs.FileSystem, str]:
     try:
         fs, fs_path = pafs.FileSystem.from_uri(uri)
     except (OSError, ValueError, pyarrow.ArrowException) as e:
-        raise StorageError(f"cannot open {display(path)}: {e}") from None
+        raise StorageError(f"cannot open {display(path)}: {redact(str(e))}") from None
     return fs, fs_path
 
 
@@ -129,7 +168,7 @@ def _errors(path: str, action: str) -> Iterator[None]:
         raise StorageNotFoundError(
             f"{display(path)} not found (while trying to {action} it)") from None
     except (OSError, pyarrow.ArrowException) as e:
-        raise StorageError(f"cannot {action} {display(path)}: {e}") from None
+        raise StorageError(f"cannot {action} {display(path)}: {redact(str(e))}") from None
 
 
 def join(base: str | Path, *parts: str) -> str:

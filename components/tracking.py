@@ -2,7 +2,8 @@
 sweep file).
 
 MLflow through its own client API: :class:`MLflowRun` is rank 0's run of one pretraining run
-(the flattened config as parameters, every epoch's metrics at step = epoch, the MLflow run id
+(the flattened config as parameters — never the credentials of a URI in it, see
+:func:`components.storage.redacted` —, every epoch's metrics at step = epoch, the MLflow run id
 kept in the run dir so a resumed run continues the same MLflow run); sweeps use Ray Tune's own
 ``MLflowLoggerCallback`` (:func:`tune_callbacks`). The default store is SQLite in the run or
 sweep dir (MLflow 3 refuses its old file store), readable with ``mlflow ui
@@ -89,6 +90,7 @@ class MLflowRun:
         from mlflow.entities import Param
 
         from components.config import flatten
+        from components.storage import redacted
 
         self.uri = uri or default_uri(local_dir)
         self.client = MlflowClient(self.uri)
@@ -111,7 +113,7 @@ class MLflowRun:
         else:
             self.run_id = self.client.create_run(exp_id, run_name=name,
                                                  tags={RUN_KEY_TAG: key}).info.run_id
-        params = [Param(k, str(v)[:6000]) for k, v in sorted(flatten(config).items())]
+        params = [Param(k, str(v)[:6000]) for k, v in sorted(flatten(redacted(config)).items())]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
             self.client.log_batch(self.run_id, params=params[i:i + 100])
         write_text(id_file, self.run_id + "\n")
@@ -136,6 +138,8 @@ class WandbRun:
                  mode: str) -> None:
         import wandb
 
+        from components.storage import redacted
+
         # A wandb-core service inherited from a parent process (wandb exports WANDB_SERVICE)
         # is not ours: a killed run's stream stays registered there and its resume would be
         # refused ("run ID ... is in use"). This process starts its own.
@@ -145,7 +149,7 @@ class WandbRun:
             write_text(id_file, uuid.uuid4().hex[:12] + "\n")
         run_id = id_file.read_text().strip()
         self.run = wandb.init(project=project, name=name, id=run_id, resume="allow",
-                              mode=cast(Any, mode), dir=str(local_dir), config=config,
+                              mode=cast(Any, mode), dir=str(local_dir), config=redacted(config),
                               settings=_wandb_settings(), reinit="create_new")
         self.run.define_metric("epoch")
         self.run.define_metric("*", step_metric="epoch")
@@ -179,11 +183,12 @@ def prepare_sweep_trackers(sweep: Any) -> None:
 
 
 def tune_callbacks(sweep: Any, sweep_dir: str | Path) -> list[Any]:
-    """Ray Tune callbacks for a sweep's trackers. ``mlflow: true``: MLflow's, one MLflow run
-    per trial in experiment ``<sweep name>``; without ``mlflow_uri`` the store is SQLite in
-    ``sweep_dir`` (local: the sweep config refuses a URI storage without ``mlflow_uri``),
-    created here since Tune has not made the dir yet. ``wandb: true``: W&B's, one run per
-    trial in project ``wandb_project``, group ``<sweep name>``; offline (see
+    """Ray Tune callbacks for a sweep's trackers (Ray's, logging the trials' parameters
+    without URI credentials: :mod:`components.tune_trackers`). ``mlflow: true``: MLflow's,
+    one MLflow run per trial in experiment ``<sweep name>``; without ``mlflow_uri`` the store
+    is SQLite in ``sweep_dir`` (local: the sweep config refuses a URI storage without
+    ``mlflow_uri``), created here since Tune has not made the dir yet. ``wandb: true``:
+    W&B's, one run per trial in project ``wandb_project``, group ``<sweep name>``; offline (see
     :func:`prepare_sweep_trackers`) its runs are ``<sweep_dir>/wandb/offline-run-*-<trial id>``
     for a local ``sweep_dir``. Not Ray's default, each Tune trial dir: that is Tune's driver
     staging copy, whose last sync to the sweep dir runs before Tune waits for the logging
@@ -193,26 +198,25 @@ def tune_callbacks(sweep: Any, sweep_dir: str | Path) -> list[Any]:
     callbacks: list[Any] = []
     if sweep.mlflow:
         _quiet()
-        from ray.air.integrations.mlflow import MLflowLoggerCallback
+        from components.tune_trackers import RedactingMLflowLoggerCallback
 
         uri = sweep.mlflow_uri
         if uri is None:
             Path(sweep_dir).mkdir(parents=True, exist_ok=True)
             uri = default_uri(sweep_dir)
-        callbacks.append(MLflowLoggerCallback(tracking_uri=uri, experiment_name=sweep.name,
-                                              save_artifact=False))
+        callbacks.append(RedactingMLflowLoggerCallback(
+            tracking_uri=uri, experiment_name=sweep.name, save_artifact=False))
     if sweep.wandb:
-        from ray.air.integrations.wandb import WandbLoggerCallback
-
         from components.paths import is_uri
+        from components.tune_trackers import RedactingWandbLoggerCallback
 
         where: dict[str, Any] = {}
         if not is_uri(sweep_dir):
             Path(sweep_dir).mkdir(parents=True, exist_ok=True)  # wandb.init needs it to exist
             where["dir"] = str(Path(sweep_dir).resolve())
-        callbacks.append(WandbLoggerCallback(project=sweep.wandb_project, group=sweep.name,
-                                             mode=sweep.wandb_mode,
-                                             settings=_wandb_settings(), **where))
+        callbacks.append(RedactingWandbLoggerCallback(
+            project=sweep.wandb_project, group=sweep.name, mode=sweep.wandb_mode,
+            settings=_wandb_settings(), **where))
     return callbacks
 
 

@@ -23,6 +23,10 @@ Available now:
   [--labels MAP.yaml]`` — kNN, linear probe, graph metrics, plots and a report per run, and a
   comparison of several; ``--labels`` scores against groups of the classes (coarse labels).
 
+* ``simgraph export RUN_DIR [--checkpoint DIR] [--format safetensors|torchscript|onnx]
+  [--projector] [--out DIR]`` — the backbone (+ projector) as files that load without
+  simgraph, with ``config.json`` and ``model_card.md`` (default ``<run>/export/``).
+
 * ``simgraph sweep SPACE.yaml [--resume] [key=value ...]`` — Ray Tune + Optuna over
   pretraining, conditional per-loss spaces from ``search_spaces/*.yaml``, ASHA, resume.
 
@@ -95,6 +99,7 @@ def validate(config: str, overrides: Sequence[str]) -> int:
     needs, batch size) and its run summary printed (effective LR, steps, warnings); a sweep's
     every branch is built; a run config loads every run's pretrain config."""
     from components.errors import run_command
+    from components.storage import redacted
 
     def body() -> None:
         kind = config_kind(config)
@@ -105,13 +110,13 @@ def validate(config: str, overrides: Sequence[str]) -> int:
             from components.config import load_pipeline
 
             pre, runs = load_pipeline(config, overrides)
-            print(yaml.safe_dump({"preprocess": to_dict(pre), "runs": {
+            print(yaml.safe_dump(redacted({"preprocess": to_dict(pre), "runs": {
                 k: {"name": v.name, "loss": to_dict(v.loss), "epochs": v.train.epochs,
-                    "storage": v.storage} for k, v in runs.items()}}, sort_keys=False), end="")
+                    "storage": v.storage} for k, v in runs.items()}}), sort_keys=False), end="")
             print(f"# simgraph validate: run config, {len(runs)} pretraining runs, all valid")
             return
         cfg: Any = load_config(config, config_class(config), overrides)
-        print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+        print(yaml.safe_dump(redacted(to_dict(cfg)), sort_keys=False), end="")
         if kind == "pretrain":
             _check_pretrain_dataset(cfg)
 
@@ -120,16 +125,17 @@ def validate(config: str, overrides: Sequence[str]) -> int:
 
 def _validate_sweep(path: str, overrides: Sequence[str]) -> None:
     from components.search_space import load_sweep
+    from components.storage import redacted
 
     sweep = load_sweep(path, overrides)  # builds every branch's trial config at its corners
     params = {p: {k: v for k, v in dataclasses.asdict(d).items() if v not in (None, False)}
               for p, d in sweep.parameters().items()}
-    print(yaml.safe_dump({
+    print(yaml.safe_dump(redacted({
         "name": sweep.name, "base": str(sweep.base_path), "overrides": list(sweep.overrides),
         "metric": sweep.metric, "mode": sweep.mode, "num_samples": sweep.num_samples,
         "searcher": dataclasses.asdict(sweep.searcher),
         "scheduler": dataclasses.asdict(sweep.scheduler), "parameters": params,
-    }, sort_keys=False), end="")
+    }), sort_keys=False), end="")
     print(f"# simgraph validate: sweep, {len(params)} parameters, "
           f"{len(sweep.branches())} branch(es), every branch builds a valid pretrain config")
 
@@ -142,8 +148,8 @@ def _check_pretrain_dataset(cfg: Any) -> None:
 
     cfg = absolute_paths(cfg)
     if not is_uri(cfg.data.dataset) and not Path(cfg.data.dataset).exists():
-        print(f"# simgraph validate: dataset {cfg.data.dataset} does not exist yet; not "
-              "checked against it (simgraph pretrain checks it before starting)")
+        print(f"# simgraph validate: dataset {storage.display(cfg.data.dataset)} does not "
+              "exist yet; not checked against it (simgraph pretrain checks it before starting)")
         return
     facts = check_dataset(cfg)  # RunError: the same refusal pretrain would give
     print("\n".join("# " + line for line in run_summary(
@@ -190,10 +196,21 @@ def build_parser() -> argparse.ArgumentParser:
                                     "fashion_mnist_coarse.yaml), or depth:N to group "
                                     "folder classes (source.label_depth) by their first N "
                                     "folders; report in <run>/eval-<name>")
+    p = commands.add_parser("export", help="a run's encoder as files that load without simgraph")
+    p.add_argument("run_dir", help="the run dir (storage/name) to export")
+    p.add_argument("--checkpoint", help="a checkpoint dir (default: the run's newest)")
+    p.add_argument("--format", default="safetensors",
+                   help="safetensors (default), torchscript or onnx")
+    p.add_argument("--projector", action="store_true", help="also the projector")
+    p.add_argument("--out", help="output dir (default: RUN_DIR/export)")
     p = commands.add_parser("sweep", help="Ray Tune + Optuna sweep over pretraining")
     p.add_argument("space", help="search space YAML (see search_spaces/)")
     p.add_argument("overrides", nargs="*", help="overrides of the sweep file, e.g. num_samples=8")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
+    p.add_argument("--trust-sweep-dir", action="store_true",
+                   help="with --resume: unpickle Ray Tune's state in the sweep dir without "
+                        "checking who could have written it (a shared or URI sweep dir whose "
+                        "writers you trust, or one whose driver was killed)")
     p = commands.add_parser(
         "submit", help="send a simgraph command to a Ray cluster (Ray Jobs API)",
         description="Send `simgraph COMMAND ...` to a Ray cluster as a Ray job, shipping this "
@@ -256,10 +273,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return evaluate.main(args.run_dirs, args.checkpoint, args.projector, args.out,
                              args.labels)
+    if args.command == "export":
+        from pipelines import export
+
+        return export.main(args.run_dir, args.checkpoint, args.format, args.projector, args.out)
     if args.command == "sweep":
         from pipelines import sweep
 
-        return sweep.main(args.space, args.overrides, resume=args.resume)
+        return sweep.main(args.space, args.overrides, resume=args.resume,
+                          trust=args.trust_sweep_dir)
     if args.command == "run":
         from pipelines import run
 

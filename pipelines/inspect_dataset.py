@@ -354,7 +354,7 @@ def run(dataset: str, out: str | None = None, per_class: int = 8, seed: int = 0)
     lines += _duplicates(info, sp, target)
     lines += _skips(info)
     report = target / "report.md"
-    write_text(report, "\n".join(lines) + "\n")
+    write_text(report, storage.redact("\n".join(lines) + "\n"))  # never a URI's credentials
     return report
 
 

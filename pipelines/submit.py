@@ -260,6 +260,8 @@ def use_token_if_present() -> bool:
 
 def submit(argv: Sequence[str], env: dict[str, Any], address: str, job_id: str | None = None,
            wait: bool = True) -> int:
+    from components.storage import has_credentials, redact
+
     use_token_if_present()
     from ray.job_submission import JobSubmissionClient
 
@@ -268,11 +270,20 @@ def submit(argv: Sequence[str], env: dict[str, Any], address: str, job_id: str |
     except Exception as e:  # noqa: BLE001 - connection / auth errors of several kinds
         raise SubmitError(f"cannot reach the Ray cluster at {address}: {e}") from None
     job_id = job_id or f"simgraph-{argv[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if has_credentials(list(argv)):
+        # The job needs them, so its entrypoint carries them; the metadata (what `ray job list`
+        # and the dashboard show first) does not.
+        print("simgraph submit: warning: the command holds URI credentials (user:secret@); the "
+              "cluster keeps the job's entrypoint, which anyone who can list its jobs reads: "
+              "prefer the nodes' instance role or credentials in their environment",
+              file=sys.stderr)
     try:
         job_id = client.submit_job(entrypoint=entrypoint(argv), runtime_env=env,
-                                   submission_id=job_id, metadata={"simgraph": shlex.join(argv)})
+                                   submission_id=job_id,
+                                   metadata={"simgraph": redact(shlex.join(argv))})
     except Exception as e:  # noqa: BLE001 - HTTP / packaging errors of several kinds
-        raise SubmitError(f"the cluster at {address} refused job {job_id}: {e}") from None
+        raise SubmitError(f"the cluster at {address} refused job {job_id}: "
+                          f"{redact(str(e))}") from None
     print(f"simgraph submit: job {job_id} sent to {address}", flush=True)
     if not wait:
         print(f"follow it: ray job logs --address {address} -f {job_id}")

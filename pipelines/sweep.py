@@ -16,7 +16,10 @@ Top to bottom:
 3. ``--resume``: ``Tuner.restore(resume_errored=True)``: finished trials are kept, unfinished and
    errored ones re-run their trainable, which resumes from the newest complete checkpoint in
    its run dir (Ray Train's snapshot, same run name, or the in-trial host's own), and the
-   searcher's state comes back.
+   searcher's state comes back. Restoring unpickles Tune's state from the sweep dir, so it is
+   checked first (``components/sweep_state.py``: a local dir's owners and modes, a URI's
+   signed ``state_digest.json`` written when each sweep run ends); ``--trust-sweep-dir``
+   skips that.
 4. Results in the sweep dir: ``trials.csv`` / ``trials.md`` (every trial, failed ones marked
    failed with their error, never with a value), ``best.yaml`` (a runnable pretrain config),
    plots (metric vs each numeric parameter, best per loss, Optuna parameter importances), and
@@ -147,12 +150,16 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
     if list_dir(path):
         raise SweepError(f"{display(path)} already holds a sweep: add --resume to continue it, "
                          "or set name= to start another")
-    searcher = ConcurrencyLimiter(
-        # The trial's score (sweep.statistic of its metric so far), not one noisy evaluation.
-        OptunaSearch(space=define_by_run(sweep), metric=SCORE, mode=sweep.mode,
-                     sampler=make_sampler(sweep)),
-        max_concurrent=concurrency(sweep),
-    )
+    # The trial's score (sweep.statistic of its metric so far), not one noisy evaluation;
+    # with repeats, Tune's Repeater trains each suggestion with that many seeds and hands the
+    # searcher their mean.
+    optuna_search: Any = OptunaSearch(space=define_by_run(sweep), metric=SCORE, mode=sweep.mode,
+                                      sampler=make_sampler(sweep))
+    if sweep.repeats > 1:
+        from ray.tune.search import Repeater
+
+        optuna_search = Repeater(optuna_search, repeat=sweep.repeats, set_index=True)
+    searcher = ConcurrencyLimiter(optuna_search, max_concurrent=concurrency(sweep))
     s = sweep.scheduler
     if s.name == "asha":
         scheduler: Any = ASHAScheduler(
@@ -168,7 +175,8 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
         # In-trial: the next trial reuses the actor (its imports, FFCV's compiled code); a
         # failed trial is re-run by Tune (it resumes from its run dir) as Ray Train would.
         tune_config=ray.tune.TuneConfig(search_alg=searcher, scheduler=scheduler,
-                                        num_samples=sweep.num_samples, reuse_actors=in_trial),
+                                        num_samples=sweep.num_samples * sweep.repeats,
+                                        reuse_actors=in_trial),
         run_config=ray.tune.RunConfig(
             name=sweep.name, storage_path=resolve_path(sweep.storage), verbose=1,
             callbacks=tune_callbacks(sweep, path),
@@ -188,7 +196,7 @@ def concurrency(sweep: Any, cluster: dict[str, float] | None = None) -> int:
         import ray
 
         cluster = ray.cluster_resources()
-    return min(sweep.resources.trials_that_fit(cluster), sweep.num_samples)
+    return min(sweep.resources.trials_that_fit(cluster), sweep.num_samples * sweep.repeats)
 
 
 def _base_config(sweep: Any) -> Any:
@@ -233,8 +241,10 @@ def _base_epochs(sweep: Any) -> int:
 
 
 def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
-        echo: bool = True) -> list[dict[str, Any]]:
-    """Run (or resume) a sweep; returns one row per trial (see :func:`trial_rows`)."""
+        echo: bool = True, trust: bool = False) -> list[dict[str, Any]]:
+    """Run (or resume) a sweep; returns one row per trial (see :func:`trial_rows`).
+    ``trust``: resume without checking who could have written Tune's state in the sweep dir
+    (:func:`check_sweep_state`)."""
     from components.search_space import load_sweep, sweep_identity
     from components.session import ray_session
     from components.storage import display, join
@@ -247,16 +257,23 @@ def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
     identity = sweep_identity(sweep_path, sweep, overrides)
     if resume:
         check_resume(sweep, identity)
+        if not trust:
+            check_sweep_state(sweep)
     check_study_storage(sweep)
     if echo:
         for line in start_notes(sweep):
             print(line, flush=True)
-    with ray_session(None):
+    # Trials with their own Train worker group need the dashboard's State API on a local Ray:
+    # Ray Train frees a stopped trial's placement group only once it sees its controller dead.
+    with ray_session(None, needs_dashboard=not sweep.resources.in_trial):
         tuner = make_tuner(sweep, sweep_path, overrides, resume)
         if not resume:  # the sweep dir is new (make_tuner refused an old one)
             record_start(sweep, identity)
         prefetch_plotting()
-        results = tuner.fit()
+        try:
+            results = tuner.fit()
+        finally:
+            record_sweep_state(sweep)
     rows = trial_rows(results, sweep)
     write_results(sweep, rows)
     if echo:
@@ -264,11 +281,47 @@ def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
         best = best_row(rows, sweep)
         if best is not None:
             settings = " ".join(f"{k}={_fmt(v)}" for k, v in sorted(best["params"].items()))
-            print(f"best trial {best['trial']}: {sweep.statistic.describe(sweep.metric)} "
-                  f"{_fmt(best['score'])} ({settings}); its pretrain config: "
+            print(f"best {'setting' if sweep.repeats > 1 else 'trial'} ({best['trial']}): "
+                  f"{sweep.statistic.describe(sweep.metric)} {_setting_score(best)} "
+                  f"({settings}); its pretrain config: "
                   f"{display(join(sweep_dir(sweep), 'best.yaml'))}")
         print(f"sweep dir: {display(sweep_dir(sweep))} (trials.md, plots: *.png)")
     return rows
+
+
+def check_sweep_state(sweep: Any) -> None:
+    """Before ``--resume`` unpickles Tune's state from the sweep dir: refuse files someone else
+    could have written (a local dir: owners and modes; a URI: the record
+    :func:`record_sweep_state` signed) — :mod:`components.sweep_state`.
+
+    Raises:
+        SweepError: naming the file, why, and what to do (``--trust-sweep-dir`` among it).
+    """
+    from components.storage import StorageError
+    from components.sweep_state import UntrustedSweepState, check
+
+    try:
+        check(sweep_dir(sweep))
+    except (UntrustedSweepState, StorageError, OSError) as e:
+        raise SweepError(str(e)) from None
+
+
+def record_sweep_state(sweep: Any) -> None:
+    """After a sweep run (finished or not): sign the sha256 of Tune's state files into a URI
+    sweep dir (:func:`components.sweep_state.record`), which a later ``--resume`` checks. A
+    local sweep dir needs none (its files' owners and modes are checked); a failure to write
+    it is a warning, never the sweep's error."""
+    from components import console
+    from components.storage import StorageError, display
+    from components.sweep_state import DIGEST_FILE, TRUST_FLAG, is_remote, record
+
+    path = sweep_dir(sweep)
+    try:
+        if is_remote(path):
+            record(path)
+    except (StorageError, OSError) as e:
+        console.say(f"[simgraph] warning: could not record {DIGEST_FILE} in {display(path)} "
+                    f"({e}): a --resume will need {TRUST_FLAG}")
 
 
 def record_start(sweep: Any, identity: dict[str, Any]) -> None:
@@ -314,11 +367,16 @@ def check_resume(sweep: Any, identity: dict[str, Any]) -> None:
 
 
 def trial_rows(results: Any, sweep: Any) -> list[dict[str, Any]]:
-    """One row per trial: id, status, parameters, epochs run, last and best metric.
-    A failed trial carries its error and no metric values."""
-    rows = []
+    """One row per trial: id, status, parameters (its setting), repeat index, epochs run,
+    last and best metric, score, and its setting's ``setting_mean`` / ``setting_sd`` /
+    ``setting_n`` over the setting's finished repeats (``repeats``). Sorted best setting
+    first (then best trial); a failed trial carries its error and no metric values."""
+    from components.search_space import REPEAT_INDEX, setting_of
+
+    rows: list[dict[str, Any]] = []
     for r in results:
-        cfg = {k: v for k, v in (r.config or {}).items()}
+        cfg = setting_of(r.config or {})
+        repeat = int((r.config or {}).get(REPEAT_INDEX, 0) or 0)
         df = r.metrics_dataframe
         history = [] if df is None or sweep.metric not in df else list(df[sweep.metric])
         epochs = int(df["epoch"].max()) if df is not None and "epoch" in df else 0
@@ -341,21 +399,42 @@ def trial_rows(results: Any, sweep: Any) -> list[dict[str, Any]]:
             f"best_{sweep.metric}": best,
             "score": score,  # sweep.statistic of the metric's evaluations: what ranks trials
             "params": cfg,
+            "repeat": repeat,
             "curve": curve,  # (epoch, metric) as reported: the learning-curves plot
         })
+    by_setting: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_setting.setdefault(repr(sorted(row["params"].items())), []).append(row)
+    for members in by_setting.values():
+        scores = [m["score"] for m in members if m["score"] is not None]
+        mean = sum(scores) / len(scores) if scores else None
+        sd = (math.sqrt(sum((x - mean) ** 2 for x in scores) / (len(scores) - 1))
+              if mean is not None and len(scores) > 1 else None)
+        for m in members:
+            m.update(setting_mean=mean, setting_sd=sd, setting_n=len(scores))
     sign = -1.0 if sweep.mode == "max" else 1.0
 
-    def order(row: dict[str, Any]) -> tuple[bool, float]:
-        score = row["score"]
-        return score is None, sign * float(score or 0.0)
+    def order(row: dict[str, Any]) -> tuple[bool, float, bool, float]:
+        mean, score = row["setting_mean"], row["score"]
+        return (mean is None, sign * float(mean or 0.0), score is None,
+                sign * float(score or 0.0))
 
     rows.sort(key=order)
     return rows
 
 
 def best_row(rows: Sequence[dict[str, Any]], sweep: Any) -> dict[str, Any] | None:
-    """The best trial of :func:`trial_rows` (sorted best first, failed ones last), or None."""
+    """The best trial of :func:`trial_rows` (of the best setting: sorted best first, failed
+    ones last), or None."""
     return rows[0] if rows and rows[0]["score"] is not None else None
+
+
+def _setting_score(row: dict[str, Any]) -> str:
+    """``mean ± sd (n)`` of a row's setting, or the trial's score alone."""
+    mean, sd, n = row["setting_mean"], row["setting_sd"], row["setting_n"]
+    if mean is None:
+        return "—"
+    return f"{mean:.4g}" + (f" ± {sd:.2g} (n={n})" if n > 1 and sd is not None else "")
 
 
 def _short(err: Any) -> str:
@@ -366,13 +445,16 @@ def _short(err: Any) -> str:
 
 def markdown(rows: Sequence[dict[str, Any]], sweep: Any) -> str:
     keys = sorted({k for r in rows for k in r["params"]})
+    repeats = sweep.repeats > 1
     head = ["trial", "status", "epochs", f"score: {sweep.statistic.describe(sweep.metric)}",
+            *(["setting: mean ± sd (n)", "seed +"] if repeats else []),
             f"best {sweep.metric}", *keys]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         best, score = r[f"best_{sweep.metric}"], r["score"]
         cells = [r["trial"], r["status"] + (f" ({r['error']})" if r["error"] else ""),
                  str(r["epochs"]), "—" if score is None else f"{score:.4g}",
+                 *([_setting_score(r), str(r["repeat"])] if repeats else []),
                  "—" if best is None else f"{best:.4g}"]
         cells += [_fmt(r["params"].get(k)) for k in keys]
         lines.append("| " + " | ".join(cells) + " |")
@@ -403,10 +485,11 @@ def _write_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> Non
     keys = sorted({k for r in rows for k in r["params"]})
     with atomic_open(out / "trials.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["trial", "status", "error", "epochs", "score", sweep.metric,
-                    f"best_{sweep.metric}", *keys])
+        w.writerow(["trial", "status", "error", "epochs", "score", "repeat", "setting_mean",
+                    "setting_sd", "setting_n", sweep.metric, f"best_{sweep.metric}", *keys])
         for r in rows:
             w.writerow([r["trial"], r["status"], r["error"], r["epochs"], r["score"],
+                        r["repeat"], r["setting_mean"], r["setting_sd"], r["setting_n"],
                         r[sweep.metric], r[f"best_{sweep.metric}"],
                         *[r["params"].get(k) for k in keys]])
     write_text(out / "trials.md", markdown(rows, sweep) + "\n")
@@ -416,8 +499,9 @@ def _write_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> Non
                            storage=sweep.storage)
         write_text(
             out / "best.yaml",
-            f"# best trial {best['trial']} of sweep {sweep.name}: "
-            f"{sweep.statistic.describe(sweep.metric)} = {best['score']:.4g}\n"
+            f"# best {'setting' if sweep.repeats > 1 else 'trial'} of sweep {sweep.name} "
+            f"(trial {best['trial']}): {sweep.statistic.describe(sweep.metric)} = "
+            f"{_setting_score(best)}\n"
             + yaml.safe_dump(redacted(to_dict(cfg)), sort_keys=False)
         )
     plot_results(sweep, rows, out)
@@ -607,9 +691,14 @@ def _study(sweep: Any, rows: Sequence[dict[str, Any]], storage: Any = None) -> A
     study = optuna.create_study(study_name=sweep.name, storage=storage, direction=direction)
     if storage is not None:
         study.set_user_attr(STUDY_OWNER, _owner(sweep))
-    for r in rows:
+    seen: set[str] = set()
+    for r in rows:  # one Optuna trial per setting: the mean over its repeats, as the searcher
+        key = repr(sorted(r["params"].items()))
+        if key in seen:
+            continue
+        seen.add(key)
         params = {k: v for k, v in r["params"].items() if k in dists}
-        value = r["score"]
+        value = r["setting_mean"]
         state = (optuna.trial.TrialState.COMPLETE if value is not None
                  else optuna.trial.TrialState.FAIL)
         study.add_trial(optuna.trial.create_trial(
@@ -696,7 +785,8 @@ def export_study(sweep: Any, rows: Sequence[dict[str, Any]]) -> None:
     _study(sweep, rows, storage)
 
 
-def main(space: str, overrides: Sequence[str], resume: bool = False) -> int:
+def main(space: str, overrides: Sequence[str], resume: bool = False,
+         trust: bool = False) -> int:
     from components.errors import run_command
 
-    return run_command("sweep", lambda: run(space, overrides, resume=resume))
+    return run_command("sweep", lambda: run(space, overrides, resume=resume, trust=trust))

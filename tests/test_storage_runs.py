@@ -75,7 +75,9 @@ def test_pretrain_resume_and_evaluate_with_s3_storage(s3_uri: str, tmp_path: Pat
 
 
 @pytest.mark.slow
-def test_sweep_with_s3_storage(s3_uri: str, tmp_path: Path) -> None:
+def test_sweep_with_s3_storage(s3_uri: str, tmp_path: Path,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # the state record's key
     local = synthetic_dataset(tmp_path / "syn", size=16)
     dataset = storage.join(s3_uri, "datasets", "syn")
     storage.upload_dir(local, dataset)
@@ -109,3 +111,9 @@ def test_sweep_with_s3_storage(s3_uri: str, tmp_path: Path) -> None:
     # The sweep dir in S3 is seen as taken: a second start must say --resume.
     out = _simgraph("sweep", str(tmp_path / "space.yaml"), cwd=tmp_path, rc=1)
     assert "already holds a sweep: add --resume" in out
+    # Tune's state as the sweep left it, signed: --resume accepts it; a changed file is refused.
+    assert "state_digest.json" in names
+    _simgraph("sweep", str(tmp_path / "space.yaml"), "--resume", cwd=tmp_path)
+    storage.write_bytes(storage.join(sweep_dir, "tuner.pkl"), b"not Tune's")
+    out = _simgraph("sweep", str(tmp_path / "space.yaml"), "--resume", cwd=tmp_path, rc=1)
+    assert "tuner.pkl" in out and "changed since the last sweep run recorded it" in out, out

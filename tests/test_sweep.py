@@ -197,8 +197,8 @@ def test_results_files_and_plots_of_a_small_sweep(tmp_path: Path) -> None:
     assert {"knn_top1_vs_optim.lr.png", "knn_top1_vs_loss.tau_s.png", "best_per_loss.png",
             "learning_curves.png", "optuna_history.png", "optuna_slice.png",
             "optuna_importances.png", "optuna_contour.png"} <= pngs, pngs
-    assert ("# best trial t4 of sweep s: mean of the last 3 knn_top1 evaluations = 0.5667"
-            in (out / "best.yaml").read_text())
+    assert ("# best trial of sweep s (trial t4): mean of the last 3 knn_top1 evaluations = "
+            "0.5667" in (out / "best.yaml").read_text())
     csv_rows = list(csv.DictReader((out / "trials.csv").read_text().splitlines()))
     assert float(csv_rows[0]["score"]) == pytest.approx(0.3 + 0.4 * 6 / 9)
     assert float(csv_rows[0]["best_knn_top1"]) == pytest.approx(0.7)
@@ -243,7 +243,7 @@ def test_study_export_never_replaces_a_study_it_did_not_write(tmp_path: Path) ->
     sweep = load_sweep(_space(tmp_path))
     url = f"sqlite:///{tmp_path / 'study.db'}"
     rows = [{"trial": "t1", "params": {"loss.name": "simclr", "optim.lr": 0.1},
-             "best_knn_top1": 0.5, "score": 0.5}]
+             "best_knn_top1": 0.5, "score": 0.5, "setting_mean": 0.5}]
     check_study_storage(sweep)  # nothing there yet
     export_study(sweep, rows)
     export_study(sweep, rows)  # its own study: written again, not doubled
@@ -302,3 +302,84 @@ def test_sweep_start_notes_say_how_trials_are_scored_and_warn_about_a_small_val_
         "helps")
     best = load_sweep(_space(tmp_path), ["statistic.name=best"])
     assert "the best epoch's knn_top1 (statistic: best)" in start_notes(best)[0]
+
+
+def test_repeats_train_each_setting_with_seeds_and_rank_settings_by_their_mean(
+        tmp_path: Path) -> None:
+    """``repeats: 2``: each suggestion trains with train.seed + 0 and + 1 (Tune's Repeater
+    index); tables, best.yaml and the exported study use each setting's mean."""
+    import optuna
+
+    from components.search_space import REPEAT_INDEX, load_sweep, trial_config
+    from pipelines.sweep import _write_results, export_study
+
+    space = _space(tmp_path)
+    with pytest.raises(ConfigError, match=r"repeats=2 with scheduler.name='asha' is not "
+                                          r"allowed: .*use scheduler: \{name: fifo\}"):
+        load_sweep(space, ["repeats=2", "scheduler.name=asha"])
+    sweep = load_sweep(space, ["repeats=2"])
+    setting = {"loss.name": "simclr", "optim.lr": 0.1}
+    seeds = [trial_config(sweep, {**setting, REPEAT_INDEX: i}, name="t", storage="/s").train.seed
+             for i in (0, 1)]
+    assert seeds[1] == seeds[0] + 1
+    results = []
+    for i, (lr, index, last) in enumerate([(0.1, 0, 0.60), (0.1, 1, 0.50), (0.3, 0, 0.58),
+                                           (0.3, 1, 0.56)]):
+        config = {"loss.name": "simclr", "optim.lr": lr, REPEAT_INDEX: index}
+        results.append(SimpleNamespace(config=config, error=None,
+                                       metrics={"trial_id": f"t{i}"}, path=f"x/t{i}",
+                                       metrics_dataframe=_df([last])))
+    rows = trial_rows(results, sweep)
+    # lr 0.3 wins on its mean (0.57 > 0.55), although lr 0.1 has the single best trial
+    assert [(r["trial"], r["repeat"]) for r in rows] == [("t2", 0), ("t3", 1), ("t0", 0),
+                                                         ("t1", 1)]
+    assert rows[0]["setting_mean"] == pytest.approx(0.57) and rows[0]["setting_n"] == 2
+    assert rows[2]["setting_sd"] == pytest.approx(0.0707, abs=1e-4)
+    assert all(REPEAT_INDEX not in r["params"] for r in rows)
+    table = markdown(rows, sweep)
+    assert "| setting: mean ± sd (n) | seed + |" in table and "0.57 ± 0.014 (n=2)" in table
+    out = tmp_path / "out"
+    out.mkdir()
+    _write_results(sweep, rows, out)
+    best = (out / "best.yaml").read_text()
+    assert best.startswith("# best setting of sweep s (trial t2): mean of the last 3 knn_top1 "
+                           "evaluations = 0.57 ± 0.014 (n=2)")
+    assert load_config(out / "best.yaml", PretrainConfig).optim.lr == 0.3
+    export_study(sweep, rows)
+    study = optuna.load_study(study_name="s", storage=sweep.study_storage)
+    assert sorted(t.value for t in study.trials) == pytest.approx([0.55, 0.57])
+
+
+@pytest.mark.slow
+def test_a_repeats_sweep_trains_seeds_and_the_searcher_sees_their_mean(tmp_path: Path) -> None:
+    import pickle
+
+    space = _space(tmp_path)
+    spec = yaml.safe_load(space.read_text())
+    spec.update({"num_samples": 2, "repeats": 2, "scheduler": {"name": "fifo"}, "mlflow": False,
+                 "wandb": False, "study_storage": None, "max_concurrent": 2, "metric": "loss",
+                 "mode": "min", "overrides": ["train.epochs=1", "knn.every_epochs=0"]})
+    space.write_text(yaml.safe_dump(spec))
+    out = subprocess.run([sys.executable, "-m", "pipelines.cli", "sweep", str(space)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    sweep_dir = tmp_path / "sweeps" / "s"
+    with open(sweep_dir / "trials.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4 and {r["setting_n"] for r in rows} == {"2"}
+    settings: dict[str, list[dict[str, str]]] = {}
+    for r in rows:
+        settings.setdefault(r["optim.lr"], []).append(r)
+    assert len(settings) == 2
+    for members in settings.values():  # seeds 0 and 1 of each setting, different scores
+        seeds = sorted(load_config(sweep_dir / "trials" / m["trial"] / "config.yaml",
+                                   PretrainConfig).train.seed for m in members)
+        assert seeds == [0, 1] and sorted(m["repeat"] for m in members) == ["0", "1"]
+        scores = [float(m["score"]) for m in members]
+        assert scores[0] != scores[1]
+        assert float(members[0]["setting_mean"]) == pytest.approx(sum(scores) / 2)
+    # the searcher (Optuna, behind Tune's Repeater) was told each setting's mean
+    (state,) = sweep_dir.glob("searcher-state-*.pkl")
+    study = pickle.loads(state.read_bytes())["_ot_study"]
+    assert sorted(t.value for t in study.trials) == pytest.approx(
+        sorted(float(m[0]["setting_mean"]) for m in settings.values()))
