@@ -205,6 +205,9 @@ def test_submitted_job_metadata_holds_no_credentials(
             return str(kwargs["submission_id"])
 
     monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", Client)
+    # submit turns on Ray's token mode in os.environ for its client; kept out of this
+    # process, whose later tests start local Rays with the mode Ray was imported with
+    monkeypatch.setattr(submit, "use_token_if_present", lambda: False)
     argv = ["pretrain", "pipelines/configs/pretrain/demo.yaml",
             f"storage={_with_credentials('s3://bucket/runs')}"]
     assert submit.submit(argv, {}, "http://127.0.0.1:8265", "job1", wait=False) == 0
