@@ -22,8 +22,9 @@ Top to bottom:
    skips that.
 4. Results in the sweep dir: ``trials.csv`` / ``trials.md`` (every trial, failed ones marked
    failed with their error, never with a value), ``best.yaml`` (a runnable pretrain config),
-   plots (metric vs each numeric parameter, best per loss, Optuna parameter importances), and
-   the Optuna study in ``study_storage`` when configured.
+   plots (metric vs each numeric parameter and best per loss, settings with error bars; Optuna's
+   views, parameter importances only where the data supports them), and the Optuna study in
+   ``study_storage`` when configured.
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ import csv
 import math
 import os
 import re
+import statistics
 import sys
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import yaml
 
@@ -526,45 +528,27 @@ def prefetch_plotting() -> None:
 
 
 def plot_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> None:
-    """PNGs beside trials.md: the metric against each numeric parameter (log axes for log
-    distributions, readable ticks), the best value per loss, every trial's learning curve in
-    one figure, and Optuna's own matplotlib views (optimisation history, slice, parameter
-    importances, a contour of the two most important parameters)."""
+    """PNGs beside trials.md: the metric against each numeric parameter and the best setting
+    per loss (each setting at its mean with an error bar, :func:`setting_se`; with repeats
+    each seed a faint dot; log axes for log distributions, readable ticks), every trial's
+    learning curve in one figure, and Optuna's own matplotlib views (optimisation history,
+    slice, parameter importances where the data supports them (:func:`importance_support`),
+    a contour of the two most important parameters, or of the first two swept ones without
+    importances)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    key = "score"
-    good = [r for r in rows if r[key] is not None]
-    dists = sweep.parameters()
+    good = [r for r in rows if r["score"] is not None]
     numeric = sorted({k for r in good for k, v in r["params"].items()
                       if isinstance(v, int | float) and not isinstance(v, bool)})
     for k in numeric:  # e.g. metric vs tau_s: X-CLR Fig. 3c
-        pts = [(r["params"][k], r[key], r["params"].get("loss.name", "")) for r in good
-               if k in r["params"]]
-        fig, ax = plt.subplots(figsize=(4.5, 3.2))
-        for loss in sorted({p[2] for p in pts}):
-            xs = [p[0] for p in pts if p[2] == loss]
-            ys = [p[1] for p in pts if p[2] == loss]
-            ax.scatter(xs, ys, label=loss or None)
-        if k in dists and dists[k].log:
-            _log_axis(ax)
-        ax.set_xlabel(k)
-        ax.set_ylabel(sweep.metric)
-        if any(p[2] for p in pts):
-            ax.legend(fontsize=7)
-        fig.tight_layout()
+        fig = param_figure(sweep, rows, k)
         fig.savefig(out / f"{sweep.metric}_vs_{k}.png", dpi=110)
         plt.close(fig)
-    losses = sorted({r["params"].get("loss.name") for r in good} - {None})
-    if losses:
-        best = [max((r[key] for r in good if r["params"].get("loss.name") == loss),
-                    key=lambda v: v if sweep.mode == "max" else -v) for loss in losses]
-        fig, ax = plt.subplots(figsize=(4.5, 3.2))
-        ax.bar(losses, best)
-        ax.set_ylabel(f"best {sweep.metric}")
-        fig.tight_layout()
+    if any(r["params"].get("loss.name") is not None for r in good):
+        fig = best_per_loss_figure(sweep, rows)
         fig.savefig(out / "best_per_loss.png", dpi=110)
         plt.close(fig)
     curves = [r for r in rows if r.get("curve")]
@@ -587,7 +571,196 @@ def plot_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> None:
         importances = param_importances(sweep, rows, study)
         if importances:
             write_text(out / "param_importances.yaml", yaml.safe_dump(importances))
-        _optuna_plots(study, out, list(importances))
+        swept = [k for k in sweep.parameters() if any(k in r["params"] for r in good)]
+        _optuna_plots(study, out, list(importances), pair=list(importances)[:2] or swept[:2])
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings with their uncertainty: what the plots draw and what gates the importances.
+
+
+def settings(rows: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The finished trials (a score) grouped by setting (``params``), in the rows' order."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["score"] is not None:
+            groups.setdefault(repr(sorted(r["params"].items())), []).append(r)
+    return list(groups.values())
+
+
+SeBasis = Literal["seeds", "trial", "curve"]
+
+
+def setting_se(members: Sequence[dict[str, Any]], sweep: Any
+               ) -> tuple[float | None, SeBasis | None]:
+    """The standard error of a setting's mean (``setting_mean`` of its finished trials
+    ``members``) and what it rests on, or ``(None, None)`` when nothing tells:
+
+    - ``"seeds"``: two or more finished repeats: ``setting_sd / sqrt(setting_n)``, the
+      standard error of the mean over seeds;
+    - one finished trial (one seed), its own uncertainty:
+
+      - ``"trial"``: the row's ``<metric>_se`` (e.g. ``knn_top1_se``, the binomial standard
+        error of its final kNN) when it carries one;
+      - ``"curve"``: for ``knn_top1``, when its curve has >= 2 evaluations: the sample sd of
+        its last ``max(k, 2)`` evaluations (``k = sweep.statistic.k``) divided by the square
+        root of the evaluations its score averages (``min(k, len(curve))`` for ``mean_last``,
+        1 for ``last`` / ``best``). Epoch-to-epoch moves of the kNN on a small val split are
+        mostly noise; a curve still rising adds its trend, so this errs on the large side.
+        Not for other metrics (a falling loss is trend, not noise).
+    """
+    n = members[0]["setting_n"] if members else 0
+    if n > 1 and members[0]["setting_sd"] is not None:
+        return float(members[0]["setting_sd"]) / math.sqrt(n), "seeds"
+    if len(members) != 1:
+        return None, None
+    row = members[0]
+    own = row.get(f"{sweep.metric}_se")
+    if isinstance(own, int | float) and math.isfinite(own):
+        return float(own), "trial"
+    values = [v for _, v in row.get("curve") or []]
+    if sweep.metric != "knn_top1" or len(values) < 2:
+        return None, None
+    k = sweep.statistic.k
+    tail = values[-max(k, 2):]
+    mean = sum(tail) / len(tail)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in tail) / (len(tail) - 1))
+    averaged = min(k, len(values)) if sweep.statistic.name == "mean_last" else 1
+    return sd / math.sqrt(averaged), "curve"
+
+
+class SettingPoint(NamedTuple):
+    """One setting in a plot: the parameter's value, the setting's mean score, the standard
+    error of that mean (:func:`setting_se`; None: no bar) and its loss (``""`` if not swept)."""
+
+    x: float
+    mean: float
+    se: float | None
+    loss: str
+
+
+def setting_points(rows: Sequence[dict[str, Any]], sweep: Any,
+                   param: str) -> list[SettingPoint]:
+    """Every finished setting that has ``param``, by loss then ``param``'s value."""
+    pts = [SettingPoint(group[0]["params"][param], group[0]["setting_mean"],
+                        setting_se(group, sweep)[0], str(group[0]["params"].get("loss.name", "")))
+           for group in settings(rows) if param in group[0]["params"]]
+    return sorted(pts, key=lambda p: (p.loss, p.x))
+
+
+def _se_caption(sweep: Any, groups: Sequence[Sequence[dict[str, Any]]]) -> str:
+    """What the error bars of ``groups`` (settings) are, for a figure's caption."""
+    bases = {setting_se(g, sweep)[1] for g in groups}
+    k, stat = sweep.statistic.k, sweep.statistic.name
+    said = {
+        "seeds": "± standard error of the mean over seeds (sd/√n)",
+        "trial": f"one seed: ± its own {sweep.metric} standard error",
+        "curve": (f"one seed: ± sd/√{k} of its last {k} {sweep.metric} evaluations"
+                  if stat == "mean_last" else
+                  f"one seed: ± sd of its last {max(k, 2)} {sweep.metric} evaluations"),
+    }
+    parts = [said[b] for b in ("seeds", "trial", "curve") if b in bases]
+    if not parts:
+        return "no error bars: one seed per setting and no estimate of its noise"
+    if None in bases:
+        parts.append("no bar: no estimate")
+    if any(len(g) > 1 for g in groups):
+        parts.append("faint dots: each seed")
+    return "error bars: " + "; ".join(parts)
+
+
+def _loss_colours(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
+    losses = sorted({str(r["params"].get("loss.name", "")) for r in rows})
+    return {loss: f"C{i}" for i, loss in enumerate(losses)}
+
+
+# A setting's seeds: small faint dots, drawn 6 points right of its mean (with two seeds they
+# lie exactly at the ends of its error bar, under the caps).
+_SEED_DOTS: dict[str, Any] = {"s": 12, "alpha": 0.45, "linewidths": 0, "zorder": 3}
+
+
+def _beside(fig: Any, ax: Any) -> Any:
+    from matplotlib.transforms import offset_copy
+
+    return offset_copy(ax.transData, fig, x=6, y=0, units="points")
+
+
+def _ylabel(sweep: Any, groups: Sequence[Sequence[dict[str, Any]]], what: str = "") -> str:
+    k = sweep.statistic.k
+    score = {"mean_last": f"mean of last {k}", "last": "last", "best": "best epoch"}
+    seeds = ", mean over seeds" if any(len(g) > 1 for g in groups) else ""
+    return f"{what}{sweep.metric} ({score[sweep.statistic.name]}){seeds}"
+
+
+def _caption(ax: Any, text: str) -> None:
+    import textwrap
+
+    ax.set_title(textwrap.fill(text, 62), fontsize=6.5)
+
+
+def param_figure(sweep: Any, rows: Sequence[dict[str, Any]], param: str) -> Any:
+    """The metric against ``param`` (X-CLR Fig. 3c's view for τ_s): each setting at its mean
+    with ± its standard error (:func:`setting_points`), its seeds' scores (with repeats) as
+    faint dots beside it, a colour per loss, a log axis for a log distribution; the caption
+    says what the bars are."""
+    import matplotlib.pyplot as plt
+
+    groups = [g for g in settings(rows) if param in g[0]["params"]]
+    pts = setting_points(rows, sweep, param)
+    colours = _loss_colours([g[0] for g in groups])
+    fig, ax = plt.subplots(figsize=(4.8, 3.6))
+    for loss in colours:  # the seeds of settings with repeats, faint, beside their mean
+        seeds = [r for g in groups if len(g) > 1
+                 and str(g[0]["params"].get("loss.name", "")) == loss for r in g]
+        if seeds:
+            ax.scatter([r["params"][param] for r in seeds], [r["score"] for r in seeds],
+                       transform=_beside(fig, ax), **_SEED_DOTS, color=colours[loss])
+    for loss in sorted({p.loss for p in pts}):
+        mine = [p for p in pts if p.loss == loss]
+        ax.errorbar([p.x for p in mine], [p.mean for p in mine],
+                    yerr=[p.se if p.se is not None else math.nan for p in mine], fmt="o", ms=5,
+                    capsize=3, elinewidth=1, color=colours[loss], label=loss or None,
+                    zorder=2)
+    dists = sweep.parameters()
+    if param in dists and dists[param].log:
+        _log_axis(ax)
+    ax.set_xlabel(param)
+    ax.set_ylabel(_ylabel(sweep, groups), fontsize=8)
+    _caption(ax, _se_caption(sweep, groups))
+    if any(p.loss for p in pts):
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def best_per_loss_figure(sweep: Any, rows: Sequence[dict[str, Any]]) -> Any:
+    """The best setting of each loss (by its mean, as the tables rank them) with ± its
+    standard error (:func:`setting_se`), its seeds' scores (with repeats) as faint dots."""
+    import matplotlib.pyplot as plt
+
+    sign = 1.0 if sweep.mode == "max" else -1.0
+    best: dict[str, list[dict[str, Any]]] = {}
+    for g in settings(rows):
+        loss = g[0]["params"].get("loss.name")
+        if loss is not None and (str(loss) not in best or sign * g[0]["setting_mean"]
+                                 > sign * best[str(loss)][0]["setting_mean"]):
+            best[str(loss)] = g
+    losses = sorted(best)
+    colours = _loss_colours([g[0] for g in best.values()])
+    fig, ax = plt.subplots(figsize=(4.8, 3.6))
+    for i, loss in enumerate(losses):
+        g = best[loss]
+        se = setting_se(g, sweep)[0]
+        ax.bar(i, g[0]["setting_mean"], yerr=se if se is not None else None, capsize=4,
+               color=colours[loss], alpha=0.8)
+        if len(g) > 1:
+            ax.scatter([i] * len(g), [r["score"] for r in g], transform=_beside(fig, ax),
+                       **_SEED_DOTS, color="k")
+    ax.set_xticks(range(len(losses)), losses)
+    ax.set_ylabel(_ylabel(sweep, list(best.values()), "best setting's "), fontsize=8)
+    _caption(ax, _se_caption(sweep, list(best.values())))
+    fig.tight_layout()
+    return fig
 
 
 @contextlib.contextmanager
@@ -643,9 +816,12 @@ def _log_axis(ax: Any, which: str = "x") -> None:
         ax.tick_params(axis="x", labelrotation=30)
 
 
-def _optuna_plots(study: Any, out: Path, ranked: Sequence[str]) -> None:
+def _optuna_plots(study: Any, out: Path, ranked: Sequence[str],
+                  pair: Sequence[str] = ()) -> None:
     """Optuna's matplotlib visualisations of the finished trials (each a PNG; one that Optuna
-    cannot draw for this study is skipped with a note, the others are still written)."""
+    cannot draw for this study is skipped with a note, the others are still written):
+    importances when ``ranked`` (the parameters by importance) has two or more, a contour of
+    ``pair`` (default: the two most important)."""
     import warnings
 
     import matplotlib.pyplot as plt
@@ -658,8 +834,9 @@ def _optuna_plots(study: Any, out: Path, ranked: Sequence[str]) -> None:
     }
     if len(ranked) >= 2:
         views["optuna_importances.png"] = lambda: ovm.plot_param_importances(study)
-        pair = list(ranked[:2])
-        views["optuna_contour.png"] = lambda: ovm.plot_contour(study, params=pair)
+    contour = list(pair or ranked)[:2]
+    if len(contour) == 2:
+        views["optuna_contour.png"] = lambda: ovm.plot_contour(study, params=contour)
     for name, draw in views.items():
         try:
             with warnings.catch_warnings():
@@ -708,13 +885,51 @@ def _study(sweep: Any, rows: Sequence[dict[str, Any]], storage: Any = None) -> A
     return study
 
 
+def importance_support(sweep: Any, rows: Sequence[dict[str, Any]]) -> str | None:
+    """Why the finished settings of ``rows`` cannot support parameter importances (one line),
+    or None when they can. Over the finished settings (distinct ``params`` with a score; the
+    repeats of a setting count once), two rules:
+
+    1. Enough settings: at least ``max(4, 2 * P)``, ``P`` the number of swept parameters
+       (``sweep.parameters()``: unconditional and every branch's). fANOVA fits a random
+       forest to (setting -> mean score); with fewer settings its ranking reflects where the
+       few points happen to lie.
+    2. A spread above the noise: ``spread`` is the sample standard deviation of the
+       settings' means, ``noise`` the median of their standard errors (:func:`setting_se`;
+       settings without one left out). When ``spread <= 2 * noise`` the means differ by no
+       more than a setting's own seeds or evaluations do, and importances would rank noise.
+       When no setting has a standard error the noise is unknown and only rule 1 applies.
+    """
+    groups = settings(rows)
+    means = [float(g[0]["setting_mean"]) for g in groups]
+    n_params = len(sweep.parameters())
+    needed = max(4, 2 * n_params)
+    if len(means) < needed:
+        return (f"{len(means)} finished setting{'s' * (len(means) != 1)} for {n_params} swept "
+                f"parameter{'s' * (n_params != 1)}: importances need at least {needed} "
+                "(max(4, 2 × parameters))")
+    ses = sorted(se for g in groups if (se := setting_se(g, sweep)[0]) is not None)
+    if not ses:
+        return None
+    noise = statistics.median(ses)
+    spread = statistics.stdev(means)
+    if spread <= 2 * noise:
+        return (f"the {len(means)} settings' means spread by sd {spread:.3g}, within 2 × "
+                f"their median standard error {noise:.3g}: their differences are noise")
+    return None
+
+
 def param_importances(sweep: Any, rows: Sequence[dict[str, Any]],
                       study: Any = None) -> dict[str, float]:
-    """Optuna's (fANOVA) importances of the swept parameters; ``study``: :func:`_study` of
-    ``rows`` when the caller has built it already."""
+    """Optuna's (fANOVA) importances of the swept parameters, or ``{}`` (with one line on
+    stderr saying why) where the data does not support them (:func:`importance_support`);
+    ``study``: :func:`_study` of ``rows`` when the caller has built it already."""
     import optuna
 
-    if sum(r["score"] is not None for r in rows) < 2:
+    reason = importance_support(sweep, rows)
+    if reason is not None:
+        print(f"simgraph sweep: no parameter importances (param_importances.yaml, "
+              f"optuna_importances.png): {reason}", file=sys.stderr)
         return {}
     try:
         return {k: float(v) for k, v in optuna.importance.get_param_importances(

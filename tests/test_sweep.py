@@ -171,10 +171,13 @@ def test_failed_trials_are_reported_failed_never_with_a_value(tmp_path: Path) ->
     assert "0.9" not in table
 
 
-def test_results_files_and_plots_of_a_small_sweep(tmp_path: Path) -> None:
+def test_results_files_and_plots_of_a_small_sweep(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """trials.csv / .md, best.yaml and every plot from trial results (no Ray): the metric
     against each parameter with a readable log axis, learning curves of all trials, Optuna's
-    history / slice / importances / contour views."""
+    history / slice / contour views. No importances: 5 settings cannot rank 3 parameters
+    (importance_support wants max(4, 2 × 3) = 6; fANOVA's forest on 5 points ranks where they
+    happen to lie) — test_importances_only_where_the_data_supports_them has the written case."""
     from pipelines.sweep import _write_results
 
     sweep = load_sweep(_space(tmp_path))
@@ -196,14 +199,24 @@ def test_results_files_and_plots_of_a_small_sweep(tmp_path: Path) -> None:
     pngs = {p.name for p in out.glob("*.png")}
     assert {"knn_top1_vs_optim.lr.png", "knn_top1_vs_loss.tau_s.png", "best_per_loss.png",
             "learning_curves.png", "optuna_history.png", "optuna_slice.png",
-            "optuna_importances.png", "optuna_contour.png"} <= pngs, pngs
+            "optuna_contour.png"} <= pngs, pngs
+    # importances skipped, saying why in one line
+    assert "optuna_importances.png" not in pngs and not (out / "param_importances.yaml").exists()
+    assert ("simgraph sweep: no parameter importances (param_importances.yaml, "
+            "optuna_importances.png): 5 finished settings for 3 swept parameters: importances "
+            "need at least 6 (max(4, 2 × parameters))\n") in capsys.readouterr().err
     assert ("# best trial of sweep s (trial t4): mean of the last 3 knn_top1 evaluations = "
             "0.5667" in (out / "best.yaml").read_text())
     csv_rows = list(csv.DictReader((out / "trials.csv").read_text().splitlines()))
     assert float(csv_rows[0]["score"]) == pytest.approx(0.3 + 0.4 * 6 / 9)
     assert float(csv_rows[0]["best_knn_top1"]) == pytest.approx(0.7)
-    importances = yaml.safe_load((out / "param_importances.yaml").read_text())
-    assert importances and set(importances) <= {"loss.name", "optim.lr", "loss.tau_s"}
+    # one seed per setting: each point's bar is its curve's spread, sd of the last 3 / √3
+    # (t0's curve is flat: 0; t2's rises by 0.2/3 an epoch: sd 0.2/3)
+    from pipelines.sweep import setting_points
+
+    assert setting_points(rows, sweep, "optim.lr")[:2] == [
+        (0.02, pytest.approx(0.3), pytest.approx(0.0), "simclr"),
+        (0.1, pytest.approx(0.3 + 0.4 / 3), pytest.approx(0.2 / 3 / 3 ** 0.5), "simclr")]
     # A log axis with labels that do not collide: no minor-tick labels.
     import matplotlib
 
@@ -348,6 +361,144 @@ def test_repeats_train_each_setting_with_seeds_and_rank_settings_by_their_mean(
     export_study(sweep, rows)
     study = optuna.load_study(study_name="s", storage=sweep.study_storage)
     assert sorted(t.value for t in study.trials) == pytest.approx([0.55, 0.57])
+
+
+def _repeat_rows(tmp_path: Path) -> tuple[Any, list[dict[str, Any]]]:
+    """Two settings × 2 seeds: lr 0.1 scores 0.60, 0.50 (mean 0.55, sd 0.0707, standard error
+    0.05); lr 0.3 scores 0.58, 0.56 (mean 0.57, sd 0.01414, standard error 0.01)."""
+    from components.search_space import REPEAT_INDEX
+
+    sweep = load_sweep(_space(tmp_path), ["repeats=2"])
+    results = []
+    for i, (lr, index, last) in enumerate([(0.1, 0, 0.60), (0.1, 1, 0.50), (0.3, 0, 0.58),
+                                           (0.3, 1, 0.56)]):
+        config = {"loss.name": "simclr", "optim.lr": lr, REPEAT_INDEX: index}
+        results.append(SimpleNamespace(config=config, error=None, metrics={"trial_id": f"t{i}"},
+                                       path=f"x/t{i}", metrics_dataframe=_df([last])))
+    return sweep, trial_rows(results, sweep)
+
+
+def test_with_repeats_the_error_bars_are_the_standard_errors_of_the_setting_means(
+        tmp_path: Path) -> None:
+    """The metric-vs-parameter plot (and best per loss) draws each setting at its mean ± sd/√n
+    over its seeds, the seeds as faint dots behind it, and says so in its caption."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PathCollection
+    from matplotlib.container import ErrorbarContainer
+
+    from pipelines.sweep import best_per_loss_figure, param_figure, setting_points
+
+    sweep, rows = _repeat_rows(tmp_path)
+    assert setting_points(rows, sweep, "optim.lr") == [
+        (0.1, pytest.approx(0.55), pytest.approx(0.05), "simclr"),
+        (0.3, pytest.approx(0.57), pytest.approx(0.01), "simclr")]
+
+    fig = param_figure(sweep, rows, "optim.lr")
+    (ax,) = fig.axes
+    (bars,) = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    marker, _caps, (vertical,) = bars.lines
+    assert marker.get_xydata().ravel().tolist() == pytest.approx([0.1, 0.55, 0.3, 0.57])
+    segments = [s.ravel().tolist() for s in vertical.get_segments()]  # [x, low, x, high]
+    assert segments[0] == pytest.approx([0.1, 0.50, 0.1, 0.60])  # 0.55 ± 0.05
+    assert segments[1] == pytest.approx([0.3, 0.56, 0.3, 0.58])  # 0.57 ± 0.01
+    (dots,) = [c for c in ax.collections if isinstance(c, PathCollection)]  # the seeds
+    assert sorted(dots.get_offsets()[:, 1].tolist()) == pytest.approx([0.50, 0.56, 0.58, 0.60])
+    assert dots.get_alpha() < 0.5
+    caption = ax.get_title().replace("\n", " ")
+    assert "standard error of the mean over seeds (sd/√n)" in caption, caption
+    assert "faint dots: each seed" in caption
+    assert ax.get_xscale() == "log"  # optim.lr is loguniform
+    plt.close(fig)
+
+    fig = best_per_loss_figure(sweep, rows)  # simclr's best setting: lr 0.3, 0.57 ± 0.01
+    (ax,) = fig.axes
+    (bar,) = ax.patches
+    assert bar.get_height() == pytest.approx(0.57)
+    (bars,) = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    (vertical,) = bars.lines[2]
+    assert vertical.get_segments()[0][:, 1].tolist() == pytest.approx([0.56, 0.58])
+    plt.close(fig)
+
+
+def test_one_seed_per_setting_has_its_own_error_bar_where_one_is_known(tmp_path: Path) -> None:
+    """One seed: the row's own ``<metric>_se`` when it carries one, else for knn_top1 the
+    spread of its curve's last k evaluations / √k; a single evaluation, or a metric whose
+    epoch-to-epoch moves are trend (loss), gets no bar."""
+    from pipelines.sweep import _se_caption, setting_se
+
+    sweep = load_sweep(_space(tmp_path))  # knn_top1, mean_last, k = 3
+
+    def row(curve: list[float], **extra: Any) -> dict[str, Any]:
+        return {"params": {"loss.name": "simclr", "optim.lr": 0.1}, "score": curve[-1],
+                "setting_mean": curve[-1], "setting_sd": None, "setting_n": 1,
+                "curve": list(enumerate(curve, 1)), **extra}
+
+    noisy = row([0.40, 0.50, 0.45, 0.55])  # last 3: sd 0.05
+    assert setting_se([noisy], sweep) == (pytest.approx(0.05 / 3 ** 0.5), "curve")
+    assert setting_se([row([0.5, 0.6], knn_top1_se=0.04)], sweep) == (0.04, "trial")
+    assert setting_se([row([0.5])], sweep) == (None, None)
+    # a short curve: the sd of what there is, over √(the evaluations its score averages)
+    assert setting_se([row([0.5, 0.6])], sweep)[0] == pytest.approx(0.1 / 2 ** 0.5 / 2 ** 0.5)
+    # statistic last: the score is one evaluation, its error the evaluations' sd
+    last = load_sweep(_space(tmp_path), ["statistic.name=last"])
+    assert setting_se([noisy], last)[0] == pytest.approx(0.05)
+    assert setting_se([noisy], load_sweep(_space(tmp_path), ["metric=loss", "mode=min"])) == (
+        None, None)
+    assert _se_caption(sweep, [[noisy]]) == (
+        "error bars: one seed: ± sd/√3 of its last 3 knn_top1 evaluations")
+    assert _se_caption(sweep, [[row([0.5])]]) == (
+        "no error bars: one seed per setting and no estimate of its noise")
+
+
+def test_importances_only_where_the_data_supports_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """param_importances.yaml / optuna_importances.png need max(4, 2 × parameters) finished
+    settings (a setting's repeats count once) whose means spread by more than 2 × their
+    median standard error; otherwise one line says why and neither is written."""
+    from pipelines.sweep import _write_results, importance_support, param_importances
+
+    sweep = load_sweep(_space(tmp_path))  # 3 swept parameters: 6 settings needed
+
+    def rows_of(means: list[float], wobble: float) -> list[dict[str, Any]]:
+        results = []
+        for i, m in enumerate(means):
+            loss = ("simclr", "xclr")[i % 2]
+            config = {"loss.name": loss, "optim.lr": 0.01 * 1.6 ** i,
+                      **({"loss.tau_s": 0.05 * 1.5 ** i} if loss == "xclr" else {})}
+            results.append(SimpleNamespace(  # curve sd: wobble; standard error wobble/√3
+                config=config, error=None, metrics={"trial_id": f"t{i}"}, path=f"x/t{i}",
+                metrics_dataframe=_df([m - wobble, m + wobble, m])))
+        return trial_rows(results, sweep)
+
+    # 8 settings, means 0.30 .. 0.65 (sd 0.12), each known to ±0.006: written
+    clear = rows_of([0.30 + 0.05 * i for i in range(8)], wobble=0.01)
+    assert importance_support(sweep, clear) is None
+    out = tmp_path / "out"
+    out.mkdir()
+    _write_results(sweep, clear, out)
+    importances = yaml.safe_load((out / "param_importances.yaml").read_text())
+    assert importances and set(importances) <= {"loss.name", "optim.lr", "loss.tau_s"}
+    assert (out / "optuna_importances.png").exists()
+    assert (out / "optuna_contour.png").exists()
+    assert "no parameter importances" not in capsys.readouterr().err
+
+    # 8 settings whose means (0.50 .. 0.57, sd 0.024) differ less than their noise (±0.12)
+    noise = rows_of([0.50 + 0.01 * i for i in range(8)], wobble=0.2)
+    assert param_importances(sweep, noise) == {}
+    err = capsys.readouterr().err
+    assert err.startswith("simgraph sweep: no parameter importances (param_importances.yaml, "
+                          "optuna_importances.png): the 8 settings' means spread by sd 0.0245, "
+                          "within 2 × their median standard error 0.115: their differences "
+                          "are noise"), err
+
+    # repeats count once: 4 trials are 2 settings
+    _, repeated = _repeat_rows(tmp_path)
+    assert importance_support(sweep, repeated) == (
+        "2 finished settings for 3 swept parameters: importances need at least 6 "
+        "(max(4, 2 × parameters))")
 
 
 @pytest.mark.slow
