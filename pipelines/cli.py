@@ -27,6 +27,11 @@ Available now:
   [--projector] [--out DIR]`` — the backbone (+ projector) as files that load without
   simgraph, with ``config.json`` and ``model_card.md`` (default ``<run>/export/``).
 
+* ``simgraph embed RUN_DIR --data DATASET_DIR_OR_IMAGE_FOLDER [--split S] [--projector]
+  [--checkpoint DIR] --out FILE.parquet`` — one embedding per image (the evaluation centre
+  view) of a dataset dir's split(s) or of a folder of images, with ids / paths, labels,
+  classes and captions, as a Parquet file.
+
 * ``simgraph sweep SPACE.yaml [--resume] [key=value ...]`` — Ray Tune + Optuna over
   pretraining, conditional per-loss spaces from ``search_spaces/*.yaml``, ASHA, resume.
 
@@ -203,6 +208,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="safetensors (default), torchscript or onnx")
     p.add_argument("--projector", action="store_true", help="also the projector")
     p.add_argument("--out", help="output dir (default: RUN_DIR/export)")
+    p = commands.add_parser("embed", help="one embedding per image of a dataset dir or an "
+                                          "image folder, as a Parquet file")
+    p.add_argument("run_dir", help="the run dir (storage/name) whose encoder embeds")
+    p.add_argument("--data", required=True,
+                   help="a dataset dir (simgraph preprocess) or a folder of images (class "
+                        "sub-folders as source.kind: folder, and/or images at its root)")
+    p.add_argument("--split", help="with a dataset dir: this split only (default: every "
+                                   "split with samples)")
+    p.add_argument("--projector", action="store_true", help="projector instead of backbone")
+    p.add_argument("--checkpoint", help="a checkpoint dir (default: the run's newest)")
+    p.add_argument("--out", required=True, help="the Parquet file to write (path or URI)")
     p = commands.add_parser("sweep", help="Ray Tune + Optuna sweep over pretraining")
     p.add_argument("space", help="search space YAML (see search_spaces/)")
     p.add_argument("overrides", nargs="*", help="overrides of the sweep file, e.g. num_samples=8")
@@ -277,6 +293,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pipelines import export
 
         return export.main(args.run_dir, args.checkpoint, args.format, args.projector, args.out)
+    if args.command == "embed":
+        from pipelines import embed
+
+        return embed.main(args.run_dir, args.data, args.out, args.split, args.projector,
+                          args.checkpoint)
     if args.command == "sweep":
         from pipelines import sweep
 
