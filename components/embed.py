@@ -96,61 +96,15 @@ def load_run(run_dir: str, checkpoint: str | None = None
              ) -> tuple[PretrainConfig, dict[str, Any], str]:
     """The run's config, a verified checkpoint state and its path.
 
-    The same rules as ``simgraph evaluate`` / ``export`` (``pipelines/evaluate.py`` and
-    ``pipelines/export.py`` each hold their own copy raising their own error type; a pipeline
-    may not import another, so this is the component's copy).
+    :func:`components.run_dir.load_run` (the rules every command that reads a run shares),
+    raising this command's error type.
 
     Raises:
         EmbedError: not a run dir, no complete checkpoint, or a checkpoint from another config.
     """
-    from components import storage
-    from components.checkpoint import CheckpointError, load_state, local_copy
-    from components.config import from_dict
-    from components.run_dir import (
-        RUN_CONFIG,
-        CorruptRunConfig,
-        checkpoint_config,
-        config_diff,
-        latest_complete,
-        read_run_config,
-    )
+    from components.run_dir import load_run as load
 
-    shown = storage.display(run_dir)
-    try:
-        raw = read_run_config(run_dir)
-    except CorruptRunConfig as e:  # the checkpoints still hold the run's config
-        stored = checkpoint_config(run_dir)
-        if stored is None:
-            raise EmbedError(f"{e}, and the run has no complete checkpoint to read its "
-                             "config from") from None
-        print(f"simgraph embed: warning: {e}; using the config stored in "
-              f"{storage.display(stored[0])}", file=sys.stderr)
-        raw = stored[1]
-    except storage.StorageError as e:
-        raise EmbedError(f"cannot read {shown}: {e}") from None
-    if raw is None:
-        raise EmbedError(f"{shown} is not a run dir (no {RUN_CONFIG}); give the "
-                         "storage/name dir that `simgraph pretrain` wrote")
-    cfg = from_dict(PretrainConfig, raw)
-    if checkpoint is None:
-        found = latest_complete(run_dir)
-        if found is None:
-            raise EmbedError(f"{shown} has no complete checkpoint: pretrain it first "
-                             "(or let the interrupted run resume)")
-        checkpoint = found[1]
-    try:
-        with local_copy(checkpoint) as d:
-            state = load_state(d)
-    except (CheckpointError, storage.StorageError) as e:
-        raise EmbedError(str(e)) from None
-    if not isinstance(state.get("model"), dict):
-        raise EmbedError(f"checkpoint {storage.display(checkpoint)} holds no model state")
-    diff = config_diff(state.get("config", {}), dataclasses.asdict(cfg))
-    if diff:
-        raise EmbedError(
-            f"checkpoint {storage.display(checkpoint)} was written by another config than "
-            f"{shown} ({', '.join(diff[:5])} differ); embed with its own run dir")
-    return cfg, state, str(checkpoint)
+    return load(run_dir, checkpoint, error=EmbedError, command="embed")
 
 
 def run_encoder(cfg: PretrainConfig, state: dict[str, Any]) -> Encoder:

@@ -376,3 +376,60 @@ def finished_history(run_dir: str | Path, epochs: int) -> list[dict[str, Any]] |
     with local_copy(done[1]) as d:
         history: list[dict[str, Any]] = load_state(d)["history"]
     return history
+
+
+def load_run(run_dir: str, checkpoint: str | None = None, *,
+             error: type[SimgraphError] = RunError, command: str = "evaluate"
+             ) -> tuple[PretrainConfig, dict[str, Any], str]:
+    """A finished (or interrupted) run as the commands that read one need it: its config, a
+    verified checkpoint state (``checkpoint``, or the newest complete one) and that
+    checkpoint's path. A corrupt ``config.yaml`` falls back to the checkpoint's config with a
+    warning on stderr (``simgraph <command>: warning: ...``).
+
+    Raises:
+        ``error`` (the command's error type): not a run dir, no complete checkpoint, an
+            unreadable checkpoint or one without a model, or a checkpoint written under
+            another config than the run dir's.
+    """
+    import sys
+
+    from components import storage
+    from components.checkpoint import CheckpointError, load_state, local_copy
+
+    shown = storage.display(run_dir)
+    try:
+        raw = read_run_config(run_dir)
+    except CorruptRunConfig as e:  # the checkpoints still hold the run's config
+        stored = checkpoint_config(run_dir)
+        if stored is None:
+            raise error(f"{e}, and the run has no complete checkpoint to read its config "
+                        "from") from None
+        print(f"simgraph {command}: warning: {e}; using the config stored in "
+              f"{storage.display(stored[0])}", file=sys.stderr)
+        raw = stored[1]
+    except storage.StorageError as e:
+        raise error(f"cannot read {shown}: {e}") from None
+    if raw is None:
+        raise error(f"{shown} is not a run dir (no {RUN_CONFIG}); give the storage/name dir "
+                    "that `simgraph pretrain` wrote")
+    cfg = from_dict(PretrainConfig, raw)
+    if checkpoint is None:
+        found = latest_complete(run_dir)
+        if found is None:
+            raise error(f"{shown} has no complete checkpoint: pretrain it first (or let the "
+                        "interrupted run resume)")
+        checkpoint = found[1]
+    try:
+        with local_copy(checkpoint) as d:
+            state = load_state(d)
+    except (CheckpointError, storage.StorageError) as e:
+        raise error(str(e)) from None
+    if not isinstance(state.get("model"), dict):
+        raise error(f"checkpoint {storage.display(checkpoint)} holds no model state")
+    diff = config_diff(state.get("config", {}), dataclasses.asdict(cfg))
+    if diff:
+        raise error(
+            f"checkpoint {storage.display(checkpoint)} was written by another config than "
+            f"{shown} ({', '.join(diff[:5])} differ); {command} it with its own run dir")
+    return cfg, state, str(checkpoint)
+

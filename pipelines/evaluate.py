@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from components.config import PretrainConfig, from_dict
+from components.config import PretrainConfig
 from components.errors import SimgraphError, run_command
 from components.evaluation.intervals import (
     CONFIDENCE,
@@ -130,53 +130,10 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None
         EvaluateError: not a run dir, no complete checkpoint, or a checkpoint from another
             config.
     """
-    from components import storage
-    from components.checkpoint import CheckpointError, load_state, local_copy
-    from components.run_dir import (
-        RUN_CONFIG,
-        CorruptRunConfig,
-        checkpoint_config,
-        config_diff,
-        latest_complete,
-        read_run_config,
-    )
+    from components.run_dir import load_run as load
 
-    run_dir = str(run_dir)
-    shown = storage.display(run_dir)
-    try:
-        raw = read_run_config(run_dir)
-    except CorruptRunConfig as e:  # the checkpoints still hold the run's config
-        stored = checkpoint_config(run_dir)
-        if stored is None:
-            raise EvaluateError(f"{e}, and the run has no complete checkpoint to read its "
-                                "config from") from None
-        print(f"simgraph evaluate: warning: {e}; using the config stored in "
-              f"{storage.display(stored[0])}", file=sys.stderr)
-        raw = stored[1]
-    except storage.StorageError as e:
-        raise EvaluateError(f"cannot read {shown}: {e}") from None
-    if raw is None:
-        raise EvaluateError(f"{shown} is not a run dir (no {RUN_CONFIG}); give the "
-                            "storage/name dir that `simgraph pretrain` wrote")
-    cfg = from_dict(PretrainConfig, raw)
-    if checkpoint is None:
-        found = latest_complete(run_dir)
-        if found is None:
-            raise EvaluateError(f"{shown} has no complete checkpoint: pretrain it first "
-                                "(or let the interrupted run resume)")
-        checkpoint = found[1]
-    try:
-        with local_copy(checkpoint) as d:
-            state = load_state(d)
-    except (CheckpointError, storage.StorageError) as e:
-        raise EvaluateError(str(e)) from None
-    diff = config_diff(state.get("config", {}), dataclasses.asdict(cfg))
-    if diff:
-        raise EvaluateError(
-            f"checkpoint {checkpoint} was written by another config than {shown} "
-            f"({', '.join(diff[:5])} differ); evaluate it with its own run dir"
-        )
-    return cfg, state, str(checkpoint)
+    return load(str(run_dir), None if checkpoint is None else str(checkpoint),
+                error=EvaluateError, command="evaluate")
 
 
 def _dataset(cfg: PretrainConfig, state: dict[str, Any]) -> Any:

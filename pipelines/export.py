@@ -20,14 +20,13 @@ Everything goes to ``--out`` (default ``<run>/export/``; a path or URI).
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import subprocess
 import sys
 from typing import Any
 
-from components.config import PretrainConfig, from_dict, to_dict
+from components.config import PretrainConfig, to_dict
 from components.errors import run_command
 from components.export import CARD, CONFIG, ExportError, check_format
 
@@ -42,53 +41,10 @@ def load_run(run_dir: str, checkpoint: str | None = None
         ExportError: not a run dir, no complete checkpoint, or a checkpoint from another
             config.
     """
-    from components import storage
-    from components.checkpoint import CheckpointError, load_state, local_copy
-    from components.run_dir import (
-        RUN_CONFIG,
-        CorruptRunConfig,
-        checkpoint_config,
-        config_diff,
-        latest_complete,
-        read_run_config,
-    )
+    from components.run_dir import load_run as load
 
-    shown = storage.display(run_dir)
-    try:
-        raw = read_run_config(run_dir)
-    except CorruptRunConfig as e:  # the checkpoints still hold the run's config
-        stored = checkpoint_config(run_dir)
-        if stored is None:
-            raise ExportError(f"{e}, and the run has no complete checkpoint to read its "
-                              "config from") from None
-        print(f"simgraph export: warning: {e}; using the config stored in "
-              f"{storage.display(stored[0])}", file=sys.stderr)
-        raw = stored[1]
-    except storage.StorageError as e:
-        raise ExportError(f"cannot read {shown}: {e}") from None
-    if raw is None:
-        raise ExportError(f"{shown} is not a run dir (no {RUN_CONFIG}); give the "
-                          "storage/name dir that `simgraph pretrain` wrote")
-    cfg = from_dict(PretrainConfig, raw)
-    if checkpoint is None:
-        found = latest_complete(run_dir)
-        if found is None:
-            raise ExportError(f"{shown} has no complete checkpoint: pretrain it first "
-                              "(or let the interrupted run resume)")
-        checkpoint = found[1]
-    try:
-        with local_copy(checkpoint) as d:
-            state = load_state(d)
-    except (CheckpointError, storage.StorageError) as e:
-        raise ExportError(str(e)) from None
-    if not isinstance(state.get("model"), dict):
-        raise ExportError(f"checkpoint {storage.display(checkpoint)} holds no model state")
-    diff = config_diff(state.get("config", {}), dataclasses.asdict(cfg))
-    if diff:
-        raise ExportError(
-            f"checkpoint {storage.display(checkpoint)} was written by another config than "
-            f"{shown} ({', '.join(diff[:5])} differ); export it with its own run dir")
-    return cfg, state, str(checkpoint)
+    return load(str(run_dir), None if checkpoint is None else str(checkpoint),
+                error=ExportError, command="export")
 
 
 def _manifest(dataset: str) -> dict[str, Any] | None:
