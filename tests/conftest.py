@@ -1,8 +1,10 @@
-"""Shared fixtures: deterministic seeds and the float64 default used by exactness tests."""
+"""Shared fixtures: deterministic seeds, the float64 default used by exactness tests, a local
+Ray for preprocessing tests and the S3 stand-in."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -17,3 +19,15 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="module")
+def ray_local() -> Iterator[None]:
+    """A local Ray for one test module's preprocessing builds (2 CPUs, no dashboard)."""
+    import ray
+
+    ray.init(num_cpus=2, object_store_memory=1 << 30, include_dashboard=False,
+             log_to_driver=False)
+    yield
+    ray.shutdown()
+

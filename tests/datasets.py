@@ -84,3 +84,39 @@ def tiny_run_config(dataset: Path, storage: Path, **over: Any) -> dict[str, Any]
             node = node.setdefault(k, {})
         node[leaf] = value
     return cfg
+
+
+def run_with_checkpoint(dataset: Path, storage: Path, name: str, checkpoint: bool = True,
+                        random_bn_stats: bool = False, **over: Any) -> Path:
+    """A run dir of :func:`tiny_run_config` (``over`` as there) with one checkpoint after
+    epoch 1, as `simgraph pretrain` leaves it (no Ray needed): a model built with seed 0.
+    ``checkpoint=False``: the run dir only. ``random_bn_stats``: BatchNorm running statistics
+    randomised, so that eval mode matters to what a reader of the checkpoint computes."""
+    import torch
+
+    from components.checkpoint import save_state
+    from components.config import PretrainConfig, from_dict, to_dict
+    from components.data.reader import DatasetInfo
+    from components.run_dir import check_dataset, prepare_run_dir
+    from components.training import build_model
+
+    cfg = from_dict(PretrainConfig, tiny_run_config(dataset, storage, name=name, **over))
+    run_dir = Path(prepare_run_dir(cfg))
+    if not checkpoint:
+        return run_dir
+    facts = check_dataset(cfg)
+    torch.manual_seed(0)
+    sim = torch.as_tensor(DatasetInfo.load(dataset).class_similarity(), dtype=torch.float32)
+    model, _ = build_model(cfg.model, cfg.loss, facts.num_classes, sim, facts.caption_dim)
+    if random_bn_stats:
+        with torch.no_grad():
+            for key, buf in model.encoder.named_buffers():
+                if key.endswith("running_mean"):
+                    buf.normal_(0, 0.5)
+                elif key.endswith("running_var"):
+                    buf.uniform_(0.5, 2.0)
+    save_state(run_dir / "epoch_00001", {"model": model.state_dict(), "epoch": 1, "step": 4,
+                                         "history": [], "config": to_dict(cfg),
+                                         "dataset": facts.dataset})
+    return run_dir
+

@@ -15,7 +15,7 @@ import itertools
 import json
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -38,16 +38,6 @@ LEFTOVERS = (NEXT, PREVIOUS, SWAP_JOURNAL)
 def _json(obj: object) -> object:
     """``obj`` as it reads back from a JSON file (tuples become lists)."""
     return json.loads(json.dumps(obj))
-
-
-@pytest.fixture(scope="module")
-def ray_local() -> Iterator[None]:
-    import ray
-
-    ray.init(num_cpus=2, object_store_memory=1 << 30, include_dashboard=False,
-             log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def _images(root: Path, per_class: int = 4) -> Path:

@@ -11,16 +11,12 @@ from typing import Any
 import pytest
 import torch
 
-from components.checkpoint import save_state
-from components.config import PretrainConfig, from_dict, to_dict
-from components.data.reader import DatasetInfo, set_jit
+from components.data.reader import set_jit
 from components.evaluation.graph import graph_metrics, target_noise_separation
 from components.evaluation.knn import knn_top1
 from components.evaluation.probe import linear_probe
-from components.run_dir import check_dataset, prepare_run_dir
-from components.training import build_model
 from pipelines.evaluate import EvaluateError, evaluate_run, load_run, main, paired_differences
-from tests.datasets import synthetic_dataset, tiny_run_config
+from tests.datasets import run_with_checkpoint, synthetic_dataset
 
 
 @pytest.fixture(autouse=True)
@@ -37,16 +33,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _run(dataset: Path, storage: Path, name: str, **over: Any) -> Path:
     """A run dir with one checkpoint, as `simgraph pretrain` leaves it (no Ray needed)."""
-    cfg = from_dict(PretrainConfig, tiny_run_config(dataset, storage, name=name, **over))
-    run_dir = Path(prepare_run_dir(cfg))
-    facts = check_dataset(cfg)
-    torch.manual_seed(0)
-    sim = torch.as_tensor(DatasetInfo.load(dataset).class_similarity(), dtype=torch.float32)
-    model, _ = build_model(cfg.model, cfg.loss, facts.num_classes, sim, facts.caption_dim)
-    save_state(run_dir / "epoch_00001", {"model": model.state_dict(), "epoch": 1, "step": 4,
-                                         "history": [], "config": to_dict(cfg),
-                                         "dataset": facts.dataset})
-    return run_dir
+    return run_with_checkpoint(dataset, storage, name, **over)
 
 
 def test_report_and_comparison_render(dataset: Path, tmp_path: Path,

@@ -15,14 +15,13 @@ from typing import Any
 import pytest
 import torch
 
-from components.checkpoint import load_state, save_state
-from components.config import PretrainConfig, from_dict, to_dict
+from components.checkpoint import load_state
+from components.config import PretrainConfig, from_dict
 from components.data.reader import DatasetInfo
 from components.export import FORMATS
-from components.run_dir import check_dataset, prepare_run_dir
 from components.training import build_model, extract_features
 from pipelines.export import main
-from tests.datasets import synthetic_dataset, tiny_run_config
+from tests.datasets import run_with_checkpoint, synthetic_dataset
 
 RESNET = {"model__backbone": "resnet18", "model__small_images": True}
 
@@ -34,26 +33,10 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _run(dataset: Path, storage: Path, name: str, checkpoint: bool = True,
          **over: Any) -> Path:
-    """A run dir with one checkpoint, as `simgraph pretrain` leaves it (no Ray needed); the
-    BatchNorm running statistics are randomised, so eval mode matters."""
-    cfg = from_dict(PretrainConfig, tiny_run_config(dataset, storage, name=name, **over))
-    run_dir = Path(prepare_run_dir(cfg))
-    if not checkpoint:
-        return run_dir
-    facts = check_dataset(cfg)
-    torch.manual_seed(0)
-    sim = torch.as_tensor(DatasetInfo.load(dataset).class_similarity(), dtype=torch.float32)
-    model, _ = build_model(cfg.model, cfg.loss, facts.num_classes, sim, facts.caption_dim)
-    with torch.no_grad():
-        for key, buf in model.encoder.named_buffers():
-            if key.endswith("running_mean"):
-                buf.normal_(0, 0.5)
-            elif key.endswith("running_var"):
-                buf.uniform_(0.5, 2.0)
-    save_state(run_dir / "epoch_00001", {"model": model.state_dict(), "epoch": 1, "step": 4,
-                                         "history": [], "config": to_dict(cfg),
-                                         "dataset": facts.dataset})
-    return run_dir
+    """A run dir with one checkpoint, BatchNorm running statistics randomised (eval mode
+    matters)."""
+    return run_with_checkpoint(dataset, storage, name, checkpoint, random_bn_stats=True,
+                               **over)
 
 
 def _reference(run_dir: Path, x: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,16 +22,6 @@ from pipelines.preprocess import PreprocessError, run
 from tests.procs import kill_session, session_pids
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def ray_local() -> Iterator[None]:
-    import ray
-
-    ray.init(num_cpus=2, object_store_memory=1 << 30, include_dashboard=False,
-             log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def _images(root: Path) -> dict[str, tuple[str, str | None]]:
