@@ -7,15 +7,16 @@ tensors) and ``meta.json``, written last, with the epoch, step and the sha256 of
 loaded (:func:`load_state` raises, :func:`is_complete` says no). Loading uses
 ``torch.load(weights_only=True)``: tensors and plain containers only, no code runs.
 
-State keys (``pipelines/pretrain.py``): ``model`` (encoder, projector, classifier head,
-objective incl. memory bank), ``ema``, ``optimizer``, ``scheduler``, ``scaler``, ``epoch``
-(epochs completed), ``step`` (optimizer steps done), ``history`` (per-epoch metrics),
-``seed`` and ``config``.
+A training checkpoint's state is a :class:`TrainingState` (typed; :meth:`TrainingState.save`
+/ :meth:`TrainingState.load`); :func:`save_state` / :func:`load_state` move any plain dict.
+Where checkpoints live in a run dir (``epoch_NNNNN``, which is newest, publishing and
+pruning) is :mod:`components.run_dir`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import tempfile
 from collections.abc import Iterator
@@ -56,6 +57,82 @@ def save_state(directory: str | Path, state: dict[str, Any]) -> Path:
     }
     write_json(d / META, meta)  # written last: its presence marks the checkpoint complete
     return d
+
+
+@dataclasses.dataclass
+class TrainingState:
+    """A pretraining run's whole state after ``epoch`` epochs: what ``state.pt`` holds.
+
+    Attributes:
+        model: the ``PretrainModel``'s state dict (encoder, projector, classifier head,
+            objective incl. its memory bank).
+        optimizer, scheduler: their state dicts.
+        epoch: epochs completed; step: optimiser steps done (skipped fp16 steps included).
+        history: one metrics row per completed epoch.
+        config: the run's config as a dict, without the credentials of any URI in it.
+        seed: ``train.seed``.
+        ema: the EMA encoder's state dict (losses with a momentum encoder), else ``None``.
+        scaler: the fp16 ``GradScaler``'s state, else ``None``.
+        dataset: the dataset identity the run trained on
+            (:func:`components.run_dir.dataset_identity`); ``None`` in checkpoints older than
+            it.
+    """
+
+    model: dict[str, Any]
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    epoch: int
+    step: int
+    history: list[dict[str, Any]]
+    config: dict[str, Any]
+    seed: int = 0
+    ema: dict[str, Any] | None = None
+    scaler: dict[str, Any] | None = None
+    dataset: dict[str, Any] | None = None
+
+    _MAPPINGS = ("model", "optimizer", "scheduler", "config")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain dict ``torch.save`` writes (no copies of the tensors)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "the checkpoint") -> TrainingState:
+        """Check a loaded ``state.pt``; keys this version does not know are ignored.
+
+        Raises:
+            CheckpointError: a required key is missing or of the wrong type (names them).
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        required = [f.name for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING]
+        missing = [k for k in required if k not in d]
+        if missing:
+            raise CheckpointError(f"{where} lacks {', '.join(missing)}: it is not a simgraph "
+                                  "training checkpoint (or was written by a tool that "
+                                  "dropped them)")
+        wrong = [k for k in cls._MAPPINGS if not isinstance(d[k], dict)]
+        wrong += [k for k in ("epoch", "step") if isinstance(d[k], bool)
+                  or not isinstance(d[k], int)]
+        wrong += [] if isinstance(d["history"], list) else ["history"]
+        if wrong:
+            raise CheckpointError(f"{where} holds {', '.join(wrong)} of the wrong type: not a "
+                                  "simgraph training checkpoint")
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def save(self, directory: str | Path) -> Path:
+        """:func:`save_state` of this state; returns the directory."""
+        return save_state(directory, self.to_dict())
+
+    @classmethod
+    def load(cls, directory: str | Path,
+             map_location: str | torch.device = "cpu") -> TrainingState:
+        """:func:`load_state` (verified) checked by :meth:`from_dict`.
+
+        Raises:
+            CheckpointError: incomplete, corrupted, or not a training checkpoint.
+        """
+        return cls.from_dict(load_state(directory, map_location), f"checkpoint {directory}")
 
 
 def read_meta(directory: str | Path) -> dict[str, Any]:

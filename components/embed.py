@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -49,6 +49,9 @@ import components.data  # noqa: F401  (its FFCV import hook, before any FFCV imp
 from components.config import AugmentConfig, PretrainConfig
 from components.errors import SimgraphError
 from components.models import Encoder
+
+if TYPE_CHECKING:
+    from components.checkpoint import TrainingState
 
 FORMAT = "simgraph-embeddings/1"
 METADATA_KEY = b"simgraph"
@@ -93,7 +96,7 @@ class Embedded:
 
 
 def load_run(run_dir: str, checkpoint: str | None = None
-             ) -> tuple[PretrainConfig, dict[str, Any], str]:
+             ) -> tuple[PretrainConfig, TrainingState, str]:
     """The run's config, a verified checkpoint state and its path.
 
     :func:`components.run_dir.load_run` (the rules every command that reads a run shares),
@@ -107,7 +110,7 @@ def load_run(run_dir: str, checkpoint: str | None = None
     return load(run_dir, checkpoint, error=EmbedError, command="embed")
 
 
-def run_encoder(cfg: PretrainConfig, state: dict[str, Any]) -> Encoder:
+def run_encoder(cfg: PretrainConfig, state: TrainingState) -> Encoder:
     """The checkpoint's backbone and projector, in eval mode on the CPU (no dataset needed).
 
     Raises:
@@ -116,7 +119,7 @@ def run_encoder(cfg: PretrainConfig, state: dict[str, Any]) -> Encoder:
     from components.export import ExportError, encoder_from_state
 
     try:
-        return encoder_from_state(cfg.model, state["model"])
+        return encoder_from_state(cfg.model, state.model)
     except ExportError as e:
         raise EmbedError(str(e)) from None
 
@@ -207,10 +210,6 @@ def embed_dataset(
         DatasetError: not a complete dataset dir, or an unreadable split file.
         EmbedArgumentError / EmbedError: see :func:`dataset_splits`.
     """
-    # FFCV sets torch's intra-op threads to 1 when its compiler module is first imported
-    # (set_jit below) and to its decoding threads when a Loader's iteration begins; the
-    # forward passes run with the process's own count.
-    threads = torch.get_num_threads()
     from components.data.reader import DatasetInfo, ViewLoader, set_jit
 
     info = DatasetInfo.load(dataset)
@@ -221,22 +220,17 @@ def embed_dataset(
     encoder = encoder.to(dev)
     captions = dataset_captions(info)
     feats, labels, ids, names = [], [], [], []
-    try:
-        for s in splits:
-            loader = ViewLoader(info.split_file(s), batch_size=batch_size, views=1,
-                                augment=augment, train=False, device=dev,
-                                num_workers=num_workers, with_captions=False)
-            with _progress(info.splits[s], f"embed {s}") as bar:
-                for i, b in enumerate(loader):
-                    if i == 0:  # the Loader's iteration has begun: take the count back
-                        torch.set_num_threads(threads)
-                    feats.append(_features(encoder, b.images[:, 0], dev, projector))
-                    labels.append(b.labels.cpu().numpy())
-                    ids.append(b.sample_ids.cpu().numpy())
-                    names += [s] * len(b.labels)
-                    bar.update(len(b.labels))
-    finally:
-        torch.set_num_threads(threads)
+    for s in splits:  # (FFCV leaves torch's thread count alone: components.data.ffcv_import)
+        loader = ViewLoader(info.split_file(s), batch_size=batch_size, views=1,
+                            augment=augment, train=False, device=dev,
+                            num_workers=num_workers, with_captions=False)
+        with _progress(info.splits[s], f"embed {s}") as bar:
+            for b in loader:
+                feats.append(_features(encoder, b.images[:, 0], dev, projector))
+                labels.append(b.labels.cpu().numpy())
+                ids.append(b.sample_ids.cpu().numpy())
+                names += [s] * len(b.labels)
+                bar.update(len(b.labels))
     sample_ids = np.concatenate(ids).astype(np.int64)
     return Embedded(
         embeddings=np.concatenate(feats).astype(np.float32, copy=False),
@@ -350,16 +344,6 @@ def _decode_view(path: str, augment: AugmentConfig, max_side: int) -> np.ndarray
         return TOO_SMALL
 
 
-def _import_ffcv_keeping_threads() -> None:
-    """Import the FFCV modules :func:`eval_view` uses without the side effect of FFCV's
-    compiler module, which sets torch's intra-op threads to 1 when first imported: the
-    folder route's forward passes keep the process's thread count."""
-    threads = torch.get_num_threads()
-    import ffcv.fields.rgb_image  # noqa: F401
-
-    torch.set_num_threads(threads)
-
-
 def _chunks(seq: Sequence[FolderImage], n: int) -> Iterator[Sequence[FolderImage]]:
     for start in range(0, len(seq), n):
         yield seq[start:start + n]
@@ -378,7 +362,7 @@ def embed_folder(
         EmbedError: no image in it (:func:`list_images`), or none of its files decodes.
     """
     items, classes = list_images(folder)
-    _import_ffcv_keeping_threads()
+    import ffcv.fields.rgb_image  # noqa: F401  (once, before the decoding threads need it)
     dev = device or default_device()
     encoder = encoder.to(dev)
     side = max_side or NO_MAX_SIDE

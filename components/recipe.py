@@ -33,7 +33,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components import console
 from components.config import PretrainConfig, from_dict, to_dict
@@ -42,13 +42,13 @@ from components.run_dir import (
     METRICS_CSV,
     RunError,
     RunFacts,
-    absolute_paths,
-    check_dataset,
     check_same_dataset,
-    finished_history,
-    prepare_run_dir,
+    prepare_run,
 )
 from components.run_host import RunHost, TrainWorker
+
+if TYPE_CHECKING:
+    from components.checkpoint import TrainingState
 
 PAUSE_ENV = "SIMGRAPH_PAUSE_AT_STEP"
 PROGRESS_EVERY_S = 20.0  # rank 0 prints a progress line this often during a long epoch
@@ -66,11 +66,11 @@ class PretrainError(RunError):
 def run_pretraining(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, Any]]:
     """Train (or resume) the run; returns its per-epoch metrics history.
 
-    1. Check the dataset dir against what the loss needs (labels, a class graph, captions)
-       before any Ray work (:func:`components.run_dir.check_dataset`).
-    2. Prepare the run dir ``storage/name`` (:func:`components.run_dir.prepare_run_dir`): a
-       re-run with the same name must match ``config.yaml`` (except keys that may change on a
-       resume) and resumes from the latest complete checkpoint; a finished run is returned.
+    1.-2. :func:`components.run_dir.prepare_run` (as every sweep trial): check the dataset dir
+       against what the loss needs (labels, a class graph, captions) before any Ray work, and
+       prepare the run dir ``storage/name``: a re-run with the same name must match
+       ``config.yaml`` (except keys that may change on a resume) and the data it started on,
+       and resumes from the latest complete checkpoint; a finished run is returned.
     3. Fit :func:`make_trainer`'s ``TorchTrainer`` on a local Ray started for the job or the
        ``RAY_ADDRESS`` cluster; ``FailureConfig(max_failures)`` restarts the group from the
        latest checkpoint.
@@ -80,23 +80,13 @@ def run_pretraining(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, An
         PretrainError: training failed (the message says where; the last good checkpoint
             stays in the run dir).
     """
-    from components.checkpoint import load_state
+    from components.checkpoint import TrainingState
     from components.errors import SimgraphError, describe, root_cause
     from components.session import ray_session
     from components.storage import display
 
-    cfg = absolute_paths(cfg)
-    facts = check_dataset(cfg)
-    if cfg.tracking.mlflow:
-        from components.tracking import require_mlflow
-
-        require_mlflow("tracking.mlflow=true")
-    if cfg.tracking.wandb:
-        from components.tracking import require_wandb
-
-        require_wandb("tracking.wandb=true")
-    run_dir = prepare_run_dir(cfg, facts.dataset)
-    history = finished_history(run_dir, cfg.train.epochs)
+    run = prepare_run(cfg)
+    cfg, facts, run_dir, history = run.cfg, run.facts, run.run_dir, run.finished
     if history is not None:
         if echo:
             print(f"simgraph: run {cfg.name!r} is already complete ({len(history)} epochs)")
@@ -123,7 +113,7 @@ def run_pretraining(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, An
     if result.checkpoint is None:
         raise PretrainError(f"run {cfg.name!r} finished without a checkpoint")
     with result.checkpoint.as_directory() as d:
-        history = load_state(d)["history"]
+        history = TrainingState.load(d).history
     if echo:
         print(history_table(history))
         print(f"run dir: {display(run_dir)}")
@@ -271,7 +261,9 @@ class PretrainRecipe:
             torch.cuda.set_device(device)  # before the first collective on NCCL
             if self.cuda_sync_debug:  # bench/gpu_acceptance.py: report host syncs
                 torch.cuda.set_sync_debug_mode(self.cuda_sync_debug)
-        set_jit(cfg.data.jit)  # imports ffcv, which sets torch threads to 1
+        set_jit(cfg.data.jit)
+        # The step, the kNN and the reader's torch ops run on the worker's CPUs (FFCV no longer
+        # resets this process-wide count to data.num_workers: components.data.ffcv_import).
         torch.set_num_threads(max(1, math.floor(cfg.scaling.cpus_per_worker)))
         _worker_info(self.run_dir, self.rank, self.world, device, host.ray_node_ranks())
 
@@ -336,23 +328,26 @@ class PretrainRecipe:
 
     def restore(self, ckpt_dir: Path | None) -> None:
         """Load the full state of the host's latest checkpoint (``None``: a fresh start)."""
-        from components.checkpoint import load_state
+        from components.checkpoint import CheckpointError, TrainingState
 
         if ckpt_dir is None:
             return
-        state = load_state(ckpt_dir, map_location=self.device)
+        state = TrainingState.load(ckpt_dir, map_location=self.device)
         # Whatever host gave the checkpoint (Ray's snapshot, the run dir): the same data.
-        check_same_dataset(self.cfg.name, self.cfg.data.dataset, state.get("dataset"),
+        check_same_dataset(self.cfg.name, self.cfg.data.dataset, state.dataset,
                            self.facts.dataset)
-        self.model.load_state_dict(state["model"])
+        self.model.load_state_dict(state.model)
         if self.ema is not None:
-            self.ema.load_state_dict(state["ema"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.start_epoch, self.step = int(state["epoch"]), int(state["step"])
-        self.history = state["history"]
+            if state.ema is None:
+                raise CheckpointError(f"checkpoint {ckpt_dir} holds no EMA encoder, which loss "
+                                      f"{self.cfg.loss.name!r} needs")
+            self.ema.load_state_dict(state.ema)
+        self.optimizer.load_state_dict(state.optimizer)
+        self.scheduler.load_state_dict(state.scheduler)
+        if self.scaler is not None and state.scaler:
+            self.scaler.load_state_dict(state.scaler)
+        self.start_epoch, self.step = state.epoch, state.step
+        self.history = state.history
         if self.rank == 0:
             console.say(f"[simgraph] resumed {self.cfg.name!r} after epoch {self.start_epoch} "
                         f"(step {self.step})")
@@ -481,8 +476,6 @@ class PretrainRecipe:
     def save(self, epoch: int, row: dict[str, Any]) -> None:
         """Append ``row`` to the history and metrics; report it to the host, with a full-state
         checkpoint every ``checkpoint.every_epochs`` epochs and after the last."""
-        from components.checkpoint import save_state
-
         cfg, host = self.cfg, self.host
         assert host is not None  # set by setup
         self.history.append(row)
@@ -501,12 +494,13 @@ class PretrainRecipe:
         with tempfile.TemporaryDirectory(prefix="simgraph-ckpt-") as tmp:
             ckpt = None
             if self.rank == 0:
-                save_state(tmp, checkpoint_state(
+                checkpoint_state(
                     cfg, model=self.model, ema=self.ema, optimizer=self.optimizer,
                     scheduler=self.scheduler, scaler=self.scaler, epoch=epoch + 1,
-                    step=self.step, history=self.history, dataset=self.facts.dataset))
+                    step=self.step, history=self.history, dataset=self.facts.dataset,
+                ).save(tmp)
                 ckpt = tmp
-            host.report(row, ckpt, f"epoch_{epoch + 1:05d}")
+            host.report(row, ckpt, epoch + 1)
 
     def cleanup(self) -> None:
         if self.log is not None:
@@ -527,22 +521,20 @@ class PretrainRecipe:
 
 def checkpoint_state(cfg: PretrainConfig, *, model: Any, ema: Any, optimizer: Any,
                      scheduler: Any, scaler: Any, epoch: int, step: int,
-                     history: list[dict[str, Any]], dataset: dict[str, Any]) -> dict[str, Any]:
-    """What a checkpoint's ``state.pt`` holds: the full training state after ``epoch`` epochs,
-    the history, the dataset identity and the run's config — without the credentials of any
-    URI in it (:func:`components.storage.redacted`), as in ``config.yaml``."""
+                     history: list[dict[str, Any]], dataset: dict[str, Any]) -> TrainingState:
+    """What a checkpoint holds: the full training state after ``epoch`` epochs, the history,
+    the dataset identity and the run's config — without the credentials of any URI in it
+    (:func:`components.storage.redacted`), as in ``config.yaml``."""
+    from components.checkpoint import TrainingState
     from components.storage import redacted
 
-    return {
-        "model": model.state_dict(),
-        "ema": None if ema is None else ema.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "scaler": None if scaler is None else scaler.state_dict(),
-        "epoch": epoch, "step": step, "history": history,
-        "seed": cfg.train.seed, "config": redacted(to_dict(cfg)),
-        "dataset": dataset,
-    }
+    return TrainingState(
+        model=model.state_dict(), ema=None if ema is None else ema.state_dict(),
+        optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
+        scaler=None if scaler is None else scaler.state_dict(),
+        epoch=epoch, step=step, history=history, seed=cfg.train.seed,
+        config=redacted(to_dict(cfg)), dataset=dataset,
+    )
 
 
 def train_loop(loop_config: dict[str, Any]) -> None:

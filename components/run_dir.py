@@ -1,19 +1,33 @@
-"""The run-dir format: ``<storage>/<name>/`` holds ``config.yaml`` (the run's whole config,
-written on the first start, without the credentials of any URI in it; a re-run must match it
-except :data:`RESUMABLE_CHANGES`),
-``dataset.json`` (the identity of the data it trains on; a re-run must find the same data),
-``epoch_NNNNN/`` checkpoints (:mod:`components.checkpoint`; the newest complete one resumes),
-``metrics.csv`` and ``tb/`` (rank 0's per-epoch metrics) and ``workers/rank<r>.json``; plus the
-driver-side checks a run passes before any Ray work (:func:`check_dataset` → :class:`RunFacts`).
-Read by ``simgraph pretrain`` (write, resume), ``sweep`` (one run dir per trial) and
-``evaluate`` (read back)."""
+"""The run dir, one owner for its format: ``<storage>/<name>/`` holds
+
+* ``config.yaml`` — the run's whole config, written on the first start, without the
+  credentials of any URI in it; a re-run must match it except :data:`RESUMABLE_CHANGES`
+  (:func:`prepare_run_dir`, :func:`read_run_config`);
+* ``dataset.json`` — the identity of the data it trains on; a re-run must find the same data
+  (:func:`dataset_identity`, :func:`check_same_dataset`);
+* ``epoch_NNNNN/`` checkpoints (:func:`checkpoint_name`; inside each,
+  :mod:`components.checkpoint`'s ``state.pt`` + ``meta.json`` holding a
+  :class:`~components.checkpoint.TrainingState`): listed by :func:`checkpoints`, published
+  by :func:`publish_checkpoint` (whole or not at all), pruned by :func:`prune_checkpoints`
+  (only after the new one verified), the newest complete one found by
+  :func:`latest_complete` (what every resume starts from);
+* ``metrics.csv`` and ``tb/`` (rank 0's per-epoch metrics), ``workers/rank<r>.json``, and the
+  trackers' run ids (:data:`MLFLOW_RUN_ID`, :data:`WANDB_RUN_ID`: a resume continues the same
+  tracker run).
+
+A run is prepared through one function, :func:`prepare_run` (``simgraph pretrain`` and every
+sweep trial): the driver-side checks before any Ray work (:func:`check_dataset` →
+:class:`RunFacts`), the run dir created or checked, and whether it has already finished.
+Read back by ``evaluate`` / ``export`` / ``embed`` through :func:`load_run`."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -27,9 +41,17 @@ from components.config import (
 )
 from components.errors import SimgraphError
 
+if TYPE_CHECKING:
+    from components.checkpoint import TrainingState
+
 RUN_CONFIG = "config.yaml"
 RUN_DATASET = "dataset.json"  # the dataset_identity a run started on (resumes must match)
 METRICS_CSV = "metrics.csv"
+MLFLOW_RUN_ID = "mlflow_run_id"  # the MLflow run a resume continues (components.tracking)
+MLFLOW_RUN_KEY = "mlflow_run_key"  # written before that run is created: a kill in between
+# finds it again by this key (a tag) instead of creating a second one
+WANDB_RUN_ID = "wandb_run_id"  # the W&B run id a resume continues
+CHECKPOINT_PREFIX = "epoch_"  # + the epochs completed, 5 digits: epoch_00012
 # Keys that may differ when a run is resumed (longer training, other hardware, logging).
 RESUMABLE_CHANGES = (
     "train.epochs", "train.log_every_steps", "scaling.", "checkpoint.keep",
@@ -70,8 +92,8 @@ def check_dataset(cfg: PretrainConfig) -> RunFacts:
     from components import storage
     from components.data.reader import DatasetError
     from components.data.staging import dataset_info
+    from components.objectives import build_objective
     from components.storage import StorageError
-    from components.training import build_model
 
     try:
         info = dataset_info(cfg.data.dataset)  # a URI: only the manifest and class files
@@ -83,15 +105,15 @@ def check_dataset(cfg: PretrainConfig) -> RunFacts:
     sim = info.class_similarity()
     import torch
 
-    try:  # builds the objective on CPU: the same checks the workers will hit, now
-        model, _ = build_model(
-            cfg.model, cfg.loss, len(info.classes),
-            None if sim is None else torch.as_tensor(sim, dtype=torch.float32),
-            info.caption_dim,
+    try:  # the objective alone, on CPU: the checks the workers will hit, now (no model)
+        objective = build_objective(
+            cfg.loss, cfg.model.projector_dim, num_classes=len(info.classes),
+            class_similarity=None if sim is None else torch.as_tensor(sim, dtype=torch.float32),
+            caption_dim=info.caption_dim,
         )
     except ValueError as e:
         raise RunError(f"loss {cfg.loss.name!r} cannot train on {where}: {e}") from None
-    needs = model.objective.requires
+    needs = objective.requires
     if "labels" in needs and not info.classes:
         raise RunError(
             f"loss {cfg.loss.name!r} needs labels but {where} has none (no classes in its "
@@ -270,13 +292,13 @@ def read_run_config(run_dir: str) -> dict[str, Any] | None:
 def checkpoint_config(run_dir: str) -> tuple[str, dict[str, Any]] | None:
     """(checkpoint dir, the config stored in it) of the newest complete checkpoint, or None:
     what a run dir with a corrupt ``config.yaml`` still says about its run."""
-    from components.checkpoint import load_state, local_copy
+    from components.checkpoint import TrainingState, local_copy
 
     done = latest_complete(run_dir)
     if done is None:
         return None
     with local_copy(done[1]) as d:
-        return done[1], load_state(d).get("config") or {}
+        return done[1], TrainingState.load(d).config
 
 
 def prepare_run_dir(cfg: PretrainConfig, dataset: dict[str, Any] | None = None) -> str:
@@ -340,51 +362,182 @@ def _check_run_dataset(cfg: PretrainConfig, run_dir: str, dataset: dict[str, Any
         trained_on = None
         done = latest_complete(run_dir)
         if done is not None:
-            from components.checkpoint import load_state, local_copy
+            from components.checkpoint import TrainingState, local_copy
 
             with local_copy(done[1]) as d:
-                trained_on = load_state(d).get("dataset")
+                trained_on = TrainingState.load(d).dataset
     check_same_dataset(cfg.name, storage.display(cfg.data.dataset), trained_on, dataset)
     return not storage.exists(path)
+
+
+def checkpoint_name(epoch: int) -> str:
+    """The name of the checkpoint written after ``epoch`` epochs: ``epoch_00012``."""
+    return f"{CHECKPOINT_PREFIX}{epoch:05d}"
+
+
+def checkpoints(run_dir: str | Path) -> dict[int, str]:
+    """{epochs completed: path} of every ``epoch_NNNNN`` entry of ``run_dir`` (a path or URI),
+    complete or not (hidden temporaries of :func:`publish_checkpoint` are not listed)."""
+    from components import storage
+
+    n = len(CHECKPOINT_PREFIX)
+    return {int(name[n:]): storage.join(str(run_dir), name)
+            for name in storage.list_dir(str(run_dir))
+            if name.startswith(CHECKPOINT_PREFIX) and name[n:].isdigit()}
 
 
 def latest_complete(run_dir: str | Path) -> tuple[int, str] | None:
     """(epochs, dir) of the newest checkpoint ``epoch_NNNNN`` in ``run_dir`` (a path or URI)
     whose write completed; dirs left by an interrupted write fail
-    :func:`~components.checkpoint.is_complete_at` and are skipped."""
-    from components import storage
+    :func:`~components.checkpoint.is_complete_at` and are skipped.
+
+    Raises:
+        CheckpointUnreadable: a checkpoint could not be checked (a storage error): never
+            taken for incomplete, so a resume never falls back to an older one or to scratch.
+    """
     from components.checkpoint import is_complete_at
 
-    epochs = {int(n[6:]): n for n in storage.list_dir(str(run_dir))
-              if n.startswith("epoch_") and n[6:].isdigit()}
-    for epoch in sorted(epochs, reverse=True):
-        d = storage.join(str(run_dir), epochs[epoch])
-        if is_complete_at(d):
-            return epoch, d
+    found = checkpoints(run_dir)
+    for epoch in sorted(found, reverse=True):
+        if is_complete_at(found[epoch]):
+            return epoch, found[epoch]
     return None
+
+
+def publish_checkpoint(local_dir: str | Path, run_dir: str, epoch: int) -> str:
+    """Copy the checkpoint dir ``local_dir`` to ``run_dir``/:func:`checkpoint_name` (a path
+    or URI) and verify it there; returns its path.
+
+    Local: copied to a hidden sibling, flushed to disk, then renamed into place (a killed copy
+    leaves no ``epoch_NNNNN`` dir, and its hidden copy is cleared by the next publish; a
+    redone epoch replaces its old one). URI: uploaded file by
+    file; an interrupted upload fails :func:`~components.checkpoint.is_complete_at`
+    (``meta.json``'s size check) and is never resumed from.
+
+    Raises:
+        CheckpointError: the copy did not verify (the older checkpoints are untouched).
+    """
+    from components import storage
+    from components.checkpoint import CheckpointError, is_complete_at
+
+    name = checkpoint_name(epoch)
+    dest = storage.join(run_dir, name)
+    if storage.is_uri(run_dir):
+        storage.upload_dir(local_dir, dest)
+    else:
+        # A killed publish's copy (any pid: the run dir has one writer, rank 0) goes first.
+        for stale in Path(run_dir).glob(f".{CHECKPOINT_PREFIX}*.tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(run_dir) / f".{name}.{os.getpid()}.tmp"
+        shutil.copytree(local_dir, tmp)
+        for f in [*tmp.iterdir(), tmp]:  # on disk before the rename makes it the newest
+            _fsync(f)
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+        _fsync(Path(run_dir))  # the rename itself
+    if not is_complete_at(dest):
+        raise CheckpointError(f"{storage.display(dest)} did not verify after it was written; "
+                              "the older checkpoints are kept")
+    return dest
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file or a directory's entries to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def prune_checkpoints(run_dir: str, keep: int | None) -> list[str]:
+    """Delete all but the newest ``keep`` checkpoints of ``run_dir`` (``None``: keep all);
+    returns the deleted names. Call it only after :func:`publish_checkpoint` verified the
+    newest (Ray Train prunes its own with ``CheckpointConfig(num_to_keep)``)."""
+    from components import storage
+
+    if keep is None:
+        return []
+    found = checkpoints(run_dir)
+    epochs = sorted(found)
+    gone = epochs[:-keep] if keep > 0 else epochs
+    for epoch in gone:
+        storage.delete_dir(found[epoch])
+    return [checkpoint_name(e) for e in gone]
+
+
+def latest_state(run_dir: str | Path) -> TrainingState | None:
+    """The :class:`~components.checkpoint.TrainingState` of the newest complete checkpoint
+    (on the CPU), or ``None``."""
+    from components.checkpoint import TrainingState, local_copy
+
+    done = latest_complete(run_dir)
+    if done is None:
+        return None
+    with local_copy(done[1]) as d:
+        return TrainingState.load(d)
 
 
 def finished_history(run_dir: str | Path, epochs: int) -> list[dict[str, Any]] | None:
     """The per-epoch metrics history of a run whose newest complete checkpoint has trained at
     least ``epochs`` epochs (nothing left to train: ``simgraph pretrain`` prints it, a sweep
     trial replays it to Tune); ``None`` when there is training left."""
-    from components.checkpoint import load_state, local_copy
-
     done = latest_complete(run_dir)
     if done is None or done[0] < epochs:
         return None
-    with local_copy(done[1]) as d:
-        history: list[dict[str, Any]] = load_state(d)["history"]
-    return history
+    state = latest_state(run_dir)
+    return None if state is None else state.history
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedRun:
+    """A run ready to train: what :func:`prepare_run` checked and made.
+
+    Attributes:
+        cfg: the config, local paths absolute.
+        facts: what the workers need to know about the dataset.
+        run_dir: ``storage/name`` (a path or URI), created or checked.
+        finished: the history when the run already trained ``train.epochs`` epochs (nothing
+            to do), else ``None``.
+    """
+
+    cfg: PretrainConfig
+    facts: RunFacts
+    run_dir: str
+    finished: list[dict[str, Any]] | None
+
+
+def prepare_run(cfg: PretrainConfig, base: str | Path | None = None) -> PreparedRun:
+    """Everything before training, for ``simgraph pretrain`` and each sweep trial alike:
+    local paths made absolute (against ``base``, default :func:`components.paths.base_dir`),
+    the dataset checked against the loss (:func:`check_dataset`), a configured tracker's
+    package present, the run dir created or checked against the config and data it started
+    with (:func:`prepare_run_dir`), and whether it already finished.
+
+    Raises:
+        RunError: bad dataset, run dir, storage or tracker setup (before any Ray work).
+    """
+    cfg = absolute_paths(cfg, base)
+    facts = check_dataset(cfg)
+    if cfg.tracking.mlflow:
+        from components.tracking import require_mlflow
+
+        require_mlflow("tracking.mlflow=true")
+    if cfg.tracking.wandb:
+        from components.tracking import require_wandb
+
+        require_wandb("tracking.wandb=true")
+    run_dir = prepare_run_dir(cfg, facts.dataset)
+    return PreparedRun(cfg, facts, run_dir, finished_history(run_dir, cfg.train.epochs))
 
 
 def load_run(run_dir: str, checkpoint: str | None = None, *,
              error: type[SimgraphError] = RunError, command: str = "evaluate"
-             ) -> tuple[PretrainConfig, dict[str, Any], str]:
+             ) -> tuple[PretrainConfig, TrainingState, str]:
     """A finished (or interrupted) run as the commands that read one need it: its config, a
-    verified checkpoint state (``checkpoint``, or the newest complete one) and that
-    checkpoint's path. A corrupt ``config.yaml`` falls back to the checkpoint's config with a
-    warning on stderr (``simgraph <command>: warning: ...``).
+    verified checkpoint's :class:`~components.checkpoint.TrainingState` (``checkpoint``, or
+    the newest complete one) and that checkpoint's path. A corrupt ``config.yaml`` falls back
+    to the checkpoint's config with a warning on stderr (``simgraph <command>: warning: ...``).
 
     Raises:
         ``error`` (the command's error type): not a run dir, no complete checkpoint, an
@@ -394,7 +547,7 @@ def load_run(run_dir: str, checkpoint: str | None = None, *,
     import sys
 
     from components import storage
-    from components.checkpoint import CheckpointError, load_state, local_copy
+    from components.checkpoint import CheckpointError, TrainingState, local_copy
 
     shown = storage.display(run_dir)
     try:
@@ -421,12 +574,10 @@ def load_run(run_dir: str, checkpoint: str | None = None, *,
         checkpoint = found[1]
     try:
         with local_copy(checkpoint) as d:
-            state = load_state(d)
+            state = TrainingState.load(d)
     except (CheckpointError, storage.StorageError) as e:
         raise error(str(e)) from None
-    if not isinstance(state.get("model"), dict):
-        raise error(f"checkpoint {storage.display(checkpoint)} holds no model state")
-    diff = config_diff(state.get("config", {}), dataclasses.asdict(cfg))
+    diff = config_diff(state.config, dataclasses.asdict(cfg))
     if diff:
         raise error(
             f"checkpoint {storage.display(checkpoint)} was written by another config than "

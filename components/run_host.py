@@ -14,15 +14,14 @@ checkpoint to resume from, and a way to report an epoch's metrics (with a checkp
   ``checkpoint.keep`` kept), resumes from the newest complete one, and reports each epoch to
   Tune (``ray.tune.report``), the sweep's metric first.
 
-Both leave the same run dir behind: ``simgraph evaluate``, ``latest_complete`` and a resumed
+(:class:`InProcess`: the same without Tune, for runs that report to no one.) All leave the same
+run dir behind: ``simgraph evaluate``, ``latest_complete`` and a resumed
 sweep read either.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -46,10 +45,11 @@ class RunHost(Protocol):
     def latest_checkpoint(self) -> contextlib.AbstractContextManager[Path | None]:
         """The checkpoint to resume from, as a local directory (``None``: a fresh start)."""
 
-    def report(self, row: dict[str, Any], checkpoint: str | None, name: str | None) -> None:
-        """Report one epoch's ``row``. On a checkpoint epoch every rank passes the
-        checkpoint's ``name`` and rank 0 its local dir ``checkpoint`` (kept as ``name`` in the
-        run dir); on other epochs both are ``None``. Every rank calls this once per epoch."""
+    def report(self, row: dict[str, Any], checkpoint: str | None, epoch: int | None) -> None:
+        """Report one epoch's ``row``. On a checkpoint epoch every rank passes ``epoch`` (the
+        epochs completed) and rank 0 its local checkpoint dir ``checkpoint`` (kept in the run
+        dir as :func:`~components.run_dir.checkpoint_name` ``(epoch)``); on other epochs both
+        are ``None``. Every rank calls this once per epoch."""
 
 
 class TrainWorker:
@@ -100,14 +100,16 @@ class TrainWorker:
                 return
             yield ray_dir
 
-    def report(self, row: dict[str, Any], checkpoint: str | None, name: str | None) -> None:
+    def report(self, row: dict[str, Any], checkpoint: str | None, epoch: int | None) -> None:
         import ray.train
 
-        if name is None:
+        from components.run_dir import checkpoint_name
+
+        if epoch is None:
             ray.train.report(row)
             return
         ckpt = None if checkpoint is None else ray.train.Checkpoint.from_directory(checkpoint)
-        ray.train.report(row, checkpoint=ckpt, checkpoint_dir_name=name)
+        ray.train.report(row, checkpoint=ckpt, checkpoint_dir_name=checkpoint_name(epoch))
 
 
 def resume_from(ray_epoch: int | None, run_dir_epoch: int | None) -> str | None:
@@ -160,15 +162,12 @@ class TuneTrial:
         with local_copy(found[1]) as d:
             yield d
 
-    def report(self, row: dict[str, Any], checkpoint: str | None, name: str | None) -> None:
-        if checkpoint is not None and name is not None:
-            from components.checkpoint import CheckpointError, is_complete_at
+    def report(self, row: dict[str, Any], checkpoint: str | None, epoch: int | None) -> None:
+        if checkpoint is not None and epoch is not None:
+            from components.run_dir import prune_checkpoints, publish_checkpoint
 
-            dest = publish_checkpoint(checkpoint, self.run_dir, name)
-            # The older ones go only once the new one is there, whole, and on disk.
-            if not is_complete_at(dest):
-                raise CheckpointError(f"{dest} did not verify after it was written; the "
-                                      "older checkpoints are kept")
+            # The older ones go only once the new one is there, whole, verified and on disk.
+            publish_checkpoint(checkpoint, self.run_dir, epoch)
             prune_checkpoints(self.run_dir, self.keep)
         self.send(metric_first(row, self.metric))
 
@@ -185,49 +184,13 @@ def metric_first(row: dict[str, Any], metric: str) -> dict[str, Any]:
     return {**first, **row}
 
 
-def publish_checkpoint(local_dir: str | Path, run_dir: str, name: str) -> str:
-    """Copy the checkpoint dir ``local_dir`` to ``run_dir/name`` (a path or URI); returns it.
+class InProcess(TuneTrial):
+    """A one-worker run in this process with no one to report to (a sweep's confirmation runs,
+    each in its own Ray task): :class:`TuneTrial`'s checkpoints and resume, results kept in
+    the run dir only."""
 
-    Local: copied to a hidden sibling, then renamed into place (a killed copy leaves no
-    ``name`` dir). URI: uploaded file by file; an interrupted upload fails
-    :func:`~components.checkpoint.is_complete_at` (``meta.json``'s size check) and is never
-    resumed from."""
-    from components import storage
+    def __init__(self, run_dir: str, keep: int | None) -> None:
+        super().__init__(run_dir, keep, metric="loss")
 
-    dest = storage.join(run_dir, name)
-    if storage.is_uri(run_dir):
-        storage.upload_dir(local_dir, dest)
-        return dest
-    tmp = Path(run_dir) / f".{name}.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(local_dir, tmp)
-    for f in [*tmp.iterdir(), tmp]:  # on disk before the rename makes it the newest
-        _fsync(f)
-    shutil.rmtree(dest, ignore_errors=True)  # a redone epoch (resumed mid-way) replaces it
-    os.replace(tmp, dest)
-    _fsync(Path(run_dir))  # the rename itself
-    return dest
-
-
-def _fsync(path: Path) -> None:
-    """Flush a file or a directory's entries to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def prune_checkpoints(run_dir: str, keep: int | None) -> list[str]:
-    """Delete all but the newest ``keep`` ``epoch_NNNNN`` checkpoints of ``run_dir``
-    (``None``: keep all); returns the deleted names."""
-    from components import storage
-
-    if keep is None:
-        return []
-    names = sorted(n for n in storage.list_dir(run_dir)
-                   if n.startswith("epoch_") and n[6:].isdigit())
-    gone = names[:-keep] if keep > 0 else names
-    for n in gone:
-        storage.delete_dir(storage.join(run_dir, n))
-    return gone
+    def send(self, result: dict[str, Any]) -> None:
+        pass

@@ -27,12 +27,13 @@ from typing import Any, cast
 
 from components.errors import SimgraphError
 from components.files import write_text
+from components.run_dir import MLFLOW_RUN_ID, MLFLOW_RUN_KEY, WANDB_RUN_ID
 
-RUN_ID_FILE = "mlflow_run_id"
-RUN_KEY_FILE = "mlflow_run_key"  # ours, written before the MLflow run is created
+RUN_ID_FILE = MLFLOW_RUN_ID
+RUN_KEY_FILE = MLFLOW_RUN_KEY  # ours, written before the MLflow run is created
 RUN_KEY_TAG = "simgraph.run_key"
 DB_FILE = "mlflow.db"
-WANDB_ID_FILE = "wandb_run_id"
+WANDB_ID_FILE = WANDB_RUN_ID
 
 
 class TrackingError(SimgraphError, RuntimeError):

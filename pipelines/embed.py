@@ -109,7 +109,7 @@ def embed_run(run_dir: str, data: str, out: str, *, split: str | None = None,
     encoder = run_encoder(cfg, state)
     meta: dict[str, Any] = {
         "run": storage.basename(run_dir), "run_dir": storage.display(run_dir),
-        "checkpoint": storage.display(ckpt), "epoch": int(state.get("epoch", 0)),
+        "checkpoint": storage.display(ckpt), "epoch": state.epoch,
         "feature": "projector" if projector else "backbone",
         "input": describe_input(cfg.data.augment),
         "data": {"kind": kind, "path": shown},

@@ -28,7 +28,7 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -45,6 +45,9 @@ from components.evaluation.intervals import (
     paired_mean_difference,
 )
 from components.files import write_text
+
+if TYPE_CHECKING:
+    from components.checkpoint import TrainingState
 
 KS = (1, 5, 10, 20, 50, 100, 200)
 # Hyperparameters worth a column in the comparison table, when the loss has them.
@@ -123,7 +126,7 @@ def paired_differences(a: RunEval, b: RunEval) -> dict[str, Interval] | None:
 
 
 def load_run(run_dir: str | Path, checkpoint: str | Path | None = None
-             ) -> tuple[PretrainConfig, dict[str, Any], str]:
+             ) -> tuple[PretrainConfig, TrainingState, str]:
     """The run's config, a verified checkpoint state and its path.
 
     Raises:
@@ -136,7 +139,7 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None
                 error=EvaluateError, command="evaluate")
 
 
-def _dataset(cfg: PretrainConfig, state: dict[str, Any]) -> Any:
+def _dataset(cfg: PretrainConfig, state: TrainingState) -> Any:
     from components.data.reader import DatasetError, DatasetInfo
     from components.data.staging import local_dataset
     from components.run_dir import dataset_identity
@@ -150,7 +153,7 @@ def _dataset(cfg: PretrainConfig, state: dict[str, Any]) -> Any:
     if not info.classes:
         raise EvaluateError(f"{info.root} has no labels: kNN, the probe and the graph metrics "
                             "need labelled data")
-    trained_on = state.get("dataset")
+    trained_on = state.dataset
     if trained_on is not None and trained_on != dataset_identity(info.manifest):
         raise EvaluateError(
             f"{info.root} does not hold the data this run trained on (its manifest's digest, "
@@ -171,7 +174,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
     instead of the classes themselves (no retraining)."""
     import torch
 
-    from components.data.reader import ViewLoader, set_jit
+    from components.data.reader import set_jit
     from components.evaluation.graph import (
         class_similarity_matrix,
         graph_metrics,
@@ -181,7 +184,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
     from components.evaluation.labels import LabelMapError, load_label_map
     from components.evaluation.probe import linear_probe
     from components.storage import basename
-    from components.training import build_model, extract_features
+    from components.training import build_model
 
     cfg, state, _ = load_run(run_dir, checkpoint)
     name = basename(str(run_dir))
@@ -198,16 +201,12 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
     model, _ = build_model(cfg.model, cfg.loss, len(info.classes),
                            None if sim is None else torch.as_tensor(sim, dtype=torch.float32),
                            info.caption_dim)
-    model.load_state_dict(state["model"])
+    model.load_state_dict(state.model)
     encoder = model.encoder.to(dev)
     query_split = "test" if info.splits.get("test", 0) else "val"
 
     def features(split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        loader = ViewLoader(info.split_file(split), batch_size=cfg.data.batch_size, views=1,
-                            augment=cfg.data.augment, train=False, device=dev,
-                            num_workers=cfg.data.num_workers, with_captions=False)
-        f, y = extract_features(encoder, _progress(loader, f"{name}: {split}"), dev,
-                                projector=projector)
+        f, y = split_features(cfg, info, encoder, split, dev, projector, name)
         return f, index.to(y.device)[y]  # the class, or its group under --labels
 
     bank_f, bank_y = features("train")
@@ -227,7 +226,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
     params = {k: getattr(cfg.loss, k) for k in KEY_PARAMS if hasattr(cfg.loss, k)}
     return RunEval(
         name=name, run_dir=str(run_dir), loss=cfg.loss.name, params=params,
-        epoch=int(state["epoch"]), knn=knn,
+        epoch=state.epoch, knn=knn,
         probe={"top1": pr.top1, "top5": pr.top5, "weight_decay": pr.weight_decay},
         separation={"margin": sep.margin, "overlap": sep.overlap,
                     "target_median": sep.target_median, "noise_median": sep.noise_median},
@@ -239,6 +238,58 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
         knn_hits=hits, probe_hits=None if pr.hits1 is None else pr.hits1.numpy(),
         query_labels=query_y.cpu().numpy(),
     )
+
+
+def split_features(cfg: PretrainConfig, info: Any, encoder: Any, split: str, device: Any,
+                   projector: bool = False, name: str = "") -> tuple[Any, Any]:
+    """(features [N, D], labels [N]) of every image of ``split`` through the evaluation view
+    (centre crop, no augmentation), in the split file's order."""
+    from components.data.reader import ViewLoader
+    from components.training import extract_features
+
+    loader = ViewLoader(info.split_file(split), batch_size=cfg.data.batch_size, views=1,
+                        augment=cfg.data.augment, train=False, device=device,
+                        num_workers=cfg.data.num_workers, with_captions=False)
+    return extract_features(encoder, _progress(loader, f"{name}: {split}"), device,
+                            projector=projector)
+
+
+def split_knn_hits(run_dir: str, split: str, *, device: str | None = None,
+                   jit: bool | None = None) -> np.ndarray:
+    """[N] bool per image of ``split``: whether the run's newest checkpoint classifies it right
+    by the online monitor's rule (the run's ``knn.k`` and ``knn.temperature``, its
+    ``knn.bank_split`` as the bank, backbone features) — what a sweep's confirmation stage
+    scores on a split no trial was chosen on.
+
+    Raises:
+        EvaluateError: the run cannot be read, its dataset has no labels or no images in
+            ``split``.
+    """
+    import torch
+
+    from components.data.reader import set_jit
+    from components.evaluation.knn import knn_hits, weighted_knn_predict
+    from components.training import build_model
+
+    cfg, state, _ = load_run(run_dir)
+    info = _dataset(cfg, state)
+    if not info.splits.get(split, 0):
+        raise EvaluateError(f"{info.root} has no {split} images to score on; preprocess with "
+                            f"split.{split} > 0")
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    set_jit(cfg.data.jit if jit is None else jit)
+    sim = info.class_similarity()
+    model, _ = build_model(cfg.model, cfg.loss, len(info.classes),
+                           None if sim is None else torch.as_tensor(sim, dtype=torch.float32),
+                           info.caption_dim)
+    model.load_state_dict(state.model)
+    encoder = model.encoder.to(dev)
+    bank_f, bank_y = split_features(cfg, info, encoder, cfg.knn.bank_split, dev)
+    query_f, query_y = split_features(cfg, info, encoder, split, dev)
+    k = min(cfg.knn.k, len(bank_f))
+    scores = weighted_knn_predict(bank_f, bank_y, query_f, k, len(info.classes),
+                                  temperature=cfg.knn.temperature)
+    return knn_hits(scores[k], query_y, 1).cpu().numpy()
 
 
 def _progress(loader: Any, desc: str) -> Any:

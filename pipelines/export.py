@@ -24,17 +24,20 @@ import datetime
 import json
 import subprocess
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.config import PretrainConfig, to_dict
 from components.errors import run_command
 from components.export import CARD, CONFIG, ExportError, check_format
 
+if TYPE_CHECKING:
+    from components.checkpoint import TrainingState
+
 EVAL_METRICS = ("eval", "metrics.json")  # what `simgraph evaluate` writes into a run dir
 
 
 def load_run(run_dir: str, checkpoint: str | None = None
-             ) -> tuple[PretrainConfig, dict[str, Any], str]:
+             ) -> tuple[PretrainConfig, TrainingState, str]:
     """The run's config, a verified checkpoint state and its path.
 
     Raises:
@@ -59,13 +62,13 @@ def _manifest(dataset: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def dataset_section(cfg: PretrainConfig, state: dict[str, Any]) -> dict[str, Any]:
+def dataset_section(cfg: PretrainConfig, state: TrainingState) -> dict[str, Any]:
     """``config.json``'s ``dataset``: where, its identity (the checkpoint's ``dataset``) and,
     when known, the classes in label order and how the images were stored."""
     from components import storage
     from components.run_dir import dataset_identity
 
-    identity = state.get("dataset")
+    identity = state.dataset
     out: dict[str, Any] = {"path": storage.display(cfg.data.dataset), "identity": identity}
     manifest = _manifest(cfg.data.dataset)
     if manifest is not None and (identity is None or dataset_identity(manifest) == identity):
@@ -206,14 +209,14 @@ def export_run(run_dir: str, checkpoint: str | None = None, fmt: str = "safetens
 
     check_format(fmt)
     cfg, state, ckpt = load_run(run_dir, checkpoint)
-    encoder = encoder_from_state(cfg.model, state["model"])
+    encoder = encoder_from_state(cfg.model, state.model)
     name = storage.basename(run_dir)
     loss = to_dict(cfg.loss)
     loss = {"name": loss.pop("name"), **loss}
     describe = {
         "run": {"name": name, "dir": storage.display(run_dir),
-                "checkpoint": storage.display(ckpt), "epoch": int(state.get("epoch", 0)),
-                "step": int(state.get("step", 0)), "epochs": cfg.train.epochs},
+                "checkpoint": storage.display(ckpt), "epoch": state.epoch,
+                "step": state.step, "epochs": cfg.train.epochs},
         "loss": loss,
         "dataset": dataset_section(cfg, state),
         "provenance": provenance(),

@@ -26,9 +26,10 @@ def _image(rng: np.random.Generator, cls: int, size: int) -> np.ndarray:
 
 def synthetic_dataset(
     root: Path, *, classes: int = 4, train_per_class: int = 32, val_per_class: int = 8,
-    size: int = 16, caption_dim: int = 8, seed: int = 0,
+    size: int = 16, caption_dim: int = 8, seed: int = 0, test_per_class: int = 0,
 ) -> Path:
-    """Write ``train.beton`` / ``val.beton``, ``class_similarity.npy`` and ``manifest.json``."""
+    """Write ``train.beton`` / ``val.beton`` (and ``test.beton`` when ``test_per_class``),
+    ``class_similarity.npy`` and ``manifest.json``."""
     rng = np.random.default_rng(seed)
     root.mkdir(parents=True, exist_ok=True)
     class_emb = rng.standard_normal((classes, caption_dim)).astype(np.float32)
@@ -36,7 +37,10 @@ def synthetic_dataset(
     np.save(root / "class_similarity.npy", class_emb @ class_emb.T)
     splits = {}
     next_id = 0
-    for split, per in (("train", train_per_class), ("val", val_per_class)):
+    for split, per in (("train", train_per_class), ("val", val_per_class),
+                       ("test", test_per_class)):
+        if split == "test" and not per:
+            continue
         labels = np.repeat(np.arange(classes), per)
         ids = np.arange(next_id, next_id + len(labels))
         next_id += len(labels)
@@ -49,7 +53,8 @@ def synthetic_dataset(
                          "sha256": sha256_file(root / f"{split}.beton")}
     manifest = {
         "format": FORMAT, "complete": True, "classes": [f"class{c}" for c in range(classes)],
-        "params_digest": f"synthetic-{classes}-{train_per_class}-{val_per_class}-{size}-{seed}",
+        "params_digest": f"synthetic-{classes}-{train_per_class}-{val_per_class}-{size}-{seed}"
+                         + (f"-t{test_per_class}" if test_per_class else ""),
         "splits": splits,
         "fields": {"caption": {"type": "NDArrayField", "dtype": "float32",
                                "shape": [caption_dim]}},
@@ -94,8 +99,7 @@ def run_with_checkpoint(dataset: Path, storage: Path, name: str, checkpoint: boo
     randomised, so that eval mode matters to what a reader of the checkpoint computes."""
     import torch
 
-    from components.checkpoint import save_state
-    from components.config import PretrainConfig, from_dict, to_dict
+    from components.config import PretrainConfig, from_dict
     from components.data.reader import DatasetInfo
     from components.run_dir import check_dataset, prepare_run_dir
     from components.training import build_model
@@ -115,8 +119,17 @@ def run_with_checkpoint(dataset: Path, storage: Path, name: str, checkpoint: boo
                     buf.normal_(0, 0.5)
                 elif key.endswith("running_var"):
                     buf.uniform_(0.5, 2.0)
-    save_state(run_dir / "epoch_00001", {"model": model.state_dict(), "epoch": 1, "step": 4,
-                                         "history": [], "config": to_dict(cfg),
-                                         "dataset": facts.dataset})
+    model_checkpoint(cfg, run_dir, model, facts.dataset)
     return run_dir
+
+
+def model_checkpoint(cfg: Any, run_dir: Path, model: Any, dataset: dict[str, Any]) -> Path:
+    """``run_dir/epoch_00001``: a complete checkpoint of ``model`` after one epoch (no
+    optimiser state: enough for evaluate, export and embed)."""
+    from components.checkpoint import TrainingState
+    from components.config import to_dict
+
+    return TrainingState(model=model.state_dict(), optimizer={}, scheduler={}, epoch=1,
+                         step=4, history=[], config=to_dict(cfg), dataset=dataset,
+                         ).save(run_dir / "epoch_00001")
 

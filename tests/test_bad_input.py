@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.checkpoint import save_state
 from components.config import PretrainConfig, from_dict, to_dict
 from components.run_dir import RUN_CONFIG, RunError, check_dataset, prepare_run_dir
 from pipelines.cli import main
-from tests.datasets import synthetic_dataset, tiny_run_config
+from tests.datasets import model_checkpoint, synthetic_dataset, tiny_run_config
 
 
 @pytest.mark.parametrize("command", ["validate", "pretrain", "preprocess", "sweep", "run"])
@@ -40,9 +39,7 @@ def _checkpoint(cfg: PretrainConfig, run_dir: Path) -> None:
 
     facts = check_dataset(cfg)
     model, _ = build_model(cfg.model, cfg.loss, facts.num_classes, None, facts.caption_dim)
-    save_state(run_dir / "epoch_00001", {"model": model.state_dict(), "epoch": 1, "step": 4,
-                                         "history": [], "config": to_dict(cfg),
-                                         "dataset": facts.dataset})
+    model_checkpoint(cfg, run_dir, model, facts.dataset)
 
 
 def test_a_corrupt_run_config_falls_back_to_the_checkpoints(
@@ -73,7 +70,7 @@ def test_evaluate_reads_a_run_with_a_corrupt_config(
         load_run(run_dir)
     _checkpoint(cfg, run_dir)
     got, state, checkpoint = load_run(run_dir)
-    assert got == cfg and checkpoint.endswith("epoch_00001") and state["epoch"] == 1
+    assert got == cfg and checkpoint.endswith("epoch_00001") and state.epoch == 1
     assert "is corrupt" in capsys.readouterr().err
 
 

@@ -284,3 +284,45 @@ def test_uri_output_is_compared_with_the_remote_manifest(
     assert "val.beton" not in after  # the replaced dataset's file the new one lacks is gone
     info = DatasetInfo.load(stage_dataset(uri, tmp_path / "stage"))
     assert info.splits == {"train": 8, "val": 0, "test": 0}
+
+
+KILL_SWAP = """
+import os, signal, sys
+from pathlib import Path
+from components.data.build import transaction
+real, done = transaction._move, [0]
+def move(src, dst):
+    if done[0] == int(sys.argv[2]):
+        os.kill(os.getpid(), signal.SIGKILL)  # no finally, no atexit: as `kill -9`
+    real(src, dst)
+    done[0] += 1
+transaction._move = move
+transaction._swap(Path(sys.argv[1]))
+"""
+
+
+def test_sigkilled_swap_is_finished_by_the_next_run(tmp_path: Path, ray_local: None) -> None:
+    """A real SIGKILL of the preprocess process mid-swap (while the old entries go aside, and
+    while the new ones come in): a reader sees the old or the new dataset, never a mix, and
+    the next run finishes the swap."""
+    import subprocess
+    import sys
+
+    src = _images(tmp_path / "src")
+    a_cfg, b_cfg = _cfg(tmp_path / "a", src, val=0.25), _cfg(tmp_path / "b", src)
+    a, b = run(a_cfg, echo=False), run(b_cfg, echo=False)
+    b_files = _dataset(tmp_path / "b")
+    moves = len([p for p in (tmp_path / "a").iterdir() if p.name != ".lock"])
+    for k in (1, moves + 1):  # phase 1 (old entries aside), phase 2 (new entries in)
+        out = tmp_path / f"killed-{k}"
+        shutil.copytree(tmp_path / "a", out, ignore=shutil.ignore_patterns(".lock"))
+        shutil.copytree(tmp_path / "b", out / NEXT, ignore=shutil.ignore_patterns(".lock"))
+        proc = subprocess.run([sys.executable, "-c", KILL_SWAP, str(out), str(k)],
+                              cwd=Path(__file__).parents[1], capture_output=True, text=True)
+        assert proc.returncode == -9, proc.stderr
+        assert (out / SWAP_JOURNAL).exists()
+        _assert_consistent(out, [a, b])
+        got = run(_at(b_cfg, out), echo=False)
+        assert got == _json(b) and _dataset(out) == b_files, k
+        assert not (out / NEXT).exists() and not (out / PREVIOUS).exists()
+        _assert_usable(out, got)

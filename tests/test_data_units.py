@@ -324,6 +324,38 @@ def test_ffcv_imports_without_compiling_a_typed_dict() -> None:
     assert out[-2] == "dict [('jpg', 0), ('raw', 1)] []"
 
 
+def test_ffcv_leaves_torch_threads_alone(tmp_path: Path) -> None:
+    """FFCV's Compiler.set_num_threads set torch's process-wide thread count to 1 on import
+    and to data.num_workers at every Loader build, iteration and pipeline-thread start, so a
+    step trained on the reader's thread count; now every batch of an epoch, and after it,
+    sees the process's own count, while FFCV's numba side still gets num_workers."""
+    import subprocess
+    import sys
+
+    from tests.datasets import synthetic_dataset
+
+    data = synthetic_dataset(tmp_path / "ds", size=16)
+    code = (
+        "import sys, torch\n"
+        "torch.set_num_threads(3)\n"
+        "import components.data\n"
+        "from components.data.reader import ViewLoader, set_jit\n"
+        "set_jit(False)\n"
+        "from ffcv.pipeline.compiler import Compiler\n"
+        "seen = []\n"
+        "loader = ViewLoader(sys.argv[1], batch_size=4, views=2, num_workers=1, train=True)\n"
+        "for epoch in range(2):\n"
+        "    loader.set_epoch(epoch)\n"
+        "    for b in loader:\n"
+        "        seen.append(torch.get_num_threads())\n"
+        "print(sorted(set(seen)), len(seen), torch.get_num_threads(), Compiler.num_threads)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(data / "train.beton")],
+                         capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout.split("\n")
+    assert out[-2] == "[3] 64 3 1", out
+
+
 def test_merge_equals_concatenation(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     parts, images, ids, caps = [], [], [], []

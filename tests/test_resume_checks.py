@@ -16,7 +16,13 @@ import pytest
 
 from components.config import PretrainConfig, from_dict
 from components.recipe import PretrainRecipe, loop_config
-from components.run_dir import RUN_DATASET, RunError, check_dataset, prepare_run_dir
+from components.run_dir import (
+    RUN_DATASET,
+    RunError,
+    check_dataset,
+    prepare_run,
+    prepare_run_dir,
+)
 from components.run_host import TuneTrial
 from tests.datasets import synthetic_dataset, tiny_run_config
 
@@ -36,11 +42,11 @@ def _config(data: Path, storage: Path, epochs: int) -> PretrainConfig:
 
 
 def _train(cfg: PretrainConfig) -> str:
-    facts = check_dataset(cfg)
-    run_dir = prepare_run_dir(cfg, facts.dataset)
-    PretrainRecipe(loop_config(cfg, run_dir, facts, pause_at_step=0),
-                   host=_Quiet(run_dir, None, "loss")).run()
-    return run_dir
+    run = prepare_run(cfg)  # what `simgraph pretrain` and every sweep trial do first
+    assert run.finished is None
+    PretrainRecipe(loop_config(run.cfg, run.run_dir, run.facts, pause_at_step=0),
+                   host=_Quiet(run.run_dir, None, "loss")).run()
+    return run.run_dir
 
 
 def _snapshot(run_dir: Path) -> dict[str, bytes]:
@@ -93,3 +99,28 @@ def test_a_fresh_run_records_its_dataset(tmp_path: Path) -> None:
     with contextlib.suppress(RunError):  # the same data again: accepted
         prepare_run_dir(cfg, facts.dataset)
     prepare_run_dir(cfg, facts.dataset)
+
+
+def test_prepare_run_checks_the_data_without_building_a_model_and_sees_a_finished_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One preparation for `simgraph pretrain` and sweep trials: the driver learns what the
+    loss reads from its objective alone (no backbone), and a finished run comes back with
+    its history instead of training again."""
+    from components import models
+
+    data = synthetic_dataset(tmp_path / "ds", size=16, train_per_class=8, val_per_class=2)
+    cfg = _config(data, tmp_path / "runs", epochs=1)
+
+    def no_model(*a: Any, **k: Any) -> Any:
+        raise AssertionError("the driver built a backbone")
+
+    with monkeypatch.context() as m:
+        m.setattr(models, "build_backbone", no_model)
+        facts = check_dataset(cfg)
+    assert facts.num_classes == 4 and facts.splits["train"] == 32
+    run_dir = _train(cfg)
+    again = prepare_run(cfg)
+    assert again.run_dir == run_dir and again.finished is not None
+    assert [row["epoch"] for row in again.finished] == [1]
+    longer = prepare_run(_config(data, tmp_path / "runs", epochs=2))  # resumable change
+    assert longer.finished is None

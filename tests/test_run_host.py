@@ -14,8 +14,14 @@ import torch
 from components.checkpoint import is_complete, load_state, save_state
 from components.config import ConfigError, PretrainConfig, from_dict
 from components.recipe import PretrainRecipe, loop_config
-from components.run_dir import check_dataset, latest_complete, prepare_run_dir
-from components.run_host import TuneTrial, metric_first, prune_checkpoints, publish_checkpoint
+from components.run_dir import (
+    check_dataset,
+    latest_complete,
+    prepare_run_dir,
+    prune_checkpoints,
+    publish_checkpoint,
+)
+from components.run_host import TuneTrial, metric_first
 from components.search_space import Resources
 from tests.datasets import synthetic_dataset, tiny_run_config
 
@@ -94,9 +100,9 @@ def test_publish_replaces_a_redone_epoch_and_prune_keeps_the_newest(tmp_path: Pa
     run_dir.mkdir()
     for epoch in (1, 2, 3):
         save_state(tmp_path / f"c{epoch}", {"epoch": epoch, "x": torch.tensor([epoch])})
-        publish_checkpoint(tmp_path / f"c{epoch}", str(run_dir), f"epoch_{epoch:05d}")
+        publish_checkpoint(tmp_path / f"c{epoch}", str(run_dir), epoch)
     save_state(tmp_path / "again", {"epoch": 3, "x": torch.tensor([30])})
-    publish_checkpoint(tmp_path / "again", str(run_dir), "epoch_00003")
+    publish_checkpoint(tmp_path / "again", str(run_dir), 3)
     assert load_state(run_dir / "epoch_00003")["x"].item() == 30
     assert not list(run_dir.glob(".*"))  # no temporary copy left
     assert prune_checkpoints(str(run_dir), 2) == ["epoch_00001"]
@@ -202,10 +208,10 @@ def test_older_checkpoints_are_pruned_only_after_the_new_one_verifies(
     host = RecordingTrial(str(tmp_path), keep=1)
     monkeypatch.setattr(checkpoint, "is_complete_at", lambda p: False)  # e.g. a bad copy
     with pytest.raises(CheckpointError, match="did not verify .*older checkpoints are kept"):
-        host.report({"epoch": 3, "knn_top1": 0.5}, str(new), "epoch_00003")
+        host.report({"epoch": 3, "knn_top1": 0.5}, str(new), 3)
     assert sorted(p.name for p in tmp_path.glob("epoch_*")) == ["epoch_00001", "epoch_00002",
                                                                 "epoch_00003"]
     assert host.sent == []
     monkeypatch.undo()
-    host.report({"epoch": 3, "knn_top1": 0.5}, str(new), "epoch_00003")
+    host.report({"epoch": 3, "knn_top1": 0.5}, str(new), 3)
     assert sorted(p.name for p in tmp_path.glob("epoch_*")) == ["epoch_00003"]

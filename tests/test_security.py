@@ -124,7 +124,7 @@ def test_run_dir_stores_no_credentials_and_resumes_with_any(s3_uri: str) -> None
 def test_checkpoints_hold_the_config_without_credentials(tmp_path: Path) -> None:
     import torch
 
-    from components.checkpoint import load_state, save_state
+    from components.checkpoint import load_state
     from components.recipe import checkpoint_state
 
     cfg = _config(_with_credentials("s3://bucket/runs"), _with_credentials("s3://data/ds"))
@@ -134,8 +134,8 @@ def test_checkpoints_hold_the_config_without_credentials(tmp_path: Path) -> None
     state = checkpoint_state(cfg, model=model, ema=None, optimizer=optimizer,
                              scheduler=scheduler, scaler=None, epoch=1, step=3, history=[],
                              dataset={"params_digest": "p"})
-    assert state["config"] == redacted(to_dict(cfg))
-    save_state(tmp_path / "ckpt", state)
+    assert state.config == redacted(to_dict(cfg))
+    state.save(tmp_path / "ckpt")
     for f in (tmp_path / "ckpt").rglob("*"):
         if f.is_file():
             assert _no_secret(f.read_bytes()), f

@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 import torch
 
-from components.checkpoint import CheckpointError, is_complete, load_state, save_state
+from components.checkpoint import (
+    CheckpointError,
+    TrainingState,
+    is_complete,
+    load_state,
+    save_state,
+)
 from components.config import LOSS_CONFIGS, ModelConfig, TrainConfig, from_dict
 from components.data.reader import Batch
 from components.evaluation.knn import knn_top1, sharded_knn_top1
@@ -160,6 +166,32 @@ def test_knn_monitor_single_process_equals_knn_top1() -> None:
     got = sharded_knn_top1(bank, queries, k=5, num_classes=C, temperature=0.07)
     want = knn_top1(bank[0], bank[1], queries[0], queries[1], k=5, num_classes=C)
     assert got == want
+
+
+def test_training_state_is_typed_and_checked(tmp_path: Path) -> None:
+    model, ema, opt, sched = _setup("cone")
+    state = TrainingState(model=model.state_dict(), ema=ema.state_dict(),
+                          optimizer=opt.state_dict(), scheduler=sched.state_dict(), epoch=2,
+                          step=8, history=[{"epoch": 1}, {"epoch": 2}], config={"name": "r"},
+                          seed=3, dataset={"params_digest": "p"})
+    back = TrainingState.load(state.save(tmp_path / "c"))
+    assert (back.epoch, back.step, back.seed, back.history, back.config, back.dataset,
+            back.scaler) == (2, 8, 3, state.history, {"name": "r"}, {"params_digest": "p"},
+                             None)
+    assert all(torch.equal(back.model[k], v) for k, v in state.model.items())
+    assert back.ema is not None and back.ema.keys() == state.ema.keys()  # type: ignore[union-attr]
+    # A key a later version adds is ignored; a checkpoint from before `dataset` still loads.
+    raw = {**state.to_dict(), "future_key": 1}
+    del raw["dataset"]
+    assert TrainingState.from_dict(raw).dataset is None
+    # Not a training checkpoint: named, not a KeyError deep in the recipe.
+    save_state(tmp_path / "d", {"model": {}, "epoch": 1})
+    with pytest.raises(CheckpointError, match=r"checkpoint .*/d lacks optimizer, scheduler, "
+                                              r"step, history, config: it is not a simgraph "
+                                              r"training checkpoint"):
+        TrainingState.load(tmp_path / "d")
+    with pytest.raises(CheckpointError, match=r"holds model, epoch of the wrong type"):
+        TrainingState.from_dict({**state.to_dict(), "model": [1], "epoch": "2"})
 
 
 def test_checkpoint_round_trip_and_interrupted_writes(tmp_path: Path) -> None:

@@ -211,7 +211,6 @@ class ViewLoader:
         self.train = train
         self.views = views if train else 1
         drop_last = train if drop_last is None else drop_last
-        threads = torch.get_num_threads()
         try:
             handlers = Reader(str(path)).handlers
         except (ValueError, OSError, IndexError, KeyError) as e:  # FFCV's header/table reads
@@ -250,7 +249,6 @@ class ViewLoader:
         self.loader.aug_seed = (seed, rank)  # type: ignore[attr-defined]
         # FFCV's pipeline thread makes CUDA calls; the current device is per thread.
         self.loader.thread_device = self.device if on_gpu else None  # type: ignore[attr-defined]
-        torch.set_num_threads(threads)  # the Loader sets torch threads to num_workers
         self._names = list(self.loader.pipeline_specs)
         mean = torch.tensor(self.augment.mean, device=self.device).view(1, 3, 1, 1) * 255
         std = torch.tensor(self.augment.std, device=self.device).view(1, 3, 1, 1) * 255
