@@ -31,6 +31,13 @@ Format (every key but ``name``, ``base`` and ``space`` is optional; defaults sho
     statistic: {name: mean_last, k: 3}    # a trial's score from its metric's evaluations:
                                   # mean_last (mean of the last k) | last | best (the best
                                   # epoch: rewards noise); searcher, ASHA and tables use it
+    confirm: {top: 0, seeds: 3, split: test}  # top > 0: after the search, retrain the top
+                                  # settings with `seeds` fresh seeds each and score them by
+                                  # kNN top-1 on `split` (never used for choosing): best.yaml
+                                  # and the closing line are the confirmed best, with its
+                                  # interval, the settings tied with it and the winner's curse
+                                  # (components/confirmation.py); `simgraph sweep FILE
+                                  # --confirm` runs it on a finished sweep
     study_storage: null           # also write the study to "sqlite:///path.db" or
                                   # "journal:path.log" (Optuna's API and dashboard read it)
     mlflow: false                 # log every trial to MLflow (Ray Tune's MLflowLoggerCallback,
@@ -110,7 +117,7 @@ OVERRIDABLE_KEYS = ("name", "storage", "metric", "mode", "num_samples", "repeats
                     "max_concurrent",
                     "study_storage", "mlflow", "mlflow_uri", "wandb", "wandb_project",
                     "wandb_mode", "overrides")
-OVERRIDABLE_SECTIONS = ("resources", "searcher", "scheduler", "statistic")
+OVERRIDABLE_SECTIONS = ("resources", "searcher", "scheduler", "statistic", "confirm")
 # Config keys every trial gets from the sweep itself: not searchable, not in ``overrides``.
 SET_BY_SWEEP = {
     "name": "the trial's run name", "storage": "the sweep dir",
@@ -420,6 +427,24 @@ class Statistic:
         return sum(tail) / len(tail)
 
 
+@dataclasses.dataclass(frozen=True)
+class Confirm:
+    """The confirmation stage (:mod:`components.confirmation`): the ``top`` best settings
+    retrained with ``seeds`` fresh seeds each, scored by kNN top-1 on ``split``; ``top: 0``
+    (the default) skips it."""
+
+    top: int = 0
+    seeds: int = 3
+    split: Literal["test", "val"] = "test"
+
+    def __post_init__(self) -> None:
+        check_at_least("confirm.top", self.top, 0)
+        check_at_least("confirm.seeds", self.seeds, 1)
+        if self.split not in ("test", "val"):
+            raise ConfigError(f"confirm.split={self.split!r} is not allowed: choose test (never "
+                              "used for choosing) or val")
+
+
 STATISTICS = ("mean_last", "last", "best")
 SCORE = "sweep_score"  # the column every trial reports: the statistic of its metric so far
 
@@ -459,6 +484,7 @@ class _SweepSettings:
     searcher: Searcher = dataclasses.field(default_factory=Searcher)
     scheduler: Scheduler = dataclasses.field(default_factory=Scheduler)
     statistic: Statistic = dataclasses.field(default_factory=Statistic)
+    confirm: Confirm = dataclasses.field(default_factory=Confirm)
     study_storage: str | None = None
     mlflow: bool = False
     mlflow_uri: str | None = None
@@ -776,7 +802,7 @@ def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> SweepConfig:
             if key not in raw:
                 raise ConfigError(f"the sweep needs {key!r}")
         for key in ("overrides", "conditional", "resources", "searcher", "scheduler",
-                    "statistic"):
+                    "statistic", "confirm"):
             if raw.get(key) is None:
                 raw.pop(key, None)
         if raw.get("study_storage") == "":
@@ -815,7 +841,9 @@ def identity_changes(started: dict[str, Any], now: dict[str, Any]) -> list[str]:
     out = []
     for part, what in (("sweep", "sweep file"), ("base", "base config")):
         a, b = flatten(started.get(part) or {}), flatten(now.get(part) or {})
-        keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k)
+                      # the confirmation stage runs after the search: not part of it
+                      and not (part == "sweep" and k.split(".")[0] == "confirm"))
         if keys:
             more = f" and {len(keys) - 6} more" if len(keys) > 6 else ""
             out.append(f"{what} {now[part + '_file']}: {', '.join(keys[:6])}{more}")

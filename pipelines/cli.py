@@ -227,6 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --resume: unpickle Ray Tune's state in the sweep dir without "
                         "checking who could have written it (a shared or URI sweep dir whose "
                         "writers you trust, or one whose driver was killed)")
+    p.add_argument("--confirm", action="store_true",
+                   help="only the confirmation stage (confirm: {top, seeds, split}) of a "
+                        "finished sweep: retrain its best settings with fresh seeds, score "
+                        "them on the test split; re-running resumes it")
     p = commands.add_parser(
         "submit", help="send a simgraph command to a Ray cluster (Ray Jobs API)",
         description="Send `simgraph COMMAND ...` to a Ray cluster as a Ray job, shipping this "
@@ -302,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pipelines import sweep
 
         return sweep.main(args.space, args.overrides, resume=args.resume,
-                          trust=args.trust_sweep_dir)
+                          trust=args.trust_sweep_dir, confirm_only=args.confirm)
     if args.command == "run":
         from pipelines import run
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import json
 import math
 import os
 import re
@@ -54,6 +55,10 @@ class SweepError(SimgraphError, RuntimeError):
     """The sweep cannot start or its results cannot be read."""
 
 
+TRIALS_JSON = "trials.json"  # the trial rows (typed parameters): what --confirm reads back
+CONFIRM_DIR = "confirm"  # <sweep dir>/confirm/<rank>-seed<j>: the confirmation runs
+
+
 def sweep_dir(sweep: Any, base: str | Path | None = None) -> str:
     """``storage/name`` (a path or URI), a relative storage taken against ``base`` (default:
     :func:`components.paths.base_dir`)."""
@@ -74,12 +79,7 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
 
     from components.paths import localize
     from components.recipe import make_trainer, train_in_trial
-    from components.run_dir import (
-        absolute_paths,
-        check_dataset,
-        finished_history,
-        prepare_run_dir,
-    )
+    from components.run_dir import prepare_run
     from components.search_space import SCORE, load_sweep, score_history, score_spec, trial_config
     from components.storage import join
 
@@ -88,11 +88,9 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
     trial_id = tune.get_context().get_trial_id()
     # Relative paths mean what they meant where `simgraph sweep` was started (or
     # $SIMGRAPH_BASE_DIR): Tune runs each trial in its own working directory.
-    cfg = absolute_paths(trial_config(sweep, params, name=trial_id,
-                                      storage=join(sweep_dir(sweep, cwd), "trials")), base=cwd)
-    facts = check_dataset(cfg)
-    run_dir = prepare_run_dir(cfg, facts.dataset)
-    history = finished_history(run_dir, cfg.train.epochs)
+    run = prepare_run(trial_config(sweep, params, name=trial_id,
+                                   storage=join(sweep_dir(sweep, cwd), "trials")), base=cwd)
+    cfg, facts, run_dir, history = run.cfg, run.facts, run.run_dir, run.finished
     if history is not None:
         # Trained to the end before the sweep driver died, but Tune never recorded it: replay
         # its per-epoch results instead of training again.
@@ -243,14 +241,18 @@ def _base_epochs(sweep: Any) -> int:
 
 
 def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
-        echo: bool = True, trust: bool = False) -> list[dict[str, Any]]:
-    """Run (or resume) a sweep; returns one row per trial (see :func:`trial_rows`).
-    ``trust``: resume without checking who could have written Tune's state in the sweep dir
-    (:func:`check_sweep_state`)."""
+        echo: bool = True, trust: bool = False, confirm_only: bool = False
+        ) -> list[dict[str, Any]]:
+    """Run (or resume) a sweep, then its confirmation stage when ``confirm.top`` > 0; returns
+    one row per trial (see :func:`trial_rows`). ``trust``: resume without checking who could
+    have written Tune's state in the sweep dir (:func:`check_sweep_state`). ``confirm_only``:
+    only the confirmation stage, on a finished sweep (:func:`confirm_finished`)."""
     from components.search_space import load_sweep, sweep_identity
     from components.session import ray_session
     from components.storage import display, join
 
+    if confirm_only:
+        return confirm_finished(sweep_path, overrides, echo=echo)
     sweep = load_sweep(sweep_path, overrides)
     # Tune snapshots the experiment at most every 10 s by default ("auto"); a trial that starts
     # and ends between two snapshots is unknown to a resumed sweep, which re-suggests its
@@ -278,17 +280,177 @@ def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
             record_sweep_state(sweep)
     rows = trial_rows(results, sweep)
     write_results(sweep, rows)
+    record_sweep_state(sweep)  # again: the results' *.json are files a restore copies
     if echo:
         print(markdown(rows, sweep))
         best = best_row(rows, sweep)
         if best is not None:
             settings = " ".join(f"{k}={_fmt(v)}" for k, v in sorted(best["params"].items()))
+            then = ("the confirmation below decides best.yaml" if sweep.confirm.top > 0 else
+                    f"its pretrain config: {display(join(sweep_dir(sweep), 'best.yaml'))}")
             print(f"best {'setting' if sweep.repeats > 1 else 'trial'} ({best['trial']}): "
                   f"{sweep.statistic.describe(sweep.metric)} {_setting_score(best)} "
-                  f"({settings}); its pretrain config: "
-                  f"{display(join(sweep_dir(sweep), 'best.yaml'))}")
+                  f"({settings}); {then}")
         print(f"sweep dir: {display(sweep_dir(sweep))} (trials.md, plots: *.png)")
+    if sweep.confirm.top > 0:
+        confirm(sweep, rows, sweep_path, overrides, echo=echo)
     return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# The confirmation stage (components/confirmation.py).
+
+
+def confirm_fn(params: dict[str, Any], seed_index: int, name: str, sweep_path: str,
+               sweep_overrides: list[str], cwd: str) -> Any:
+    """One confirmation run, in a Ray task holding one trial's resources: train ``params``
+    with the ``seed_index``-th fresh seed (or resume it, or find it finished: the run dir
+    name is fixed), then its per-image kNN hits on ``confirm.split``."""
+    import dataclasses
+
+    from components.confirmation import SEED_OFFSET
+    from components.paths import localize
+    from components.recipe import PretrainRecipe, loop_config, make_trainer
+    from components.run_dir import prepare_run
+    from components.run_host import InProcess
+    from components.search_space import load_sweep, trial_config
+    from components.storage import join
+    from pipelines.evaluate import split_knn_hits
+
+    sweep = load_sweep(localize(sweep_path), sweep_overrides)
+    cfg = trial_config(sweep, params, name=name,
+                       storage=join(sweep_dir(sweep, cwd), CONFIRM_DIR))
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(
+        cfg.train, seed=cfg.train.seed + SEED_OFFSET + seed_index))
+    run = prepare_run(cfg, base=cwd)
+    if run.finished is None:
+        if sweep.resources.in_trial:
+            PretrainRecipe(loop_config(run.cfg, run.run_dir, run.facts),
+                           host=InProcess(run.run_dir, run.cfg.checkpoint.keep)).run()
+        else:
+            make_trainer(run.cfg, run.run_dir, run.facts).fit()
+    return split_knn_hits(run.run_dir, sweep.confirm.split)
+
+
+def confirm(sweep: Any, rows: Sequence[dict[str, Any]], sweep_path: str,
+            overrides: Sequence[str], echo: bool = True) -> Any:
+    """Retrain the ``confirm.top`` best settings of ``rows`` with ``confirm.seeds`` fresh seeds
+    each (Ray tasks, as many at once as the cluster holds), score them on ``confirm.split``,
+    and write the confirmed answer (:func:`write_confirmation`); returns the
+    :class:`~components.confirmation.Confirmation` (``None``: no finished setting).
+
+    Raises:
+        SweepError: a confirmation run failed (re-running ``--confirm`` resumes the runs).
+    """
+    import ray
+
+    from components.confirmation import candidates, closing_line, run_name, summarise
+    from components.errors import describe
+    from components.session import ray_session
+
+    chosen = candidates(rows, sweep.confirm.top)
+    if not chosen:
+        if echo:
+            print("confirmation: no finished setting to confirm")
+        return None
+    seeds = sweep.confirm.seeds
+    if echo:
+        print(f"confirmation: retraining the {len(chosen)} best setting(s) with {seeds} fresh "
+              f"seed(s) each, scored by kNN top-1 on the {sweep.confirm.split} split", flush=True)
+    res = sweep.resources.trial_resources()
+    with ray_session(None, needs_dashboard=not sweep.resources.in_trial):
+        task = ray.remote(confirm_fn).options(num_cpus=res["CPU"], num_gpus=res.get("GPU", 0),
+                                              max_retries=0)
+        refs = {(c.rank, j): task.remote(c.params, j, run_name(c, j), portable(sweep_path),
+                                         list(overrides), str(base_dir()))
+                for c in chosen for j in range(seeds)}
+        hits: dict[int, list[Any]] = {}
+        for (rank, j), ref in refs.items():
+            try:
+                hits.setdefault(rank, []).append(ray.get(ref))
+            except Exception as e:  # noqa: BLE001 - Ray wraps the run's error
+                raise SweepError(
+                    f"confirmation run {CONFIRM_DIR}/{run_name(chosen[rank - 1], j)} failed: "
+                    f"{describe(e)}; re-run with --confirm to resume the confirmation") from None
+    conf = summarise(hits, chosen, sweep.confirm.split,
+                     curse_comparable=sweep.metric == "knn_top1")
+    write_confirmation(sweep, rows, conf)
+    record_sweep_state(sweep)
+    if echo:
+        from components.confirmation import table
+        from components.storage import display, join
+
+        print(table(conf, sweep.metric))
+        print(closing_line(conf, seeds) + "; its pretrain config: "
+              + display(join(sweep_dir(sweep), "best.yaml")))
+    return conf
+
+
+def write_confirmation(sweep: Any, rows: Sequence[dict[str, Any]], conf: Any) -> None:
+    """``confirm.md`` / ``.csv`` / ``.json``, the confirmation appended to ``trials.md``, and
+    ``best.yaml`` from the confirmed best (published to a URI sweep dir when complete)."""
+    from components.confirmation import closing_line, table
+    from components.confirmation import rows as confirm_rows
+    from components.search_space import trial_config
+    from components.storage import LocalMirror, redacted
+
+    seeds = sweep.confirm.seeds
+    text = (f"## Confirmation: the {len(conf.settings)} best settings, {seeds} fresh seed(s) "
+            f"each, kNN top-1 on the {conf.split} split ({conf.images} images)\n\n"
+            + table(conf, sweep.metric) + "\n\n" + closing_line(conf, seeds) + ".\n\n"
+            "Intervals: 95 % percentile bootstrap over the images of the seed-averaged hits; "
+            "\"vs best\": paired over the same images; tied: that interval holds 0.\n")
+    with LocalMirror(sweep_dir(sweep)) as mirror:
+        out = mirror.local
+        write_text(out / "confirm.md", text)
+        body = confirm_rows(conf)
+        write_text(out / "confirm.json", json.dumps(body, indent=1) + "\n")
+        keys = sorted({k for r in body for k in r["params"]})
+        cols = [k for k in body[0] if k != "params"]
+        with atomic_open(out / "confirm.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow([*cols, *keys])
+            for r in body:
+                w.writerow([*(r[c] for c in cols), *(r["params"].get(k) for k in keys)])
+        write_text(out / "trials.md", markdown(rows, sweep) + "\n\n" + text)
+        b = conf.best
+        cfg = trial_config(sweep, b.candidate.params, name=f"{sweep.name}-best",
+                           storage=sweep.storage)
+        write_text(out / "best.yaml",
+                   f"# confirmed best of sweep {sweep.name} (sweep rank {b.candidate.rank}): "
+                   f"{conf.split} kNN top-1 {100 * b.score.value:.1f} % "
+                   f"[{100 * b.score.low:.1f}, {100 * b.score.high:.1f}] over {seeds} fresh "
+                   f"seed(s); sweep score {b.candidate.sweep_score:.4g}\n"
+                   + yaml.safe_dump(redacted(to_dict(cfg)), sort_keys=False))
+        plot_confirmed(sweep, rows, conf, out)
+
+
+def confirm_finished(sweep_path: str, overrides: Sequence[str],
+                     echo: bool = True) -> list[dict[str, Any]]:
+    """``simgraph sweep FILE --confirm``: the confirmation stage of a finished sweep, from its
+    ``trials.json``; the sweep file and base config must be the ones it ran with (the
+    ``confirm`` section may differ). Returns the sweep's trial rows.
+
+    Raises:
+        SweepError: ``confirm.top`` is 0, the sweep has no ``trials.json`` (not finished), or
+            its files changed since it started.
+    """
+    from components import storage
+    from components.search_space import load_sweep, sweep_identity
+
+    sweep = load_sweep(sweep_path, overrides)
+    if sweep.confirm.top < 1:
+        raise SweepError("--confirm needs confirm.top >= 1: set confirm: {top: 3} in the sweep "
+                         "file, or add confirm.top=3 to the command")
+    check_resume(sweep, sweep_identity(sweep_path, sweep, overrides), flag="--confirm")
+    path = storage.join(sweep_dir(sweep), TRIALS_JSON)
+    if not storage.exists(path):
+        raise SweepError(f"{storage.display(sweep_dir(sweep))} has no {TRIALS_JSON}: the sweep "
+                         "has not finished (resume it first with --resume), or it ran with a "
+                         "simgraph from before 2026-11-25 (re-run it)")
+    rows = json.loads(storage.read_text(path))
+    confirm(sweep, rows, sweep_path, overrides, echo=echo)
+    return list(rows)
 
 
 def check_sweep_state(sweep: Any) -> None:
@@ -339,7 +501,7 @@ def record_start(sweep: Any, identity: dict[str, Any]) -> None:
                        json.dumps(storage.redacted(identity), indent=1))
 
 
-def check_resume(sweep: Any, identity: dict[str, Any]) -> None:
+def check_resume(sweep: Any, identity: dict[str, Any], flag: str = "--resume") -> None:
     """Refuse ``--resume`` when the sweep file, its base config or the command-line overrides
     changed since the sweep started: Tune would restore the old searcher's trials while new
     trials are built from the new files — two experiments in one sweep.
@@ -362,10 +524,12 @@ def check_resume(sweep: Any, identity: dict[str, Any]) -> None:
     changed = identity_changes(storage.redacted(json.loads(storage.read_text(path))),
                                storage.redacted(identity))  # other credentials: the same
     if changed:
+        what = ("resuming would mix two experiments" if flag == "--resume" else
+                "confirming would retrain settings of another experiment")
         raise SweepError(
-            f"--resume: {'; '.join(changed)} changed since sweep {sweep.name!r} started; "
-            "resuming would mix two experiments. Restore those files (and overrides), or "
-            "start a new sweep with name=<another name>")
+            f"{flag}: {'; '.join(changed)} changed since sweep {sweep.name!r} started; "
+            f"{what}. Restore those files (and overrides), or start a new sweep with "
+            "name=<another name>")
 
 
 def trial_rows(results: Any, sweep: Any) -> list[dict[str, Any]]:
@@ -495,6 +659,7 @@ def _write_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> Non
                         r[sweep.metric], r[f"best_{sweep.metric}"],
                         *[r["params"].get(k) for k in keys]])
     write_text(out / "trials.md", markdown(rows, sweep) + "\n")
+    write_text(out / TRIALS_JSON, json.dumps(list(rows), indent=1, default=str) + "\n")
     best = best_row(rows, sweep)
     if best is not None:
         cfg = trial_config(sweep, best["params"], name=f"{sweep.name}-best",
@@ -527,6 +692,28 @@ def prefetch_plotting() -> None:
     threading.Thread(target=load, name="simgraph-prefetch-plotting", daemon=True).start()
 
 
+def numeric_params(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The numeric parameters of the finished trials (a plot against each)."""
+    return sorted({k for r in rows if r["score"] is not None for k, v in r["params"].items()
+                   if isinstance(v, int | float) and not isinstance(v, bool)})
+
+
+def plot_confirmed(sweep: Any, rows: Sequence[dict[str, Any]], conf: Any, out: Path) -> None:
+    """The metric-vs-parameter plots again, with the confirmed settings marked (only when the
+    sweep's metric is the kNN top-1 they are confirmed on: one axis)."""
+    if sweep.metric != "knn_top1":
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for k in numeric_params(rows):
+        fig = param_figure(sweep, rows, k, confirmed=conf)
+        fig.savefig(out / f"{sweep.metric}_vs_{k}.png", dpi=110)
+        plt.close(fig)
+
+
 def plot_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> None:
     """PNGs beside trials.md: the metric against each numeric parameter and the best setting
     per loss (each setting at its mean with an error bar, :func:`setting_se`; with repeats
@@ -541,9 +728,7 @@ def plot_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     good = [r for r in rows if r["score"] is not None]
-    numeric = sorted({k for r in good for k, v in r["params"].items()
-                      if isinstance(v, int | float) and not isinstance(v, bool)})
-    for k in numeric:  # e.g. metric vs tau_s: X-CLR Fig. 3c
+    for k in numeric_params(rows):  # e.g. metric vs tau_s: X-CLR Fig. 3c
         fig = param_figure(sweep, rows, k)
         fig.savefig(out / f"{sweep.metric}_vs_{k}.png", dpi=110)
         plt.close(fig)
@@ -698,11 +883,14 @@ def _caption(ax: Any, text: str) -> None:
     ax.set_title(textwrap.fill(text, 62), fontsize=6.5)
 
 
-def param_figure(sweep: Any, rows: Sequence[dict[str, Any]], param: str) -> Any:
+def param_figure(sweep: Any, rows: Sequence[dict[str, Any]], param: str,
+                 confirmed: Any = None) -> Any:
     """The metric against ``param`` (X-CLR Fig. 3c's view for τ_s): each setting at its mean
     with ± its standard error (:func:`setting_points`), its seeds' scores (with repeats) as
     faint dots beside it, a colour per loss, a log axis for a log distribution; the caption
-    says what the bars are."""
+    says what the bars are. ``confirmed`` (a :class:`~components.confirmation.Confirmation`,
+    when the sweep's metric is the kNN top-1 it confirms): each confirmed setting's score on
+    its split as a black diamond with its 95 % interval, the confirmed best filled."""
     import matplotlib.pyplot as plt
 
     groups = [g for g in settings(rows) if param in g[0]["params"]]
@@ -721,13 +909,25 @@ def param_figure(sweep: Any, rows: Sequence[dict[str, Any]], param: str) -> Any:
                     yerr=[p.se if p.se is not None else math.nan for p in mine], fmt="o", ms=5,
                     capsize=3, elinewidth=1, color=colours[loss], label=loss or None,
                     zorder=2)
+    caption = _se_caption(sweep, groups)
+    marked = [c for c in (confirmed.settings if confirmed is not None else [])
+              if param in c.candidate.params]
+    for i, c in enumerate(marked):
+        v = c.score
+        ax.errorbar([c.candidate.params[param]], [v.value],
+                    yerr=[[v.value - v.low], [v.high - v.value]], fmt="D",
+                    ms=6, capsize=3, color="k", mfc="k" if c is confirmed.best else "none",
+                    zorder=4, label=f"confirmed ({confirmed.split})" if i == 0 else None)
+    if marked:
+        caption += (f"; diamonds: confirmed on the {confirmed.split} split (95 % interval, "
+                    "the best filled)")
     dists = sweep.parameters()
     if param in dists and dists[param].log:
         _log_axis(ax)
     ax.set_xlabel(param)
     ax.set_ylabel(_ylabel(sweep, groups), fontsize=8)
-    _caption(ax, _se_caption(sweep, groups))
-    if any(p.loss for p in pts):
+    _caption(ax, caption)
+    if any(p.loss for p in pts) or marked:
         ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
@@ -1001,7 +1201,8 @@ def export_study(sweep: Any, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def main(space: str, overrides: Sequence[str], resume: bool = False,
-         trust: bool = False) -> int:
+         trust: bool = False, confirm_only: bool = False) -> int:
     from components.errors import run_command
 
-    return run_command("sweep", lambda: run(space, overrides, resume=resume, trust=trust))
+    return run_command("sweep", lambda: run(space, overrides, resume=resume, trust=trust,
+                                            confirm_only=confirm_only))

@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 from ray.train import WorkerGroupError
@@ -423,6 +424,34 @@ def test_with_repeats_the_error_bars_are_the_standard_errors_of_the_setting_mean
     plt.close(fig)
 
 
+def test_confirmed_settings_are_marked_with_their_intervals(tmp_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.container import ErrorbarContainer
+
+    from components.confirmation import Candidate, summarise
+    from pipelines.sweep import param_figure
+
+    sweep, rows = _repeat_rows(tmp_path)
+    hits = {1: [np.array([1, 1, 1, 0] * 10)], 2: [np.array([1, 0, 1, 0] * 10)]}
+    conf = summarise(hits, [Candidate(1, {"optim.lr": 0.3}, 0.57),
+                            Candidate(2, {"optim.lr": 0.1}, 0.55)], "test", True)
+    fig = param_figure(sweep, rows, "optim.lr", confirmed=conf)
+    (ax,) = fig.axes
+    diamonds = [c for c in ax.containers if isinstance(c, ErrorbarContainer)
+                and c.lines[0].get_marker() == "D"]
+    assert [d.lines[0].get_xydata().ravel().tolist() for d in diamonds] == [
+        pytest.approx([0.3, 0.75]), pytest.approx([0.1, 0.5])]
+    best_bar = diamonds[0].lines[2][0].get_segments()[0][:, 1].tolist()
+    assert best_bar == pytest.approx([conf.best.score.low, conf.best.score.high])
+    assert diamonds[0].lines[0].get_markerfacecolor() != "none"
+    assert diamonds[1].lines[0].get_markerfacecolor() == "none"
+    assert "diamonds: confirmed on the test split" in ax.get_title().replace("\n", " ")
+    plt.close(fig)
+
+
 def test_one_seed_per_setting_has_its_own_error_bar_where_one_is_known(tmp_path: Path) -> None:
     """One seed: the row's own ``<metric>_se`` when it carries one, else for knn_top1 the
     spread of its curve's last k evaluations / √k; a single evaluation, or a metric whose
@@ -534,3 +563,53 @@ def test_a_repeats_sweep_trains_seeds_and_the_searcher_sees_their_mean(tmp_path:
     study = pickle.loads(state.read_bytes())["_ot_study"]
     assert sorted(t.value for t in study.trials) == pytest.approx(
         sorted(float(m[0]["setting_mean"]) for m in settings.values()))
+
+
+@pytest.mark.slow
+def test_a_sweep_with_confirm_answers_with_the_confirmed_best(tmp_path: Path) -> None:
+    """confirm: {top: 2, seeds: 2}: the two best settings retrained with fresh seeds, scored
+    on the test split; confirm.md / .csv, trials.md and best.yaml say the confirmed best.
+    Then `--confirm` on the finished sweep resumes: the finished runs are not trained again."""
+    import json
+
+    space = _space(tmp_path)
+    synthetic_dataset(tmp_path / "ds", test_per_class=6)  # the same images + a test split
+    spec = yaml.safe_load(space.read_text())
+    spec.update({"num_samples": 3, "mlflow": False, "wandb": False, "study_storage": None,
+                 "max_concurrent": 2, "overrides": ["train.epochs=1"],
+                 "confirm": {"top": 2, "seeds": 2}})
+    space.write_text(yaml.safe_dump(spec))
+    out = subprocess.run([sys.executable, "-m", "pipelines.cli", "sweep", str(space)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    sweep_dir = tmp_path / "sweeps" / "s"
+    confirmed = json.loads((sweep_dir / "confirm.json").read_text())
+    assert [r["confirmed_rank"] for r in confirmed] == [1, 2]
+    assert sorted(r["sweep_rank"] for r in confirmed) == [1, 2]
+    assert all(r["split"] == "test" and len(r["seed_scores"]) == 2 for r in confirmed)
+    with open(sweep_dir / "trials.csv") as f:
+        trials = list(csv.DictReader(f))
+    runs = sorted(p.name for p in (sweep_dir / "confirm").iterdir())
+    assert runs == ["rank01-seed0", "rank01-seed1", "rank02-seed0", "rank02-seed1"]
+    seeds = {load_config(sweep_dir / "confirm" / r / "config.yaml", PretrainConfig).train.seed
+             for r in runs}
+    assert seeds == {1000, 1001}  # fresh: the sweep's trials used seed 0
+    best = confirmed[0]
+    header, *_ = (sweep_dir / "best.yaml").read_text().splitlines()
+    assert header.startswith(f"# confirmed best of sweep s (sweep rank {best['sweep_rank']}): "
+                             f"test kNN top-1 {100 * best['score']:.1f} % [")
+    cfg = load_config(sweep_dir / "best.yaml", PretrainConfig)
+    assert cfg.loss.name == best["params"]["loss.name"]
+    assert cfg.optim.lr == pytest.approx(best["params"]["optim.lr"])
+    assert "## Confirmation" in (sweep_dir / "trials.md").read_text()
+    assert len(trials) == 3
+    assert f"confirmed best (sweep rank {best['sweep_rank']}): test kNN top-1" in out.stdout
+    stamps = {r: (sweep_dir / "confirm" / r / "epoch_00001" / "state.pt").stat().st_mtime_ns
+              for r in runs}
+    again = subprocess.run([sys.executable, "-m", "pipelines.cli", "sweep", str(space),
+                            "--confirm"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert json.loads((sweep_dir / "confirm.json").read_text()) == confirmed
+    assert stamps == {r: (sweep_dir / "confirm" / r / "epoch_00001" / "state.pt")
+                      .stat().st_mtime_ns for r in runs}
