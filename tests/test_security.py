@@ -121,6 +121,26 @@ def test_run_dir_stores_no_credentials_and_resumes_with_any(s3_uri: str) -> None
         prepare_run_dir(_config(runs, elsewhere), ident)
 
 
+def test_a_datasets_build_parameters_hold_no_credentials() -> None:
+    """What a dataset's manifest stores as its build parameters (and digests into its
+    identity) holds no credential of a source URI; other keys to the same data are the same
+    build."""
+    from components.config import PreprocessConfig
+    from components.data.build.common import _digest
+    from components.data.build.planning import _params
+
+    def cfg(path: str) -> PreprocessConfig:
+        return from_dict(PreprocessConfig, {"output": "/tmp/ds", "source": {
+            "kind": "folder", "path": path}})
+
+    params = _params(cfg(_with_credentials("s3://data/images")))
+    assert params["source"]["path"] == "s3://data/images"
+    assert _no_secret(json.dumps(params).encode())
+    assert _digest(params) == _digest(_params(cfg(_with_credentials(
+        "s3://data/images", OTHER_SECRET)))) == _digest(_params(cfg("s3://data/images")))
+    assert _digest(params) != _digest(_params(cfg("s3://data/other")))
+
+
 def test_checkpoints_hold_the_config_without_credentials(tmp_path: Path) -> None:
     import torch
 

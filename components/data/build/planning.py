@@ -195,7 +195,10 @@ def _near_report(
 
 
 def _params(cfg: PreprocessConfig) -> dict[str, Any]:
-    """What the bytes of a shard depend on (not paths of the output or Ray sizing)."""
+    """What the bytes of a shard depend on (not paths of the output or Ray sizing), without
+    credentials."""
+    from components.storage import redacted
+
     p = to_dict(cfg)
     for k in ("output", "keep_shards", "num_cpus"):
         p.pop(k)
@@ -208,4 +211,6 @@ def _params(cfg: PreprocessConfig) -> dict[str, Any]:
     if cfg.captions.class_descriptions:
         p["captions"]["class_descriptions_sha256"] = sha256_file(cfg.captions.class_descriptions)
     p["format"] = FORMAT
-    return p
+    # Stored in the manifest and digested into the dataset's identity: never a credential
+    # (a source URI's ``user:secret@``), and rotated keys are the same build.
+    return dict(redacted(p))
