@@ -2,7 +2,7 @@
 
 Top to bottom:
 
-1. Load the search space (``components/search_space.py``): every parameter path is checked
+1. Load the search space (``components/search_space/``): every parameter path is checked
    against the config dataclasses, per conditional branch, before any trial starts.
 2. Tune, wired as Ray 2.60 needs it (docs/ray-notes.md): each trial is a function trainable.
    A one-worker trial (``resources.mode`` auto / in_trial) trains inside its trial actor
@@ -122,12 +122,8 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
 def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
                resume: bool) -> Any:
     import ray.tune
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-    from ray.tune.search import ConcurrencyLimiter
-    from ray.tune.search.optuna import OptunaSearch
 
     from components.paths import resolve_path
-    from components.search_space import SCORE, define_by_run, make_sampler
     from components.storage import display, list_dir
     from components.tracking import prepare_sweep_trackers, tune_callbacks
     from components.tune_loggers import use_deferred_tensorboard
@@ -150,25 +146,8 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
     if list_dir(path):
         raise SweepError(f"{display(path)} already holds a sweep: add --resume to continue it, "
                          "or set name= to start another")
-    # The trial's score (sweep.statistic of its metric so far), not one noisy evaluation;
-    # with repeats, Tune's Repeater trains each suggestion with that many seeds and hands the
-    # searcher their mean.
-    optuna_search: Any = OptunaSearch(space=define_by_run(sweep), metric=SCORE, mode=sweep.mode,
-                                      sampler=make_sampler(sweep))
-    if sweep.repeats > 1:
-        from ray.tune.search import Repeater
-
-        optuna_search = Repeater(optuna_search, repeat=sweep.repeats, set_index=True)
-    searcher = ConcurrencyLimiter(optuna_search, max_concurrent=concurrency(sweep))
-    s = sweep.scheduler
-    if s.name == "asha":
-        scheduler: Any = ASHAScheduler(
-            time_attr="epoch", metric=SCORE, mode=sweep.mode,
-            max_t=s.max_epochs or _base_epochs(sweep), grace_period=s.grace_period,
-            reduction_factor=s.reduction_factor,
-        )
-    else:
-        scheduler = FIFOScheduler()
+    searcher = make_searcher(sweep)
+    scheduler = make_scheduler(sweep)
     in_trial = sweep.resources.in_trial
     return ray.tune.Tuner(
         trainable,
@@ -184,6 +163,41 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
                 max_failures=_base_config(sweep).scaling.max_failures if in_trial else 0),
         ),
     )
+
+
+def make_searcher(sweep: Any) -> Any:
+    """Tune's searcher: Optuna over the sweep's space (define-by-run, the sweep's sampler)
+    behind Tune's concurrency limit. It optimises the trial's score (sweep.statistic of its
+    metric so far), not one noisy evaluation; with repeats, Tune's Repeater trains each
+    suggestion with that many seeds and hands the searcher their mean."""
+    from ray.tune.search import ConcurrencyLimiter
+    from ray.tune.search.optuna import OptunaSearch
+
+    from components.search_space import SCORE, define_by_run, make_sampler
+
+    with _optuna_console():  # OptunaSearch creates its study here: Optuna's INFO line
+        optuna_search: Any = OptunaSearch(space=define_by_run(sweep), metric=SCORE,
+                                          mode=sweep.mode, sampler=make_sampler(sweep))
+    if sweep.repeats > 1:
+        from ray.tune.search import Repeater
+
+        optuna_search = Repeater(optuna_search, repeat=sweep.repeats, set_index=True)
+    return ConcurrencyLimiter(optuna_search, max_concurrent=concurrency(sweep))
+
+
+def make_scheduler(sweep: Any) -> Any:
+    """Tune's scheduler: ASHA on the trial's score with the reported ``epoch`` as its time
+    (``max_t`` = ``scheduler.max_epochs`` or the trials' ``train.epochs``), or FIFO."""
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    from components.search_space import SCORE
+
+    s = sweep.scheduler
+    if s.name == "asha":
+        return ASHAScheduler(time_attr="epoch", metric=SCORE, mode=sweep.mode,
+                             max_t=s.max_epochs or _base_epochs(sweep),
+                             grace_period=s.grace_period, reduction_factor=s.reduction_factor)
+    return FIFOScheduler()
 
 
 def concurrency(sweep: Any, cluster: dict[str, float] | None = None) -> int:
@@ -965,9 +979,10 @@ def best_per_loss_figure(sweep: Any, rows: Sequence[dict[str, Any]]) -> Any:
 
 @contextlib.contextmanager
 def _optuna_console() -> Iterator[None]:
-    """Optuna while the sweep's results are drawn: its INFO lines ("A new study created in
-    memory") and repeated importance warnings ("Some regimes for parameter ... have less than
-    2 trials") only with ``--verbose``; quiet, the warnings become one line."""
+    """Optuna while the searcher is built and the sweep's results are drawn and exported: its
+    INFO lines ("A new study created in memory / in RDB") and repeated importance warnings
+    ("Some regimes for parameter ... have less than 2 trials") only with ``--verbose``; quiet,
+    the warnings become one line."""
     import warnings
 
     import optuna
@@ -1197,7 +1212,8 @@ def export_study(sweep: Any, rows: Sequence[dict[str, Any]]) -> None:
         raise SweepError(f"study_storage={sweep.study_storage!r} now holds another study named "
                          f"{sweep.name!r}; not replaced — the results are in "
                          f"{_owner(sweep)} (trials.csv)")
-    _study(sweep, rows, storage)
+    with _optuna_console():
+        _study(sweep, rows, storage)
 
 
 def main(space: str, overrides: Sequence[str], resume: bool = False,

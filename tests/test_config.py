@@ -17,6 +17,7 @@ from components.config import (
     apply_overrides,
     from_dict,
     load_config,
+    set_values,
     to_dict,
 )
 
@@ -92,6 +93,23 @@ def test_overrides_parse_yaml_values_and_switch_loss_cleanly() -> None:
         apply_overrides(base, ["overrides=[a=[1,2], b]"])
     quoted = apply_overrides(base, ["overrides=['a=[1,2]', b]"])
     assert quoted["overrides"] == ["a=[1,2]", "b"]
+
+
+def test_set_values_is_apply_overrides_without_text() -> None:
+    """The typed counterpart of overrides: values are set as given (a string stays a string
+    whatever YAML would make of it), a loss switch resets the section the same way."""
+    base = {"loss": {"name": "supcon", "tau": 0.2, "variant": "in"}, "name": "x"}
+    data = set_values(base, {"loss.name": "eps_supinfonce", "loss.epsilon": 0.25,
+                             "name": "123"})
+    assert data == apply_overrides(base, ["loss.name=eps_supinfonce", "loss.epsilon=0.25",
+                                          "name='123'"])
+    assert from_dict(LossSection, {"loss": data["loss"]}).loss == EpsSupInfoNCEConfig(
+        epsilon=0.25)
+    assert data["name"] == "123" and base["loss"]["tau"] == 0.2  # the input is not modified
+    with pytest.raises(ConfigError, match="config path 'loss.tau.x': 'tau' is a value"):
+        set_values(base, {"loss.tau.x": 1})
+    with pytest.raises(ConfigError, match="config path 'loss..tau' has an empty key"):
+        set_values(base, {"loss..tau": 1})
 
 
 def test_load_config_from_yaml(tmp_path: Path) -> None:

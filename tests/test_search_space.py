@@ -1,6 +1,6 @@
-"""Search spaces (components/search_space.py): refusals name the parameter, every path is checked
+"""Search spaces (components/search_space/): refusals name the parameter, every path is checked
 per conditional branch against the config dataclasses, the define-by-run space samples each
-branch's parameters only in that branch, and trial overrides round-trip the sampled values."""
+branch's parameters only in that branch, and trial configs take the sampled values as values."""
 
 from __future__ import annotations
 
@@ -20,12 +20,11 @@ from components.search_space import (
     Distribution,
     SweepConfig,
     define_by_run,
-    format_value,
     load_sweep,
     make_sampler,
     optuna_distributions,
     trial_config,
-    trial_overrides,
+    trial_values,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -209,38 +208,68 @@ def test_define_by_run_pickles(tmp_path: Path) -> None:
 # Trial overrides and configs.
 
 
-def test_trial_overrides_order_and_round_trip(tmp_path: Path) -> None:
-    sweep = load_sweep(_write(tmp_path))
-    params = {"optim.lr": 1e-05 * 3, "loss.tau_s": 0.123456789012345, "loss.tau": 0.05,
-              "loss.name": "xclr"}
-    overrides = trial_overrides(sweep, params)
-    assert overrides[0] == "train.epochs=4"  # the sweep's overrides first
-    assert overrides[1] == "loss.name=xclr"  # then the loss (it resets the loss section)
-    assert [o.split("=")[0] for o in overrides[2:]] == ["loss.tau", "loss.tau_s", "optim.lr"]
-    for o in overrides[1:]:
-        key, text = o.split("=", 1)
-        back = yaml.safe_load(text)
-        assert back == params[key] and type(back) is type(params[key]), o
-    cfg = load_config(BASE, PretrainConfig, overrides)
-    assert cfg.loss.name == "xclr" and cfg.train.epochs == 4
-    assert cfg.loss.tau == 0.05 and cfg.loss.tau_s == params["loss.tau_s"]  # type: ignore[union-attr]
-    assert cfg.optim.lr == params["optim.lr"]
-
-
-@pytest.mark.parametrize("value", [1e-05, 3e-7, 1e20, 0.1, 2.0, -0.5, 7, 0, True, False, None,
-                                   "simclr", "123", "true", "null", "a: b", "x #y", ""])
-def test_format_value_round_trips(value: Any) -> None:
-    back = yaml.safe_load(format_value(value))
-    assert back == value and type(back) is type(value)
-
-
-def test_format_value_handles_numpy_and_infinities() -> None:
+def test_trial_values_order_and_types(tmp_path: Path) -> None:
+    """``loss.name`` first (it resets the loss section), the rest by path, then what the sweep
+    sets; numpy scalars (Tune / Optuna may hand them out) become plain Python values."""
     np = pytest.importorskip("numpy")
-    assert yaml.safe_load(format_value(np.float64(1e-6))) == 1e-6
-    assert yaml.safe_load(format_value(np.int64(4))) == 4
-    assert yaml.safe_load(format_value(math.inf)) == math.inf
-    with pytest.raises(ConfigError, match="not allowed in an override"):
-        format_value([1, 2])
+    sweep = load_sweep(_write(tmp_path))
+    params = {"optim.lr": np.float64(3e-05), "loss.tau_s": 0.123456789012345,
+              "loss.tau": 0.05, "loss.name": np.str_("xclr")}
+    values = trial_values(sweep, params, name="0123", storage="/tmp/s")
+    assert list(values) == ["loss.name", "loss.tau", "loss.tau_s", "optim.lr", "name",
+                            "storage", "scaling.num_workers", "scaling.cpus_per_worker",
+                            "scaling.use_gpu"]
+    assert type(values["optim.lr"]) is float and values["optim.lr"] == 3e-05
+    assert type(values["loss.name"]) is str
+    with pytest.raises(ConfigError, match=r"loss.tau: value \[1, 2\] is not allowed"):
+        trial_values(sweep, {"loss.tau": [1, 2]}, name="a", storage="/tmp")
+
+
+def test_trial_config_sets_values_without_yaml_text(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sampled values reach the config dataclasses as values: exact floats, strings YAML would
+    read as other types (``"123"``, ``"true"``, ``"null"``), the sweep's ``overrides`` applied
+    first — and no YAML parsing of the sampled values on the way (only the files and the
+    sweep's own override text are parsed)."""
+    sweep = load_sweep(_write(tmp_path))
+    parsed: list[str] = []
+    real = yaml.safe_load
+
+    def spy(text: Any, *a: Any, **k: Any) -> Any:
+        parsed.append(text if isinstance(text, str) else "<file>")
+        return real(text, *a, **k)
+
+    monkeypatch.setattr(yaml, "safe_load", spy)
+    tau_s = 0.1 + 0.2  # 0.30000000000000004: every bit kept
+    for name in ("123", "true", "null", "a: b"):
+        parsed.clear()
+        cfg = trial_config(sweep, {"loss.name": "xclr", "loss.tau": 0.05, "loss.tau_s": tau_s,
+                                   "optim.lr": 1e-05 * 3}, name=name, storage="/tmp/s")
+        assert cfg.name == name and cfg.train.epochs == 4  # the sweep's override, then values
+        assert cfg.loss.name == "xclr" and cfg.loss.tau_s == tau_s  # type: ignore[union-attr]
+        assert cfg.optim.lr == 1e-05 * 3
+        # The base file's text and the override "train.epochs=4"'s value, nothing else.
+        assert len(parsed) == 2 and "\nloss:" in parsed[0] and parsed[1] == "4", parsed[1:]
+    # Switching the loss by value resets the base's loss section, as an override does.
+    cfg = trial_config(sweep, {"loss.name": "cone", "loss.bank_size": 2048, "loss.top_n": 8},
+                       name="c", storage="/tmp/s")
+    assert cfg.loss.name == "cone" and cfg.loss.bank_size == 2048  # type: ignore[union-attr]
+    assert load_config(BASE, PretrainConfig, ["loss.name=cone", "loss.bank_size=2048",
+                                              "loss.top_n=8"]).loss == cfg.loss
+
+
+def test_searcher_state_pickled_before_the_package_split_loads() -> None:
+    """Tune's searcher state of a sweep started before ``components/search_space.py`` became a
+    package names its classes ``components.search_space.<Class>``: a ``--resume`` must still
+    unpickle it."""
+    from components.search_space import DefineByRun, Resources
+    from components.search_space.sweep_file import SweepConfig as Moved
+
+    assert Moved is SweepConfig
+    blob = pickle.dumps(Resources(workers=2), protocol=0)
+    old = blob.replace(b"components.search_space.settings", b"components.search_space")
+    assert old != blob and pickle.loads(old) == Resources(workers=2)
+    assert DefineByRun.__module__ == "components.search_space.optuna_adapter"
 
 
 def test_sampled_trials_round_trip_through_the_config(tmp_path: Path) -> None:
@@ -407,7 +436,8 @@ def test_range_ends_are_checked_by_the_config(tmp_path: Path) -> None:
         ({"num_samples": 0}, r"num_samples=0 is not allowed"),
         ({"max_concurrent": 0}, r"max_concurrent=0 is not allowed"),
         ({"max_concurrent": "all"}, r"max_concurrent='all' matches none of int \| 'auto'"),
-        ({"searcher": {"name": "grid"}}, r"searcher\.name='grid' is not allowed: choose one of"),
+        ({"searcher": {"name": "bayes"}}, r"searcher\.name='bayes' is not allowed: choose one of "
+         r"'tpe', 'random', 'cmaes', 'grid'"),
         ({"searcher": {"name": "tpe", "n": 1}},
          r"unknown key searcher\.n .*allowed keys: name, seed, startup_trials"),
         ({"scheduler": {"name": "hyperband"}}, r"scheduler\.name='hyperband' is not allowed"),
@@ -502,3 +532,39 @@ def test_cmaes_searcher_builds(tmp_path: Path) -> None:
     # `cmaes` is a dev dependency (pyproject.toml), so this runs wherever the tests do
     sweep = load_sweep(_write(tmp_path, searcher={"name": "cmaes", "seed": 0}))
     assert isinstance(make_sampler(sweep), optuna.samplers.CmaEsSampler)
+
+
+def test_grid_searcher_runs_every_point_once(tmp_path: Path) -> None:
+    """``searcher: grid``: Optuna's GridSampler over the choices, each combination exactly
+    once in ``num_samples`` trials, through the same define-by-run space as Tune uses."""
+    space = {"loss.tau": {"choice": [0.05, 0.1, 0.2]}, "loss.tau_s": {"choice": [0.02, 0.1]}}
+    sweep = load_sweep(_write(tmp_path, space=space, conditional={}, num_samples=6,
+                              overrides=["loss.name=xclr"], searcher={"name": "grid", "seed": 3}))
+    sampler = make_sampler(sweep)
+    assert isinstance(sampler, optuna.samplers.GridSampler)
+    sampler = pickle.loads(pickle.dumps(sampler))  # Tune pickles the searcher for --resume
+    study = optuna.create_study(sampler=sampler, direction="maximize")
+    fn = define_by_run(sweep)
+    seen = []
+    for _ in range(6):
+        trial = study.ask()
+        fn(trial)
+        seen.append((trial.params["loss.tau"], trial.params["loss.tau_s"]))
+        study.tell(trial, 0.0)
+    assert sorted(seen) == sorted((a, b) for a in (0.05, 0.1, 0.2) for b in (0.02, 0.1))
+
+
+def test_grid_searcher_refusals_say_what_to_give(tmp_path: Path) -> None:
+    grid = {"name": "grid"}
+    choices = {"loss.tau": {"choice": [0.05, 0.1, 0.2]}, "loss.tau_s": {"choice": [0.02, 0.1]}}
+    base = {"conditional": {}, "overrides": ["loss.name=xclr"], "searcher": grid}
+    with pytest.raises(ConfigError, match=r"num_samples=8 is not allowed with searcher.name="
+                                          r"grid: the grid has 6 points \(3 x 2 choices\); "
+                                          r"set num_samples: 6"):
+        load_sweep(_write(tmp_path, space=choices, **base))
+    ranged = {**choices, "optim.lr": {"loguniform": [0.01, 1.0]}}
+    with pytest.raises(ConfigError, match=r"needs a choice for every parameter: optim.lr is a "
+                                          r"range; list its grid values"):
+        load_sweep(_write(tmp_path, space=ranged, num_samples=6, **base))
+    with pytest.raises(ConfigError, match="grid is not allowed with conditional parameters"):
+        load_sweep(_write(tmp_path, num_samples=6, searcher=grid))

@@ -34,6 +34,7 @@ from components.config.loading import (
     from_dict,
     load_config,
     load_yaml,
+    set_values,
     to_dict,
 )
 from components.config.losses import (
@@ -123,5 +124,6 @@ __all__ = [
     "load_config",
     "load_pipeline",
     "load_yaml",
+    "set_values",
     "to_dict",
 ]

@@ -170,21 +170,40 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
                 f"({getattr(e, 'problem', None) or e}); quote list entries that contain "
                 "brackets or commas, e.g. overrides=['data.augment.mean=[0.5,0.5,0.5]']"
             ) from None
-        node = out
-        for k in keys[:-1]:
-            child = node.get(k)
-            if child is None:
-                child = node[k] = {}
-            elif not isinstance(child, dict):
-                raise ConfigError(f"override {item!r}: {k!r} is a value, not a section")
-            node = child
-        # Only a tagged section (``loss``) switches kind by name; ``name=`` of a run or
-        # ``optim.name=`` keep their siblings.
-        if (keys[-1] == "name" and len(keys) > 1 and keys[-2] in TAGGED_SECTIONS
-                and node.get("name") not in (None, value)):
-            node.clear()
-        node[keys[-1]] = value
+        _set(out, keys, value, f"override {item!r}")
     return out
+
+
+def set_values(data: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a copy of ``data`` with each dotted path of ``values`` set to its value, in
+    order: the typed counterpart of :func:`apply_overrides` (values are Python values, never
+    text to parse; a sweep trial's sampled parameters go in this way). Switching a tagged
+    section's ``name`` resets that section as it does there."""
+    out: dict[str, Any] = _deep_copy(data)
+    for path, value in values.items():
+        keys = path.split(".")
+        if not all(keys):
+            raise ConfigError(f"config path {path!r} has an empty key")
+        _set(out, keys, value, f"config path {path!r}")
+    return out
+
+
+def _set(out: dict[str, Any], keys: Sequence[str], value: Any, what: str) -> None:
+    """Set ``out[k0][k1]...`` = ``value`` in place (sections made as needed)."""
+    node = out
+    for k in keys[:-1]:
+        child = node.get(k)
+        if child is None:
+            child = node[k] = {}
+        elif not isinstance(child, dict):
+            raise ConfigError(f"{what}: {k!r} is a value, not a section")
+        node = child
+    # Only a tagged section (``loss``) switches kind by name; ``name=`` of a run or
+    # ``optim.name=`` keep their siblings.
+    if (keys[-1] == "name" and len(keys) > 1 and keys[-2] in TAGGED_SECTIONS
+            and node.get("name") not in (None, value)):
+        node.clear()
+    node[keys[-1]] = value
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
