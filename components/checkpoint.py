@@ -1,4 +1,4 @@
-"""Full-state checkpoints (DESIGN.md "Checkpoints and resume").
+"""Full-state checkpoints (docs/design.md, "Checkpoints and resume").
 
 A checkpoint is a directory holding ``state.pt`` (``torch.save`` of plain containers and
 tensors) and ``meta.json``, written last, with the epoch, step and the sha256 of

@@ -15,10 +15,11 @@ to be harmless. It drops:
   progress log when stdout is not a terminal (Ray Data's log file keeps it);
 * the known-harmless messages of :data:`HARMLESS` forwarded from Ray's worker processes or
   logged on the driver; the first one hidden prints one line saying so and where they are
-  explained (``docs/ray-notes.md``, "Harmless messages"). Two of them the driver's own C++
+  explained (``docs/ray-notes.md``, "Harmless messages"). One of them the driver's own C++
   core writes straight to its stderr, where no filter reaches (``Failed to determine local
-  IP via external connectivity``; the actor-restart warning of Ray Data's caption actor pool,
-  which the driver creates): they stay, and the docs say why they are harmless.
+  IP via external connectivity``): it stays, and the docs say why it is harmless. (The
+  actor-restart error of Ray Data's caption actor pool, which the driver creates, was another;
+  its cause is gone: ``docs/ray-notes.md``, "Ray Data".)
 
 Progress during an epoch: when the driver's stdout is a terminal (and not ``--verbose``), rank 0
 sends a progress event (:func:`progress_event`) about twice a second and the driver draws it

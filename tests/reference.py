@@ -6,8 +6,8 @@ each function for the formula and the section it comes from) with explicit Pytho
 loops over anchors, so that they can be read side by side with the papers. Only
 ``numpy`` and ``math`` are used; there is deliberately no ``torch`` import here.
 
-Conventions shared by every function (DESIGN.md, "Objectives: one formulation")
--------------------------------------------------------------------------------
+Conventions shared by every function (docs/design.md, "Objectives: one formulation")
+------------------------------------------------------------------------------------
 * Inputs are NumPy arrays; everything is computed in float64.
 * Embeddings are L2-normalised INSIDE each function, row by row, as
   ``x / max(||x||_2, 1e-12)`` (the same eps as ``torch.nn.functional.normalize``).
@@ -538,7 +538,7 @@ def clip(image, captions, tau) -> float:
 
 
 # ---------------------------------------------------------------------------
-# Self-checks of the identities DESIGN.md lists
+# Self-checks of the identities docs/design.md lists
 # ---------------------------------------------------------------------------
 
 

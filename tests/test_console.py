@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
 import pytest
+import yaml
+from PIL import Image
 
 from components import console
 from components.config import PretrainConfig, from_dict
 from components.run_dir import RunFacts
+from tests.procs import kill_session
+
+ROOT = Path(__file__).resolve().parents[1]
 
 RAY_LINES = [
     "Reporting training result 3: TrainingReport(checkpoint=None, metrics={'epoch': 3}) from "
@@ -151,3 +164,110 @@ def test_live_bar_only_on_a_terminal_without_verbose(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv(console.VERBOSE_ENV)
     monkeypatch.setattr(console, "_forwarding_filtered", False)  # events would print raw
     assert not console.live()
+
+
+# ------------------------------------------------------------------------ what commands print
+
+
+@pytest.mark.slow
+def test_a_captioned_preprocess_logs_no_actor_restart_error(tmp_path: Path) -> None:
+    """``simgraph preprocess --verbose`` (nothing filtered) through the caption actor pool: the
+    driver's Ray core must not log "Actor with class name ... has constructor arguments in
+    the object store and max_restarts > 0" (docs/ray-notes.md, "Ray Data"). Ray logs it once
+    per process, so the build runs in a process of its own."""
+    src = tmp_path / "src"
+    rng = np.random.default_rng(0)
+    for cls, caption in (("cat", "a striped cat"), ("dog", "a small dog")):
+        (src / cls).mkdir(parents=True)
+        for i in range(2):
+            img = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
+            Image.fromarray(img).save(src / cls / f"{i}.png")
+            (src / cls / f"{i}.txt").write_text(f"{caption} number {i}\n")
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "output": str(tmp_path / "out"), "source": {"kind": "folder", "path": str(src)},
+        "image": {"max_side": 16, "min_side": 8}, "split": {"val": 0.0, "test": 0.0},
+        "shard_size": 2}))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipelines.cli", "preprocess", str(cfg), "--verbose"],
+        cwd=tmp_path, env=env, start_new_session=True, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        out, _ = proc.communicate(timeout=400)
+    finally:
+        kill_session(proc.pid)  # whatever Ray left behind in the build's session
+    assert proc.returncode == 0, out
+    assert (tmp_path / "out" / "captions.npz").exists(), out  # the actor pool did run
+    assert "constructor arguments in the object store" not in out, out
+
+
+@pytest.fixture
+def optuna_records() -> Iterator[list[logging.LogRecord]]:
+    """What Optuna's loggers emit (and its own handler would print), at Optuna's default
+    verbosity (INFO; other test modules lower it)."""
+    import optuna
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.INFO)
+    handler = Keep()
+    logging.getLogger("optuna").addHandler(handler)
+    try:
+        yield records
+    finally:
+        logging.getLogger("optuna").removeHandler(handler)
+        optuna.logging.set_verbosity(level)
+
+
+def _sweep_file(tmp: Path, **over: object) -> Path:
+    space = {"name": "quiet", "base": str(ROOT / "pipelines/configs/pretrain/demo.yaml"),
+             "storage": str(tmp / "sweeps"), "metric": "knn_top1", "mode": "max",
+             "num_samples": 2, "max_concurrent": 1, "searcher": {"name": "random", "seed": 0},
+             "space": {"optim.lr": {"loguniform": [0.01, 0.5]}}, **over}
+    path = tmp / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    return path
+
+
+def test_building_the_sweep_searcher_prints_no_optuna_study_line(
+        tmp_path: Path, optuna_records: list[logging.LogRecord],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Optuna's INFO "A new study created in memory with name: ..." (OptunaSearch makes its
+    study when it is built) only with --verbose; its warnings stay."""
+    from components.search_space import load_sweep
+    from pipelines.sweep import make_searcher
+
+    monkeypatch.delenv(console.VERBOSE_ENV, raising=False)
+    sweep = load_sweep(_sweep_file(tmp_path))
+    searcher = make_searcher(sweep)
+    assert searcher.searcher._ot_study is not None  # the study exists: it was created quietly
+    assert not [r for r in optuna_records if "A new study created" in r.getMessage()]
+    monkeypatch.setenv(console.VERBOSE_ENV, "1")
+    make_searcher(sweep)
+    assert [r for r in optuna_records if "A new study created" in r.getMessage()]
+
+
+def test_exporting_the_study_prints_no_optuna_study_line(
+        tmp_path: Path, optuna_records: list[logging.LogRecord],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``study_storage``: the export creates the study in that storage without Optuna's INFO
+    "A new study created in RDB with name: ..." line."""
+    import optuna
+
+    from components.search_space import load_sweep
+    from pipelines.sweep import export_study
+
+    monkeypatch.delenv(console.VERBOSE_ENV, raising=False)
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    sweep = load_sweep(_sweep_file(tmp_path, study_storage=url))
+    rows = [{"trial": "t1", "params": {"optim.lr": 0.1}, "setting_mean": 0.5}]
+    export_study(sweep, rows)
+    assert len(optuna.load_study(study_name="quiet", storage=url).trials) == 1
+    assert not [r for r in optuna_records if "A new study created" in r.getMessage()]

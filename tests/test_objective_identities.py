@@ -1,4 +1,4 @@
-"""DESIGN.md's identities, closed forms, low-precision stability and bad-input errors."""
+"""The identities of docs/design.md, closed forms, low-precision stability and bad-input errors."""
 
 from __future__ import annotations
 

@@ -272,3 +272,56 @@ def test_output_to_s3_matches_a_local_build(tmp_path: Path, ray_local: None, s3_
     staged = stage_dataset(uri, tmp_path / "stage")
     info = DatasetInfo.load(staged)
     assert info.classes == ["cat", "dog"] and info.splits["train"] == 6
+
+
+def test_a_dead_caption_actor_costs_only_the_captions_it_had_not_returned(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Ray does not restart caption actors (``max_restarts=0``): when one dies the stage runs
+    again over the captions still missing, up to ``CAPTION_STAGE_RETRIES`` times, then fails
+    with one line. Stand-in stages: batches of 2, the first run dies after one batch."""
+    import ray.exceptions
+
+    from components.data.build import embedding
+
+    texts = [f"caption {i}" for i in range(5)]
+    runs: list[list[int]] = []
+
+    class Stage:
+        def __init__(self, ids: list[int], dies_after: int | None) -> None:
+            self.ids, self.dies_after = ids, dies_after
+
+        def iter_batches(self, **_: object):  # type: ignore[no-untyped-def]
+            for k, start in enumerate(range(0, len(self.ids), 2)):
+                if k == self.dies_after:
+                    raise ray.exceptions.ActorDiedError()
+                ids = np.array(self.ids[start:start + 2])
+                yield {"caption_id": ids, "embedding": np.stack([np.full(3, i) for i in ids])}
+
+    def stage(cfg: PreprocessConfig, texts_: list[str], ids: list[int]) -> Stage:
+        runs.append(ids)
+        return Stage(ids, dies_after=1 if len(runs) == 1 else None)
+
+    monkeypatch.setattr(embedding, "_embedding_stage", stage)
+    cfg = _cfg(tmp_path, tmp_path / "src")
+    emb = embedding.embed_captions(cfg, texts, tmp_path)
+    np.testing.assert_array_equal(emb[:, 0], np.arange(5))
+    first = runs[0][:2]
+    assert sorted(runs[0]) == list(range(5)) and sorted(runs[1]) == sorted(set(range(5)) -
+                                                                          set(first))
+    assert "a caption actor died (ActorDiedError); embedding the 3 captions left" in (
+        capsys.readouterr().err)
+    assert (tmp_path / "captions.npz").exists()
+
+    runs.clear()
+    (tmp_path / "captions.npz").unlink()
+    def always_dies(cfg: PreprocessConfig, texts_: list[str], ids: list[int]) -> Stage:
+        runs.append(ids)
+        return Stage(ids, dies_after=0)
+
+    monkeypatch.setattr(embedding, "_embedding_stage", always_dies)
+    with pytest.raises(PreprocessError, match=r"a caption actor died \(ActorDiedError\), 4 "
+                                              r"times; 0 of 5 captions were embedded"):
+        embedding.embed_captions(cfg, texts, tmp_path)
+    assert len(runs) == embedding.CAPTION_STAGE_RETRIES + 1
+    assert not (tmp_path / "captions.npz").exists()

@@ -146,7 +146,7 @@ class DedupeConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PreprocessConfig:
-    """``simgraph preprocess``: source → ``output`` dataset dir (see DESIGN.md "Data flow").
+    """``simgraph preprocess``: source → ``output`` dataset dir (docs/design.md, "Data flow").
 
     ``bad_input``: ``skip`` counts and lists unreadable / tiny / duplicate / unknown-label
     items in manifest.json; ``error`` stops at the first one. ``num_cpus`` caps the local Ray

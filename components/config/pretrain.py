@@ -226,7 +226,7 @@ class CheckpointSection:
 @dataclasses.dataclass(frozen=True)
 class ScalingSection:
     """Ray Train workers. ``cpus_per_worker`` may be fractional: on a 2-CPU machine, 2 workers
-    × 1 CPU leave nothing for Ray's own tasks and can hang (RAY-NOTES.md), use 0.5.
+    × 1 CPU leave nothing for Ray's own tasks and can hang (docs/ray-notes.md), use 0.5.
     ``max_failures``: restarts of the worker group from the latest checkpoint (after a node is
     lost the restart waits until the cluster has room again). ``placement_strategy``: Ray's
     placement-group strategy for the workers — ``PACK`` fills nodes first (fewest nodes,

@@ -89,7 +89,7 @@ def load_encoder(name: str, device: str = "cpu", backend: str = "torch",
 
 
 def embedding_dim(model: Any) -> int:
-    # sentence-transformers 6 renamed get_sentence_embedding_dimension (RAY-NOTES.md)
+    # sentence-transformers 6 renamed get_sentence_embedding_dimension (docs/ray-notes.md)
     getter = getattr(model, "get_embedding_dimension", None)
     getter = getter or model.get_sentence_embedding_dimension
     return int(getter())
@@ -194,7 +194,7 @@ class CaptionEmbedder:
     """Ray Data actor: one model per actor, ``{caption_id, text}`` → ``{caption_id, embedding}``.
 
     ``threads`` (default 1) for torch or the ONNX / OpenVINO runtime: two threads per actor
-    collapse when the other core is busy (RAY-NOTES.md); parallelism comes from the actor pool.
+    collapse when the other core is busy (docs/ray-notes.md); parallelism comes from the actor pool.
     """
 
     def __init__(self, model: str, device: str = "cpu", threads: int = 1,

@@ -1,4 +1,5 @@
-"""The one formulation every objective shares (DESIGN.md "Objectives: one formulation").
+"""The one formulation every objective shares (docs/design.md, "Objectives: one
+formulation").
 
 An objective scores **anchors** (this rank's batch, all views) against **candidates** (every
 rank's batch gathered with autograd, then optionally a memory bank). Logits are

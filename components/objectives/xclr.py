@@ -9,7 +9,7 @@ G is either ``graph='class'``: a [C, C] class-similarity matrix indexed by label
 recipe: captions "a photo of a {class}" embedded once, A.12), or ``graph='caption'``: cosine
 similarity of per-sample caption embeddings. As τ_s → 0 with a class graph whose diagonal is
 its row maximum, t_i becomes uniform over same-class candidates: SupCon L_out (A.14). The
-normalisation runs over j ≠ i (DESIGN.md), not over all 2N_b as printed in Sec. 2.2.
+normalisation runs over j ≠ i (docs/design.md), not over all 2N_b as printed in Sec. 2.2.
 
 Extra metric ``true_positive_weight``: mean target mass on the other views of the anchor's
 own image (xclr.txt A.13, Fig. 8b; 1 for SimCLR).

@@ -1,7 +1,7 @@
 """Building a dataset dir: images → FFCV ``.beton`` splits + caption embeddings (``simgraph
 preprocess``, :mod:`pipelines.preprocess`, and ``simgraph run`` drive :func:`run`).
 
-Reads top to bottom as the data flow in DESIGN.md, one module of this package per stage:
+Reads top to bottom as the data flow in docs/design.md, one module of this package per stage:
 
 1. list the source on the driver (paths, labels, captions) and apply the caption policy
    (invalid UTF-8 and empty captions are counted, never silent): ``listing.py``;

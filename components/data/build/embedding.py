@@ -7,6 +7,8 @@ text encoder per actor, batches streamed to it; :func:`embed_captions`, cached i
 from __future__ import annotations
 
 import collections
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -14,15 +16,25 @@ import numpy as np
 
 from components.config import PreprocessConfig
 from components.data import captions as cap
-from components.data.build.common import LISTED_MAX, _digest
+from components.data.build.common import LISTED_MAX, PreprocessError, _digest
 from components.data.build.planning import Plan, Planned
 from components.files import replacing, write_json
 
 CAPTION_TRUNCATED = "caption-truncated"
 
 
+# Caption actors are not restarted by Ray (``max_restarts=0``, see :func:`_embedding_stage`):
+# when one dies (OOM kill, a lost node) the stage runs again over the captions not yet
+# embedded, on new actors, at most this many times; then the build fails with one line.
+CAPTION_STAGE_RETRIES = 3
+
+
 def embed_captions(cfg: PreprocessConfig, texts: list[str], out: Path) -> np.ndarray:
-    """``[len(texts), E]`` float32 rows, one per unique text; cached in ``captions.npz``."""
+    """``[len(texts), E]`` float32 rows, one per unique text; cached in ``captions.npz``.
+
+    Raises:
+        PreprocessError: caption actors died more than ``CAPTION_STAGE_RETRIES`` times.
+    """
     import ray
 
     cache = out / "captions.npz"
@@ -33,28 +45,70 @@ def embed_captions(cfg: PreprocessConfig, texts: list[str], out: Path) -> np.nda
         with np.load(cache) as z:
             if str(z["key"]) == key:
                 return np.asarray(z["embeddings"])
-    # The ONNX backends run on CPU (the same encoder as the driver's class embeddings).
-    use_gpu = cfg.captions.backend == "torch" and ray.cluster_resources().get("GPU", 0) > 0
     # Shortest first: each actor batch then holds captions of similar length, so the encoder
     # pads little (the table itself is sorted alphabetically); caption_id maps rows back.
     by_length = sorted(range(len(texts)), key=lambda i: (len(texts[i]), i))
-    items = ray.data.from_items([{"caption_id": i, "text": texts[i]} for i in by_length])
-    ds = items.map_batches(
-        cap.CaptionEmbedder,
-        fn_constructor_kwargs={"model": cfg.captions.model, "device": "cuda" if use_gpu else "cpu",
-                               "backend": cfg.captions.backend},
-        batch_size=cfg.captions.batch_size,
-        batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(size=cfg.captions.actors),
-        num_gpus=1 if use_gpu else 0,
-        num_cpus=1,
-    )
-    got = ds.to_pandas()
-    emb = np.zeros((len(texts), len(got["embedding"].iloc[0])), dtype=np.float32)
-    emb[got["caption_id"].to_numpy()] = np.stack(got["embedding"].to_numpy())
+    emb: np.ndarray | None = None
+    done = np.zeros(len(texts), dtype=bool)
+    for attempt in range(CAPTION_STAGE_RETRIES + 1):
+        todo = [i for i in by_length if not done[i]]
+        if not todo:
+            break
+        try:
+            for batch in _embedding_stage(cfg, texts, todo).iter_batches(
+                    batch_size=None, batch_format="numpy"):
+                ids, rows = batch["caption_id"], np.asarray(batch["embedding"], np.float32)
+                if emb is None:
+                    emb = np.zeros((len(texts), rows.shape[1]), dtype=np.float32)
+                emb[ids] = rows
+                done[ids] = True
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as e:
+            what = f"a caption actor died ({type(e).__name__})"
+            if attempt == CAPTION_STAGE_RETRIES:
+                raise PreprocessError(
+                    f"{what}, {attempt + 1} times; {int(done.sum())} of {len(texts)} captions "
+                    "were embedded. If they ran out of memory, lower captions.batch_size or "
+                    "captions.actors; then run the same command again") from None
+            print(f"simgraph preprocess: {what}; embedding the {len(texts) - int(done.sum())} "
+                  "captions left on new actors", file=sys.stderr, flush=True)
+    assert emb is not None and done.all()
     with replacing(cache) as tmp:
         np.savez(tmp, key=np.array(key), embeddings=emb)
     return emb
+
+
+def _embedding_stage(cfg: PreprocessConfig, texts: list[str], ids: list[int]) -> Any:
+    """The Ray Data actor pool that embeds ``texts[i]`` for ``i`` in ``ids`` (batched in that
+    order): ``{caption_id, text}`` rows → ``{caption_id, embedding}`` batches.
+
+    ``max_restarts=0``: Ray Data hands every pool actor its context and the batch function as
+    object refs, and Ray's core logs an error-level line for any restartable actor built from
+    object-store arguments ("has constructor arguments in the object store and max_restarts >
+    0"; docs/ray-notes.md, "Ray Data"). :func:`embed_captions` re-runs the captions a dead
+    actor left instead of Ray restarting it."""
+    import ray
+    from ray.util.annotations import RayDeprecationWarning
+
+    # The ONNX backends run on CPU (the same encoder as the driver's class embeddings).
+    use_gpu = cfg.captions.backend == "torch" and ray.cluster_resources().get("GPU", 0) > 0
+    items = ray.data.from_items([{"caption_id": i, "text": texts[i]} for i in ids])
+    with warnings.catch_warnings():
+        # Ray 2.60's map_batches has no named max_restarts yet: it goes through the extra
+        # remote arguments, which it says are deprecated (a TypeError once they are removed).
+        warnings.filterwarnings("ignore", "`ray_remote_args` is deprecated",
+                                RayDeprecationWarning)
+        return items.map_batches(
+            cap.CaptionEmbedder,
+            fn_constructor_kwargs={"model": cfg.captions.model,
+                                   "device": "cuda" if use_gpu else "cpu",
+                                   "backend": cfg.captions.backend},
+            batch_size=cfg.captions.batch_size,
+            batch_format="numpy",
+            compute=ray.data.ActorPoolStrategy(size=cfg.captions.actors),
+            num_gpus=1 if use_gpu else 0,
+            num_cpus=1,
+            max_restarts=0,
+        )
 
 
 def write_class_files(
