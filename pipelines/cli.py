@@ -20,8 +20,10 @@ Available now:
   comparison table (``make demo`` runs ``pipelines/configs/demo.yaml``).
 
 * ``simgraph evaluate RUN_DIR [RUN_DIR ...] [--checkpoint PATH] [--projector] [--out DIR]
-  [--labels MAP.yaml]`` — kNN, linear probe, graph metrics, plots and a report per run, and a
-  comparison of several; ``--labels`` scores against groups of the classes (coarse labels).
+  [--labels MAP.yaml] [--no-baseline]`` — kNN, linear probe, graph metrics, plots (an
+  embedding map, nearest neighbours) and a report per run with the random-init encoder as a
+  baseline row, and a comparison of several; ``--labels`` scores against groups of the
+  classes (coarse labels).
 
 * ``simgraph export RUN_DIR [--checkpoint DIR] [--format safetensors|torchscript|onnx]
   [--projector] [--out DIR]`` — the backbone (+ projector) as files that load without
@@ -201,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "fashion_mnist_coarse.yaml), or depth:N to group "
                                     "folder classes (source.label_depth) by their first N "
                                     "folders; report in <run>/eval-<name>")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="skip the random-init encoder of each run's config (by default its "
+                        "kNN and probe are a 'random init' row, with each run's gain over it)")
     p = commands.add_parser("export", help="a run's encoder as files that load without simgraph")
     p.add_argument("run_dir", help="the run dir (storage/name) to export")
     p.add_argument("--checkpoint", help="a checkpoint dir (default: the run's newest)")
@@ -292,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pipelines import evaluate
 
         return evaluate.main(args.run_dirs, args.checkpoint, args.projector, args.out,
-                             args.labels)
+                             args.labels, baseline=not args.no_baseline)
     if args.command == "export":
         from pipelines import export
 

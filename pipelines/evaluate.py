@@ -1,5 +1,5 @@
 """``simgraph evaluate RUN_DIR [RUN_DIR ...] [--checkpoint PATH] [--projector] [--out DIR]
-[--labels MAP.yaml]``.
+[--labels MAP.yaml] [--no-baseline]``.
 
 For each run, top to bottom:
 
@@ -13,10 +13,16 @@ For each run, top to bottom:
    k ∈ {1, 5, 10, 20, 50, 100, 200}, top-1/top-5; a linear probe on standardised features;
    SINCERE's target–noise separation (median margin, overlap); label error and intra-class
    connectivity of the test kNN graph (definitions in ``components/evaluation/graph.py``);
-   learned class-similarity matrix next to the target one (X-CLR Fig. 4).
-4. Write ``<run>/eval/report.md``, ``metrics.json`` and PNG plots (``<run>/eval-<map>/`` when
-   ``--labels`` scores the run against groups of its classes: every metric then uses the
-   group as the label). With several runs, also a
+   learned class-similarity matrix next to the target one (X-CLR Fig. 4); per-class kNN
+   recall, a t-SNE map of the query features and a grid of nearest neighbours
+   (``components/evaluation/visuals.py``).
+4. Unless ``--no-baseline``: the same features and the kNN (headline k) and probe of the
+   random-init encoder of the run's config (the weights it started from,
+   ``components/evaluation/baseline.py``): a ``random init`` row in every table and the run's
+   paired gain over it.
+5. Write ``<run>/eval/report.md``, ``metrics.json``, PNG plots and ``embedding_map.csv``
+   (``<run>/eval-<map>/`` when ``--labels`` scores the run against groups of its classes:
+   every metric then uses the group as the label). With several runs, also a
    comparison table and overlaid plots in ``--out`` (default: ``<storage>/comparison``).
 """
 
@@ -34,6 +40,7 @@ import numpy as np
 
 from components.config import PretrainConfig
 from components.errors import SimgraphError, run_command
+from components.evaluation.baseline import BASELINE, Baseline
 from components.evaluation.intervals import (
     CONFIDENCE,
     RESAMPLES,
@@ -46,10 +53,14 @@ from components.evaluation.intervals import (
 )
 from components.files import write_text
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch and the readers load only when a run is evaluated
     from components.checkpoint import TrainingState
+    from components.data.reader import ViewLoader
+    from components.evaluation.visuals import ClassRecall, EmbeddingMap, NeighbourGrid
 
 KS = (1, 5, 10, 20, 50, 100, 200)
+MAP_CSV = "embedding_map.csv"
+PER_CLASS_ROWS = 30  # the report lists the worst classes; metrics.json has every class
 # Hyperparameters worth a column in the comparison table, when the loss has them.
 KEY_PARAMS = ("tau", "tau_s", "graph", "epsilon", "variant", "lambda_sup", "lambda_dc",
               "tau_sup", "tau_dc", "bank_size", "top_n")
@@ -82,6 +93,12 @@ class RunEval:
     knn_hits: dict[int, np.ndarray] = dataclasses.field(default_factory=dict)
     probe_hits: np.ndarray | None = None
     query_labels: np.ndarray | None = None
+    query_split: str = "test"
+    # kNN top-1 recall per label at the headline k, worst first; what the report draws.
+    per_class: list[ClassRecall] = dataclasses.field(default_factory=list)
+    embedding_map: EmbeddingMap | None = None
+    neighbours: NeighbourGrid | None = None
+    baseline: Baseline | None = None  # the random-init encoder; None with --no-baseline
 
     def intervals(self) -> dict[str, Interval]:
         """95 % bootstrap intervals over the query images: ``knn@k`` (top-1), ``probe``
@@ -93,7 +110,7 @@ class RunEval:
         return out
 
     def summary(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "run": self.name, "loss": self.loss, "params": self.params, "epoch": self.epoch,
             "feature": self.feature, "labels": self.label_set or "dataset classes",
             "knn": {str(k): v for k, v in self.knn.items()},
@@ -102,7 +119,25 @@ class RunEval:
             "interval_method": f"{int(100 * CONFIDENCE)} % percentile bootstrap over the "
                                f"{0 if self.query_labels is None else len(self.query_labels)} "
                                f"query images ({RESAMPLES} resamples)",
+            "query_split": self.query_split,
+            "per_class_knn": {"k": headline_k([self]),
+                              "classes": [r.as_dict() for r in self.per_class]},
         }
+        if self.embedding_map is not None:
+            m = self.embedding_map
+            out["embedding_map"] = {"method": "t-SNE", "points": len(m), "of": m.total,
+                                    "perplexity": m.perplexity, "pca_dims": m.pca_dims,
+                                    "file": MAP_CSV}
+        if self.neighbours is not None:
+            g = self.neighbours
+            out["neighbours"] = {"queries": g.queries.tolist(),
+                                 "neighbours": g.neighbours.tolist(),
+                                 "wrong": int(g.wrong.sum())}
+        if self.baseline is not None:
+            gain = self.baseline.gain(self.knn_hits, self.probe_hits)
+            out["baseline"] = {**self.baseline.as_dict(),
+                               "gain": {k: iv.as_dict() for k, iv in gain.items()}}
+        return out
 
 
 def paired_differences(a: RunEval, b: RunEval) -> dict[str, Interval] | None:
@@ -168,13 +203,16 @@ def _dataset(cfg: PretrainConfig, state: TrainingState) -> Any:
 
 def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
                  projector: bool = False, device: str | None = None, jit: bool | None = None,
-                 probe_epochs: int = 100, labels: str | Path | None = None) -> RunEval:
+                 probe_epochs: int = 100, labels: str | Path | None = None,
+                 baseline: bool = True) -> RunEval:
     """Every metric of one run (see the module docstring); nothing written. ``labels``: a
     label map (``components.evaluation.labels``) to score against groups of the classes
-    instead of the classes themselves (no retraining)."""
+    instead of the classes themselves (no retraining). ``baseline``: also score the
+    random-init encoder of the run's config (its features, kNN at the headline k, probe)."""
     import torch
 
     from components.data.reader import set_jit
+    from components.evaluation.baseline import random_init_model, score_baseline
     from components.evaluation.graph import (
         class_similarity_matrix,
         graph_metrics,
@@ -183,6 +221,13 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
     from components.evaluation.knn import knn_accuracy, knn_hits, weighted_knn_predict
     from components.evaluation.labels import LabelMapError, load_label_map
     from components.evaluation.probe import linear_probe
+    from components.evaluation.visuals import (
+        embedding_map,
+        nearest_neighbours,
+        per_class_recall,
+        pick_queries,
+        with_images,
+    )
     from components.storage import basename
     from components.training import build_model
 
@@ -198,19 +243,21 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     set_jit(cfg.data.jit if jit is None else jit)
     sim = info.class_similarity()
-    model, _ = build_model(cfg.model, cfg.loss, len(info.classes),
-                           None if sim is None else torch.as_tensor(sim, dtype=torch.float32),
-                           info.caption_dim)
+    sim_t = None if sim is None else torch.as_tensor(sim, dtype=torch.float32)
+    model, _ = build_model(cfg.model, cfg.loss, len(info.classes), sim_t, info.caption_dim)
     model.load_state_dict(state.model)
     encoder = model.encoder.to(dev)
     query_split = "test" if info.splits.get("test", 0) else "val"
+    # One loader per split for everything below (trained and random-init features, the
+    # neighbour grid's images): FFCV compiles each new loader (15-45 s with data.jit).
+    loaders = {s: eval_loader(cfg, info, s, dev) for s in ("train", query_split)}
 
-    def features(split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        f, y = split_features(cfg, info, encoder, split, dev, projector, name)
+    def features(enc: Any, split: str, desc: str) -> tuple[torch.Tensor, torch.Tensor]:
+        f, y = split_features(cfg, info, enc, split, dev, projector, desc, loader=loaders[split])
         return f, index.to(y.device)[y]  # the class, or its group under --labels
 
-    bank_f, bank_y = features("train")
-    query_f, query_y = features(query_split)
+    bank_f, bank_y = features(encoder, "train", name)
+    query_f, query_y = features(encoder, query_split, name)
     c = len(classes)
     ks = [k for k in KS if k <= len(bank_f)]
     scores = weighted_knn_predict(bank_f, bank_y, query_f, ks, c, temperature=0.07)
@@ -224,6 +271,19 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
     graph = graph_metrics(query_f, query_y, k=min(10, len(query_f) - 1))
     learned = class_similarity_matrix(query_f, query_y, c).numpy()
     params = {k: getattr(cfg.loss, k) for k in KEY_PARAMS if hasattr(cfg.loss, k)}
+    query_labels = query_y.cpu().numpy()
+    k_head = _headline(ks)
+    grid = nearest_neighbours(bank_f, bank_y, query_f, query_y, pick_queries(query_labels))
+    a = cfg.data.augment
+    grid = with_images(grid, loaders[query_split], loaders["train"], a.mean, a.std)
+    base = None
+    if baseline and k_head is not None:  # the same loaders, labels, k and probe
+        rand = random_init_model(cfg, len(info.classes), sim_t, info.caption_dim).encoder.to(dev)
+        rand_bank_f, _ = features(rand, "train", f"{name} ({BASELINE})")
+        rand_query_f, _ = features(rand, query_split, f"{name} ({BASELINE})")
+        base = score_baseline(rand_bank_f, bank_y, rand_query_f, query_y, c, k=k_head,
+                              seed=cfg.train.seed, key=_baseline_key(cfg, info, projector, labels),
+                              probe_epochs=probe_epochs, device=dev)
     return RunEval(
         name=name, run_dir=str(run_dir), loss=cfg.loss.name, params=params,
         epoch=state.epoch, knn=knn,
@@ -236,20 +296,45 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
         classes=classes, feature="projector" if projector else "backbone",
         label_set=None if labels is None else str(labels),
         knn_hits=hits, probe_hits=None if pr.hits1 is None else pr.hits1.numpy(),
-        query_labels=query_y.cpu().numpy(),
+        query_labels=query_labels, query_split=query_split,
+        per_class=[] if k_head is None else per_class_recall(hits[k_head], query_labels,
+                                                             classes),
+        embedding_map=embedding_map(query_f, query_y), neighbours=grid, baseline=base,
     )
 
 
-def split_features(cfg: PretrainConfig, info: Any, encoder: Any, split: str, device: Any,
-                   projector: bool = False, name: str = "") -> tuple[Any, Any]:
-    """(features [N, D], labels [N]) of every image of ``split`` through the evaluation view
-    (centre crop, no augmentation), in the split file's order."""
+def _baseline_key(cfg: PretrainConfig, info: Any, projector: bool,
+                  labels: str | Path | None) -> str:
+    """What makes two runs' random-init baselines the same row: the same random encoder (model
+    section and seed, see components/evaluation/baseline.py), feature, data and labels."""
+    from components.config import to_dict
+
+    return json.dumps({"model": to_dict(cfg.model), "seed": cfg.train.seed,
+                       "projector": projector, "data": info.manifest.get("params_digest"),
+                       "labels": None if labels is None else str(labels)}, sort_keys=True,
+                      default=str)
+
+
+def eval_loader(cfg: PretrainConfig, info: Any, split: str, device: Any) -> ViewLoader:
+    """The evaluation view of every image of ``split`` (centre crop, no augmentation), in the
+    split file's order, one view per image."""
     from components.data.reader import ViewLoader
+
+    return ViewLoader(info.split_file(split), batch_size=cfg.data.batch_size, views=1,
+                      augment=cfg.data.augment, train=False, device=device,
+                      num_workers=cfg.data.num_workers, with_captions=False)
+
+
+def split_features(cfg: PretrainConfig, info: Any, encoder: Any, split: str, device: Any,
+                   projector: bool = False, name: str = "",
+                   loader: ViewLoader | None = None) -> tuple[Any, Any]:
+    """(features [N, D], labels [N]) of every image of ``split`` through the evaluation view
+    (:func:`eval_loader`, or ``loader`` when given: one built by it for this split), in the
+    split file's order."""
     from components.training import extract_features
 
-    loader = ViewLoader(info.split_file(split), batch_size=cfg.data.batch_size, views=1,
-                        augment=cfg.data.augment, train=False, device=device,
-                        num_workers=cfg.data.num_workers, with_captions=False)
+    if loader is None:
+        loader = eval_loader(cfg, info, split, device)
     return extract_features(encoder, _progress(loader, f"{name}: {split}"), device,
                             projector=projector)
 
@@ -303,12 +388,9 @@ def _progress(loader: Any, desc: str) -> Any:
 
 
 def _plt() -> Any:
-    import matplotlib
+    from components.evaluation.visuals import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return pyplot()
 
 
 def plot_knn(evals: Sequence[RunEval], path: Path) -> None:
@@ -369,6 +451,8 @@ def _pct(x: float) -> str:
 
 
 def comparison_table(evals: Sequence[RunEval]) -> str:
+    """One row per run, then one ``random init`` row per distinct baseline
+    (:func:`baseline_rows`: its kNN at the headline k and its probe; no other metric)."""
     ks = sorted({k for e in evals for k in e.knn})
     head = (["run", "loss", "params", "epoch"] + [f"kNN@{k}" for k in ks]
             + ["probe", "margin", "overlap", "label err", "connectivity"])
@@ -381,17 +465,39 @@ def comparison_table(evals: Sequence[RunEval]) -> str:
                   _pct(e.separation["overlap"]), _pct(e.graph["label_error"]),
                   f"{e.graph['intra_class_connectivity']:.3f}"]
         lines.append("| " + " | ".join(cells) + " |")
+    for name, b in baseline_rows(evals):
+        cells = [name, "—", f"seed={b.seed}", "0"]
+        cells += [_pct(b.knn_top1) if k == b.k else "—" for k in ks]
+        cells += [_pct(b.probe_top1)] + ["—"] * 4
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def baseline_rows(evals: Sequence[RunEval]) -> list[tuple[str, Baseline]]:
+    """The random-init rows of a table: one per distinct random encoder scored on the same
+    images (``Baseline.key``), named ``random init``, or ``random init (<run>)`` when the
+    runs' baselines differ (another model section, seed, feature, data or label set)."""
+    seen: dict[str, tuple[str, Baseline]] = {}
+    for e in evals:
+        if e.baseline is not None and e.baseline.key not in seen:
+            seen[e.baseline.key] = (e.name, e.baseline)
+    many = len(seen) > 1
+    return [(f"{BASELINE} ({run})" if many else BASELINE, b) for run, b in seen.values()]
 
 
 def headline_k(evals: Sequence[RunEval]) -> int | None:
     """The k the interval tables show: 20 (the parity benches' kNN@20), else the largest k
     every run has below it, else the smallest."""
     common = sorted(set.intersection(*(set(e.knn_hits) for e in evals))) if evals else []
-    if not common:
+    return _headline(common)
+
+
+def _headline(ks: Sequence[int]) -> int | None:
+    """:func:`headline_k` of one list of k."""
+    if not ks:
         return None
-    below = [k for k in common if k <= 20]
-    return below[-1] if below else common[0]
+    below = [k for k in sorted(ks) if k <= 20]
+    return below[-1] if below else min(ks)
 
 
 def interval_table(evals: Sequence[RunEval]) -> str:
@@ -405,6 +511,9 @@ def interval_table(evals: Sequence[RunEval]) -> str:
     paired = len(evals) > 1
     if paired:
         head += [f"Δ kNN@{k} vs {evals[0].name}", "Δ probe", "Δ margin"]
+    bases = baseline_rows(evals)
+    if bases:
+        head += [f"gain kNN@{k} vs {BASELINE}", f"gain probe vs {BASELINE}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, e in enumerate(evals):
         iv = e.intervals()
@@ -417,11 +526,23 @@ def interval_table(evals: Sequence[RunEval]) -> str:
             else:
                 cells += [_diff(d.get(knn_key)), _diff(d.get("probe")),
                           _diff(d["margin"], scale=1.0, digits=3)]
+        if bases:
+            g = {} if e.baseline is None else e.baseline.gain(e.knn_hits, e.probe_hits)
+            cells += [_diff(g.get(knn_key)), _diff(g.get("probe"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    for name, b in bases:
+        iv = b.intervals()
+        cells = [name, fmt(iv.get(knn_key)), fmt(iv.get("probe")), "—"]
+        cells += ["—"] * (3 if paired else 0) + ["—"] * 2
         lines.append("| " + " | ".join(cells) + " |")
     n = 0 if evals[0].query_labels is None else len(evals[0].query_labels)
     note = (f"95 % percentile bootstrap over the {n} query images ({RESAMPLES} resamples)"
             + ("; differences are paired (the same images), `*` where the interval excludes 0"
                if paired else ""))
+    if bases:
+        note += (f"; gain: the run minus the {BASELINE} encoder of its config (the weights it "
+                 "started from), paired over the same images"
+                 + ("" if paired else ", `*` where the interval excludes 0"))
     return "\n".join(lines) + f"\n\n{note}."
 
 
@@ -448,11 +569,77 @@ def write_report(e: RunEval) -> str:
     return storage.join(dest, "report.md")
 
 
+def per_class_table(e: RunEval, limit: int = PER_CLASS_ROWS) -> str:
+    """kNN top-1 recall per class (group under ``--labels``) at the headline k with its 95 %
+    interval over that class's query images, worst first; at most ``limit`` rows."""
+    k = headline_k([e])
+    label = "group" if e.label_set else "class"
+    lines = [f"| {label} | {e.query_split} images | kNN@{k} top-1 % [95 % CI] |",
+             "|---|---:|---|"]
+    lines += [f"| {r.name} | {r.n} | {fmt(r.recall)} |" for r in e.per_class[:limit]]
+    more = len(e.per_class) - limit
+    return "\n".join(lines) + (f"\n\n{more} more in metrics.json." if more > 0 else "")
+
+
+def _visual_sections(e: RunEval, out: Path) -> str:
+    """Draw the embedding map and the neighbour grid into ``out``; their report sections."""
+    from components.evaluation.visuals import plot_map, plot_neighbours, write_map_csv
+
+    text = ""
+    labels = "group" if e.label_set else "class"
+    labels_plural = "groups" if e.label_set else "classes"
+    if e.embedding_map is not None:
+        m = e.embedding_map
+        plot_map(m, e.classes, out / "embedding_map.png",
+                 f"{e.name}: t-SNE of {len(m)} {e.query_split} images, by {labels}")
+        write_map_csv(m, e.classes, out / MAP_CSV)
+        pca = f", PCA to {m.pca_dims} dimensions" if m.pca_dims else ""
+        drawn = (f"All {m.total} {e.query_split} images" if len(m) == m.total
+                 else f"{len(m)} of the {m.total} {e.query_split} images (stratified by "
+                      f"{labels}, seed 0)")
+        text += f"""
+## Embedding map (t-SNE)
+
+![embedding map](embedding_map.png)
+
+{drawn}; {e.feature} features, L2-normalised{pca}; t-SNE (scikit-learn, perplexity
+{m.perplexity:.3g}, seed 0), coloured by {labels}. t-SNE keeps neighbourhoods, not the
+distances between clusters. Coordinates: `{MAP_CSV}`.
+"""
+    g = e.neighbours
+    if g is not None and len(g.queries) and g.query_images is not None:
+        plot_neighbours(g, e.classes, out / "neighbours.png",
+                        f"{e.name}: nearest train images ({e.feature} features, cosine)")
+        text += f"""
+## Nearest neighbours
+
+![nearest neighbours](neighbours.png)
+
+Each row: a {e.query_split} image (spread over the {labels_plural}, seed 0), then its
+{g.neighbours.shape[1]} nearest train images by the cosine of the features the kNN uses
+(similarity under each {labels} name); a red frame marks a neighbour of another {labels}
+({int(g.wrong.sum())} of {g.wrong.size} here).
+"""
+    return text
+
+
 def _write_report(e: RunEval, out: Path) -> None:
     plot_knn([e], out / "knn_vs_k.png")
     plot_separation([e], out / "separation.png")
     plot_similarity(e, out / "class_similarity.png")
     write_text(out / "metrics.json", json.dumps(e.summary(), indent=1))
+    visuals = _visual_sections(e, out)
+    baseline = "" if e.baseline is None else f"""
+`{BASELINE}`: the encoder of this run's config at the weights it started from (seed
+{e.baseline.seed}, no checkpoint), its features and scores computed the same way (kNN at
+k = {e.baseline.k}, probe); the gain is this run minus it, paired over the same images
+(`--no-baseline` skips it).
+"""
+    per_class = "" if not e.per_class else f"""
+## Per-{"group" if e.label_set else "class"} kNN recall, worst first
+
+{per_class_table(e)}
+"""
     knn_rows = "\n".join(f"| {k} | {_pct(v['top1'])} | {_pct(v['top5'])} |"
                          for k, v in sorted(e.knn.items()))
     labels = (f"the groups of `{e.label_set}` ({', '.join(e.classes)})" if e.label_set
@@ -466,7 +653,7 @@ epoch {e.epoch}; {e.feature} features of one centre view per image; labels:
 {comparison_table([e])}
 
 {interval_table([e])}
-
+{baseline}{per_class}{visuals}
 ## Weighted kNN (Wu et al. 2018; votes exp(cos / 0.07))
 
 | k | top-1 % | top-5 % |
@@ -531,7 +718,7 @@ def _write_comparison(evals: Sequence[RunEval], out: Path) -> None:
 
 
 def main(run_dirs: Sequence[str], checkpoint: str | None = None, projector: bool = False,
-         out: str | None = None, labels: str | None = None) -> int:
+         out: str | None = None, labels: str | None = None, baseline: bool = True) -> int:
     if checkpoint is not None and len(run_dirs) != 1:
         print("simgraph evaluate: --checkpoint needs exactly one RUN_DIR", file=sys.stderr)
         return 2
@@ -543,7 +730,8 @@ def main(run_dirs: Sequence[str], checkpoint: str | None = None, projector: bool
 
     def each() -> None:
         for d in run_dirs:
-            e = evaluate_run(d, checkpoint, projector=projector, labels=labels)
+            e = evaluate_run(d, checkpoint, projector=projector, labels=labels,
+                             baseline=baseline)
             print(f"{write_report(e)}")
             evals.append(e)
 
