@@ -61,7 +61,7 @@ def test_sincere_with_only_the_other_view_positive_is_infonce(n: int) -> None:
 
 
 @pytest.mark.parametrize("pattern", ["unique", "one_class", "singletons", "random"])
-def test_eps_zero_is_sincere_and_margin_raises_loss(pattern: str) -> None:
+def test_eps_zero_is_sincere_and_a_margin_never_raises_the_value(pattern: str) -> None:
     z, labels = _z(9, 2), label_patterns(9)[pattern]
     sincere = _loss(SINCERE(0.1), batch_from(z, labels=labels))
     assert _loss(SINCERE(0.1, epsilon=0.0), batch_from(z, labels=labels)) == sincere
