@@ -63,7 +63,10 @@ class CaptionConfig:
     ``missing``: what to do with an item without a caption — ``error``, ``skip`` it, or
     ``from-label`` (its class's first template). Class captions come from ``templates``
     (X-CLR: "a photo of a {}") or ``class_descriptions`` (YAML/JSON: class → text(s)).
-    ``backend``: ``torch`` (sentence-transformers), ``onnx`` / ``openvino`` (the same model on
+    ``backend``: ``auto`` (the default: the fastest of ``openvino-bf16``, ``openvino`` and
+    ``torch`` whose embeddings of a probe of the build's captions all have cosine ≥ 0.9999 to
+    the reference's, checked per build: components/data/caption_backend.py), ``torch``
+    (sentence-transformers: the reference), ``onnx`` / ``openvino`` (the same model on
     ONNX Runtime / OpenVINO in float32: the same embeddings, faster), ``onnx-int8`` (int8
     weights: cosine ≈ 0.99 to the reference on average, 0.96 at worst) or ``openvino-bf16``
     (bfloat16 arithmetic, CPUs with AVX512_BF16 or AMX only: as fast as int8, every caption's
@@ -71,7 +74,7 @@ class CaptionConfig:
 
     enabled: bool = True
     model: str = "default"
-    backend: Literal["torch", "onnx", "onnx-int8", "openvino", "openvino-bf16"] = "torch"
+    backend: Literal["auto", "torch", "onnx", "onnx-int8", "openvino", "openvino-bf16"] = "auto"
     dtype: Literal["float16", "float32"] = "float16"
     missing: Literal["error", "skip", "from-label"] = "from-label"
     templates: list[str] = dataclasses.field(default_factory=lambda: ["a photo of a {}"])
@@ -87,7 +90,7 @@ class CaptionConfig:
                 raise ConfigError(f"captions.templates entry {t!r} must contain '{{}}'")
         check_at_least("captions.batch_size", self.batch_size, 1)
         check_at_least("captions.actors", self.actors, 1)
-        allowed = ("torch", "onnx", "onnx-int8", "openvino", "openvino-bf16")
+        allowed = ("auto", "torch", "onnx", "onnx-int8", "openvino", "openvino-bf16")
         if self.backend not in allowed:
             raise ConfigError(f"captions.backend={self.backend!r} is not allowed: choose one "
                               f"of {', '.join(allowed)}")

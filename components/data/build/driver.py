@@ -30,6 +30,7 @@ from components.data.build.merging import merge_splits
 from components.data.build.planning import Planned, _fields, plan
 from components.data.build.tasks import map_tasks
 from components.data.build.writing import ShardSettings, _shard_done, shard_specs, write_shard
+from components.data.caption_backend import AUTO, choose
 from components.session import ray_session
 
 
@@ -69,8 +70,21 @@ def _build(
             print(f"simgraph preprocess: {len(rows)} items in {len(by_shard)} shards "
                   f"({len(done)} already complete), {len(texts)} unique captions")
 
-        model = (cap.load_encoder(cfg.captions.model, backend=cfg.captions.backend)
-                 if cfg.captions.enabled else None)
+        model, choice = None, None
+        if cfg.captions.enabled:
+            auto = cfg.captions.backend == AUTO
+            # auto: the class embeddings come from the reference, which also checks the
+            # faster backends on this build's captions (components/data/caption_backend.py)
+            model = cap.load_encoder(cfg.captions.model,
+                                     backend="torch" if auto else cfg.captions.backend)
+            if auto and todo:
+                choice = choose(cfg.captions.model, texts, model,
+                                gpu=ray.cluster_resources().get("GPU", 0) > 0)
+                cfg = dataclasses.replace(cfg, captions=dataclasses.replace(
+                    cfg.captions, backend=choice.backend))
+                if echo:
+                    print(f"simgraph preprocess: captions.backend auto -> {choice.backend}: "
+                          f"{choice.reason}", flush=True)
         class_files = write_class_files(cfg, classes, out, model)
         checks: dict[str, Any] | None = None
         if model is not None:
@@ -110,7 +124,7 @@ def _build(
         dim = int(table.shape[1]) if table is not None else _stored_dim(out, by_shard)
 
     manifest = _assemble(cfg, out, params, params_digest, p, sides, merged, class_files, dim,
-                         checks)
+                         checks, None if choice is None else choice.as_dict())
     _cleanup(out, cfg, manifest)
     if echo:
         print(summary(manifest))

@@ -37,6 +37,8 @@ def embed_captions(cfg: PreprocessConfig, texts: list[str], out: Path) -> np.nda
     """
     import ray
 
+    if cfg.captions.backend == "auto":  # the driver resolves it (caption_backend.choose)
+        raise ValueError("embed_captions needs a resolved captions.backend, not 'auto'")
     cache = out / "captions.npz"
     key = _digest({"texts": texts, "model": cfg.captions.model,
                    **({} if cfg.captions.backend == "torch" else
@@ -124,8 +126,9 @@ def write_class_files(
         else None
     )
     texts = cap.class_texts(classes, cfg.captions.templates, desc)
-    model = model if model is not None else cap.load_encoder(cfg.captions.model,
-                                                             backend=cfg.captions.backend)
+    if model is None:  # auto: class texts are few, the reference embeds them
+        backend = "torch" if cfg.captions.backend == "auto" else cfg.captions.backend
+        model = cap.load_encoder(cfg.captions.model, backend=backend)
     emb = cap.class_embeddings(model, texts)
     sim = (emb.astype(np.float64) @ emb.astype(np.float64).T).astype(np.float32)
     for name, arr in (("class_embeddings", emb), ("class_similarity", sim)):

@@ -51,7 +51,10 @@ def _assemble(
     cfg: PreprocessConfig, out: Path, params: dict[str, Any], params_digest: str, p: Plan,
     sides: dict[str, dict[str, Any]], merged: dict[str, str | None], class_files: dict[str, str],
     dim: int, caption_checks: dict[str, Any] | None,
+    backend_check: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The manifest of a finished build; ``backend_check``: what ``captions.backend: auto``
+    chose and why (``components.data.caption_backend.BackendChoice``), when it ran."""
     classes, texts = p.classes, p.texts
     splits: dict[str, Any] = {}
     for split in SPLITS:
@@ -100,7 +103,8 @@ def _assemble(
         "fields": fields,
         "encoder": (
             {"model": cfg.captions.model, "path": cap.resolve_model(cfg.captions.model),
-             "dim": dim, "unique_captions": len(texts)}
+             "dim": dim, "unique_captions": len(texts), "backend": cfg.captions.backend,
+             **({} if backend_check is None else {"backend_check": backend_check})}
             if cfg.captions.enabled else None
         ),
         "class_files": class_files,

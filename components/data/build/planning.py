@@ -204,8 +204,10 @@ def _params(cfg: PreprocessConfig) -> dict[str, Any]:
         p.pop(k)
     p["captions"].pop("actors")
     p["captions"].pop("batch_size")
-    if cfg.captions.backend == "torch":
-        p["captions"].pop("backend")  # the default: datasets built before it existed stay valid
+    if cfg.captions.backend in ("torch", "auto"):
+        # The reference embeddings (auto: a backend checked to give them): datasets built
+        # before the key existed, or with the old default torch, stay valid.
+        p["captions"].pop("backend")
     if cfg.source.label_depth == 1:
         p["source"].pop("label_depth")  # the default: datasets built before it existed stay valid
     if cfg.captions.class_descriptions:

@@ -1,0 +1,117 @@
+"""``captions.backend: auto`` (the default): the fastest caption backend that gives the
+reference embeddings on the machine the build runs on.
+
+The reference is sentence-transformers on PyTorch (``torch``). The exported backends
+(``components/data/onnx_text.py``) run the same model 1.4–3× faster on CPU
+(docs/benchmarks.md, "Caption backends"): ``openvino-bf16`` (bfloat16 arithmetic; only on
+CPUs with bfloat16 instructions) and ``openvino`` (float32). Whether one gives the reference
+embeddings depends on the CPU and the library versions, so ``auto`` checks it per build: the
+candidates, fastest first, embed a probe of the build's own captions (up to :data:`PROBE`:
+the longest ones — where bfloat16 error accumulates most — and an even spread of the rest)
+and the first whose every probe embedding has cosine ≥ :data:`MIN_COSINE` with the
+reference's is used; else the reference itself. With a GPU in the Ray cluster the reference
+runs there and is chosen directly. ``onnx`` (float32, slower than ``openvino`` here) and
+``onnx-int8`` (not the reference embeddings: cosine ≈ 0.99) are never chosen; name them to
+use them.
+
+A dataset's identity does not change with the choice: ``auto`` builds are built with the
+reference's parameters (``components.data.build.planning._params`` drops the backend for
+``torch`` and ``auto``), so datasets built with the old default ``torch`` keep resuming and
+evaluating. The manifest's ``encoder`` section records the backend used and its check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+AUTO = "auto"
+Chosen = Literal["openvino-bf16", "openvino", "torch"]
+CANDIDATES: tuple[Chosen, ...] = ("openvino-bf16", "openvino")  # fastest first
+MIN_COSINE = 0.9999  # every probe caption, against the reference
+PROBE = 256  # captions checked per build
+LONGEST = 64  # of which the longest ones
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendChoice:
+    """What ``auto`` chose and why.
+
+    Attributes:
+        backend: the backend the caption stage runs (``openvino-bf16``, ``openvino`` or
+            ``torch``).
+        reason: one line for the console and the manifest.
+        min_cosine: the chosen exported backend's lowest probe cosine to the reference
+            (``None`` for the reference itself).
+        probe: captions checked.
+        rejected: each candidate tried before it, with why it was not taken.
+    """
+
+    backend: Chosen
+    reason: str
+    min_cosine: float | None
+    probe: int
+    rejected: dict[str, str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def probe_texts(texts: Sequence[str], n: int = PROBE) -> list[str]:
+    """Up to ``n`` of ``texts``, deterministic: the :data:`LONGEST` longest, then an even
+    spread over the rest in their order."""
+    if len(texts) <= n:
+        return list(texts)
+    by_length = sorted(range(len(texts)), key=lambda i: (-len(texts[i]), i))
+    longest = by_length[:LONGEST]
+    taken = set(longest)
+    rest = [i for i in range(len(texts)) if i not in taken]
+    step = len(rest) / (n - len(longest))
+    spread = [rest[int(j * step)] for j in range(n - len(longest))]
+    return [texts[i] for i in [*longest, *spread]]
+
+
+def choose(model: str, texts: Sequence[str], reference: Any, gpu: bool = False,
+           load: Callable[[str, str], Any] | None = None) -> BackendChoice:
+    """The backend ``captions.backend: auto`` runs for a build of ``texts`` with ``model``.
+
+    Args:
+        model: ``captions.model``.
+        texts: the build's unique captions (a probe of them is embedded by each candidate).
+        reference: the loaded reference encoder (``torch``), already needed for the class
+            embeddings.
+        gpu: the cluster has a GPU: the reference runs there.
+        load: ``(model, backend) -> encoder`` (default ``captions.load_encoder``); a
+            candidate that cannot load (no bfloat16 on this CPU, OpenVINO missing, a model
+            pipeline the export does not support) is skipped with its reason.
+    """
+    from components.data import captions as cap
+
+    if gpu:
+        return BackendChoice("torch", "a GPU is in the cluster: the reference runs there",
+                             None, 0, {})
+    probe = probe_texts(texts)
+    if not probe:
+        return BackendChoice("torch", "no captions to check", None, 0, {})
+    load = load or (lambda m, b: cap.load_encoder(m, backend=b))
+    want = cap.normalise_rows(cap.embed(reference, probe)).astype(np.float64)
+    rejected: dict[str, str] = {}
+    for backend in CANDIDATES:
+        try:
+            encoder = load(model, backend)
+        except (cap.CaptionError, ImportError, OSError, RuntimeError) as e:
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            rejected[backend] = f"cannot run here: {why}"
+            continue
+        got = cap.normalise_rows(cap.embed(encoder, probe)).astype(np.float64)
+        cos = float(np.min(np.sum(got * want, axis=1)))
+        if cos >= MIN_COSINE:
+            return BackendChoice(backend, f"every one of {len(probe)} probe captions has "
+                                 f"cosine >= {MIN_COSINE} to the reference (lowest {cos:.6f})",
+                                 cos, len(probe), rejected)
+        rejected[backend] = f"lowest probe cosine {cos:.6f} < {MIN_COSINE}"
+    return BackendChoice("torch", "no faster backend gives the reference embeddings here",
+                         None, len(probe), rejected)
