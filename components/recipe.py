@@ -30,6 +30,7 @@ import socket
 import sys
 import tempfile
 import time
+import traceback
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -94,6 +95,8 @@ def run_pretraining(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, An
         return history
     if echo:
         print(console.run_summary(cfg, facts, display(run_dir)), flush=True)
+    if trains_in_process(cfg):
+        return _run_in_process(cfg, facts, run_dir, echo)
     with ray_session(None):
         trainer = make_trainer(cfg, run_dir, facts)
         try:
@@ -118,6 +121,47 @@ def run_pretraining(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, An
         print(history_table(history))
         print(f"run dir: {display(run_dir)}")
     return history
+
+
+def trains_in_process(cfg: PretrainConfig) -> bool:
+    """Whether ``simgraph pretrain`` trains ``cfg`` in its own process (``scaling.host``; see
+    :class:`~components.config.ScalingSection`): the worker group, its controller and a Ray
+    start are most of a small run's start-up (docs/benchmarks.md)."""
+    s = cfg.scaling
+    if s.host != "auto":
+        return s.host == "in_process"
+    return (s.num_workers == 1 and not s.use_gpu and s.max_failures == 0
+            and not os.environ.get("RAY_ADDRESS"))
+
+
+def _run_in_process(cfg: PretrainConfig, facts: RunFacts, run_dir: str,
+                    echo: bool) -> list[dict[str, Any]]:
+    """:func:`run_pretraining` without Ray: the recipe with an
+    :class:`~components.run_host.InProcess` host (checkpoints published and pruned as a Ray
+    Train run's, resumed from the run dir's newest complete one)."""
+    from components.errors import SimgraphError
+    from components.run_dir import latest_state
+    from components.run_host import InProcess
+    from components.storage import display
+
+    try:
+        PretrainRecipe(loop_config(cfg, run_dir, facts),
+                       host=InProcess(run_dir, cfg.checkpoint.keep)).run()
+    except SimgraphError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a bug (or the machine): keep its traceback
+        traceback.print_exc()
+        raise PretrainError(
+            f"training {cfg.name!r} failed: {type(e).__name__}: {e}\n"
+            f"completed checkpoints stay in {display(run_dir)}; re-run the same command to "
+            "resume") from None
+    state = latest_state(run_dir)
+    if state is None:
+        raise PretrainError(f"run {cfg.name!r} finished without a checkpoint")
+    if echo:
+        print(history_table(state.history))
+        print(f"run dir: {display(run_dir)}")
+    return state.history
 
 
 def history_table(history: Sequence[dict[str, Any]]) -> str:

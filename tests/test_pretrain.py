@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from components.checkpoint import load_state
-from components.config import PretrainConfig, from_dict
+from components.config import ConfigError, PretrainConfig, from_dict
 from components.recipe import PAUSE_ENV
 from components.run_dir import RunError, check_dataset, latest_complete, prepare_run_dir
 from tests.datasets import synthetic_dataset, tiny_run_config
@@ -147,6 +147,66 @@ def test_killed_run_resumes_to_identical_weights_and_metrics(dataset: Path,
     # metrics.csv holds each epoch once, even though the killed run had logged epoch 2
     rows = (run_dir / "metrics.csv").read_text().splitlines()
     assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3", "4"]
+
+
+@pytest.mark.slow
+def test_in_process_run_matches_ray_train_and_resumes_the_same_way(dataset: Path,
+                                                                   tmp_path: Path) -> None:
+    """``scaling.host``: a one-worker run trained in the ``simgraph pretrain`` process (the
+    default for a local one-worker CPU run) gives Ray Train's weights, optimizer state and
+    history for the same seed, and either resumes the other's checkpoints to the same end."""
+    def cfg(name: str, host: str) -> dict[str, Any]:
+        return tiny_run_config(dataset, tmp_path / "runs", name=name, train__epochs=3,
+                               scaling__num_workers=1, scaling__cpus_per_worker=1.0,
+                               scaling__host=host)
+
+    for name, host in (("ray", "ray_train"), ("local", "auto")):
+        _finish(_start(cfg(name, host), tmp_path), tmp_path, name)
+    local_log = (tmp_path / "local.log").read_text()
+    assert "hiding known-harmless Ray" not in local_log  # no Ray was started
+    # Switching host on a resume: Ray Train killed in epoch 2, the rest in-process.
+    steps = 8  # 128 train samples / (1 worker × 16)
+    proc = _start(cfg("mixed", "ray_train"), tmp_path, pause_at_step=steps + 1)
+    run_dir = tmp_path / "runs" / "mixed"
+    _wait_for(lambda: (run_dir / "workers" / f"paused-rank0-step{steps + 1}").exists()
+              and _registered(run_dir, "epoch_00001"), proc, tmp_path, "mixed")
+    kill_session(proc.pid)
+    assert proc.wait(timeout=30) != 0 and latest_complete(run_dir)[0] == 1  # type: ignore[index]
+    _finish(_start(cfg("mixed", "in_process"), tmp_path), tmp_path, "mixed")
+    assert "resumed 'mixed' after epoch 1" in (tmp_path / "mixed.log").read_text()
+    ray, *others = (_final(tmp_path / "runs" / n) for n in ("ray", "local", "mixed"))
+    for other in others:
+        assert other["epoch"] == ray["epoch"] == 3 and other["step"] == ray["step"]
+        for key in ray["model"]:
+            assert torch.equal(ray["model"][key], other["model"][key]), key
+        for key in ("optimizer", "scheduler"):
+            assert repr(ray[key]) == repr(other[key]), key
+        assert ([{k: v for k, v in r.items() if k not in TIMING} for r in ray["history"]]
+                == [{k: v for k, v in r.items() if k not in TIMING} for r in other["history"]])
+
+
+def test_where_a_run_trains() -> None:
+    from components.recipe import trains_in_process
+
+    def config(**scaling: Any) -> PretrainConfig:
+        return from_dict(PretrainConfig, {"name": "r", "data": {"dataset": "d"},
+                                          "scaling": scaling})
+
+    assert trains_in_process(config(num_workers=1))
+    assert not trains_in_process(config(num_workers=2))
+    assert not trains_in_process(config(num_workers=1, max_failures=2))  # Train restarts it
+    assert not trains_in_process(config(num_workers=1, use_gpu=True))
+    assert not trains_in_process(config(num_workers=1, host="ray_train"))
+    with pytest.MonkeyPatch.context() as mp:  # a cluster: its workers, not this process
+        mp.setenv("RAY_ADDRESS", "ray://head:10001")
+        assert not trains_in_process(config(num_workers=1))
+        assert trains_in_process(config(num_workers=1, host="in_process"))
+    for scaling, needs in (({"num_workers": 2}, "scaling.num_workers=1"),
+                           ({"use_gpu": True}, "scaling.use_gpu=false"),
+                           ({"max_failures": 1}, r"scaling.max_failures=0")):
+        with pytest.raises(ConfigError, match=rf"scaling.host=in_process needs {needs}.*use "
+                                              r"scaling.host=ray_train \(or auto\)"):
+            config(host="in_process", **scaling)
 
 
 @pytest.mark.slow

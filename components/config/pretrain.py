@@ -231,7 +231,11 @@ class ScalingSection:
     lost the restart waits until the cluster has room again). ``placement_strategy``: Ray's
     placement-group strategy for the workers — ``PACK`` fills nodes first (fewest nodes,
     NCCL over NVLink), ``SPREAD`` / ``STRICT_SPREAD`` put them on different nodes (one per node
-    when strict)."""
+    when strict). ``host``: where the run trains — ``ray_train`` (a Ray Train worker group),
+    ``in_process`` (one CPU worker in the ``simgraph pretrain`` process itself: no Ray start,
+    controller or worker group, the same weights; no restarts) or ``auto``: ``in_process`` for
+    a one-worker CPU run without restarts (``max_failures`` 0) on this machine (no
+    ``RAY_ADDRESS``), else ``ray_train``."""
 
     num_workers: int = 1
     use_gpu: bool = False
@@ -239,9 +243,18 @@ class ScalingSection:
     gpus_per_worker: float = 1.0
     max_failures: int = 0
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    host: Literal["auto", "in_process", "ray_train"] = "auto"
 
     def __post_init__(self) -> None:
         check_at_least("scaling.num_workers", self.num_workers, 1)
+        if self.host == "in_process":
+            why = ("scaling.num_workers=1" if self.num_workers != 1 else
+                   "scaling.use_gpu=false" if self.use_gpu else
+                   "scaling.max_failures=0 (nothing restarts a process)"
+                   if self.max_failures != 0 else None)
+            if why is not None:
+                raise ConfigError(f"scaling.host=in_process needs {why}: use scaling.host="
+                                  "ray_train (or auto) for this run")
         check_positive("scaling.cpus_per_worker", self.cpus_per_worker)
         check_positive("scaling.gpus_per_worker", self.gpus_per_worker)
         if self.use_gpu:
