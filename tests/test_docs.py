@@ -10,7 +10,8 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CHECKED = (".md", ".py", ".yaml", ".yml", ".toml")  # the files searched for references outside the repository
+# The files searched for references outside the repository.
+CHECKED = (".md", ".py", ".yaml", ".yml", ".toml")
 # References to the workspace outside the repository: its design note, its Ray notes and its
 # copies of the papers. docs/design.md and docs/ray-notes.md replace them; papers are cited
 # by title and arXiv id. (Written so that this file does not match itself.)

@@ -226,5 +226,6 @@ def test_unknown_backend_is_a_config_error() -> None:
     from components.config import CaptionConfig, ConfigError
 
     with pytest.raises(ConfigError, match="captions.backend='gpu' is not allowed: choose one "
-                                          "of auto, torch, onnx, onnx-int8, openvino, openvino-bf16"):
+                                          "of auto, torch, onnx, onnx-int8, openvino, "
+                                          "openvino-bf16"):
         CaptionConfig(backend="gpu")  # type: ignore[arg-type]
