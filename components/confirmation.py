@@ -179,12 +179,14 @@ def table(conf: Confirmation, metric: str) -> str:
                  f"{100 * v.value:+.1f} [{100 * v.low:+.1f}, {100 * v.high:+.1f}]",
                  "best" if v is None else ("yes" if c.tied else "no"),
                  "—" if c.curse is None else f"{100 * c.curse:+.1f} points"]
-        cells += [_fmt(c.candidate.params.get(k)) for k in keys]
+        cells += [format_value(c.candidate.params.get(k)) for k in keys]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def _fmt(v: Any) -> str:
+def format_value(v: Any) -> str:
+    """A parameter value in a table cell or a closing line: floats to 4 significant digits,
+    ``None`` as a dash (also the sweep's own tables, ``pipelines/sweep.py``)."""
     if v is None:
         return "—"
     return f"{v:.4g}" if isinstance(v, float) else str(v)
@@ -194,7 +196,7 @@ def closing_line(conf: Confirmation, seeds: int) -> str:
     """The sweep's answer in one line: the confirmed best with its interval, who is tied with
     it, the winner's curse and the rank agreement."""
     b = conf.best
-    params = " ".join(f"{k}={_fmt(v)}" for k, v in sorted(b.candidate.params.items()))
+    params = " ".join(f"{k}={format_value(v)}" for k, v in sorted(b.candidate.params.items()))
     tied = conf.tied()
     parts = [f"confirmed best (sweep rank {b.candidate.rank}): {conf.split} kNN top-1 "
              f"{_pct(b.score.value)} % [{_pct(b.score.low)}, {_pct(b.score.high)}] over "

@@ -299,7 +299,10 @@ def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
         print(markdown(rows, sweep))
         best = best_row(rows, sweep)
         if best is not None:
-            settings = " ".join(f"{k}={_fmt(v)}" for k, v in sorted(best["params"].items()))
+            from components.confirmation import format_value
+
+            params = sorted(best["params"].items())
+            settings = " ".join(f"{k}={format_value(v)}" for k, v in params)
             then = ("the confirmation below decides best.yaml" if sweep.confirm.top > 0 else
                     f"its pretrain config: {display(join(sweep_dir(sweep), 'best.yaml'))}")
             print(f"best {'setting' if sweep.repeats > 1 else 'trial'} ({best['trial']}): "
@@ -624,6 +627,8 @@ def _short(err: Any) -> str:
 
 
 def markdown(rows: Sequence[dict[str, Any]], sweep: Any) -> str:
+    from components.confirmation import format_value
+
     keys = sorted({k for r in rows for k in r["params"]})
     repeats = sweep.repeats > 1
     head = ["trial", "status", "epochs", f"score: {sweep.statistic.describe(sweep.metric)}",
@@ -636,15 +641,9 @@ def markdown(rows: Sequence[dict[str, Any]], sweep: Any) -> str:
                  str(r["epochs"]), "—" if score is None else f"{score:.4g}",
                  *([_setting_score(r), str(r["repeat"])] if repeats else []),
                  "—" if best is None else f"{best:.4g}"]
-        cells += [_fmt(r["params"].get(k)) for k in keys]
+        cells += [format_value(r["params"].get(k)) for k in keys]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "—"
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 def write_results(sweep: Any, rows: Sequence[dict[str, Any]]) -> None:
