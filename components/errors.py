@@ -86,10 +86,14 @@ def describe(e: BaseException) -> str:
     return text if re.match(r"^[\w.]*(Error|Exception)\b", text) else f"{name}: {text}"
 
 
+INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
+
+
 def run_command(command: str, body: Callable[[], object]) -> int:
     """Run a ``simgraph <command>`` body; returns its exit code. A :class:`SimgraphError`
     becomes one ``simgraph <command>: ...`` line on stderr and its ``exit_code`` (2 for config
-    errors, 1 otherwise); any other exception is a bug and keeps its traceback.
+    errors, 1 otherwise); Ctrl-C one line and :data:`INTERRUPTED`; any other exception is a
+    bug and keeps its traceback.
 
     Example::
 
@@ -103,4 +107,8 @@ def run_command(command: str, body: Callable[[], object]) -> int:
 
         print(redact(f"simgraph {command}: {e.headline}{e}"), file=sys.stderr)
         return e.exit_code
+    except KeyboardInterrupt:  # Ctrl-C: the user's choice, not a bug; no traceback
+        print(f"simgraph {command}: interrupted (Ctrl-C); what was complete stays (the same "
+              "command resumes runs, builds and sweeps)", file=sys.stderr)
+        return INTERRUPTED
     return 0

@@ -185,6 +185,33 @@ def test_in_process_run_matches_ray_train_and_resumes_the_same_way(dataset: Path
                 == [{k: v for k, v in r.items() if k not in TIMING} for r in other["history"]])
 
 
+@pytest.mark.slow
+def test_ctrl_c_is_one_line_and_the_run_resumes_to_the_same_weights(dataset: Path,
+                                                                   tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT) in epoch 2 of an in-process run: exit 130, one line and no traceback;
+    the same command resumes after epoch 1 and ends where an uninterrupted run ends."""
+    def cfg(name: str) -> dict[str, Any]:
+        return tiny_run_config(dataset, tmp_path / "runs", name=name, train__epochs=3,
+                               scaling__num_workers=1, scaling__cpus_per_worker=1.0)
+
+    _finish(_start(cfg("straight"), tmp_path), tmp_path, "straight")
+    steps = 8  # 128 train samples / (1 worker × 16)
+    proc = _start(cfg("stopped"), tmp_path, pause_at_step=steps + 1)
+    run_dir = tmp_path / "runs" / "stopped"
+    _wait_for(lambda: (run_dir / "workers" / f"paused-rank0-step{steps + 1}").exists(),
+              proc, tmp_path, "stopped")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    log = (tmp_path / "stopped.log").read_text()
+    assert "Traceback" not in log and log.count("simgraph pretrain: interrupted (Ctrl-C)") == 1
+    _finish(_start(cfg("stopped"), tmp_path), tmp_path, "stopped")
+    assert "resumed 'stopped' after epoch 1" in (tmp_path / "stopped.log").read_text()
+    a, b = _final(tmp_path / "runs" / "straight"), _final(run_dir)
+    assert a["epoch"] == b["epoch"] == 3
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+
+
 def test_where_a_run_trains() -> None:
     from components.recipe import trains_in_process
 
