@@ -374,7 +374,7 @@ def main() -> None:
                     times["pipeline"] += t_pipe
                     _, state, _ = evaluate.load_run(work / "runs" / name)
                     piped = copy.deepcopy(rand)
-                    piped.load_state_dict(state["model"])
+                    piped.load_state_dict(state.model)
                     torch.set_num_threads(2)  # pretrain imported ffcv, which sets 1
                     scores = {f"{who}.{k}": v
                               for who, m in (("random", rand), ("plain", plain),
