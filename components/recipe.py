@@ -72,7 +72,8 @@ def run_pretraining(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, An
        prepare the run dir ``storage/name``: a re-run with the same name must match
        ``config.yaml`` (except keys that may change on a resume) and the data it started on,
        and resumes from the latest complete checkpoint; a finished run is returned.
-    3. Fit :func:`make_trainer`'s ``TorchTrainer`` on a local Ray started for the job or the
+    3. Train: in this process for a local one-worker CPU run (:func:`trains_in_process`),
+       else :func:`make_trainer`'s ``TorchTrainer`` on a local Ray started for the job or the
        ``RAY_ADDRESS`` cluster; ``FailureConfig(max_failures)`` restarts the group from the
        latest checkpoint.
 
@@ -81,9 +82,6 @@ def run_pretraining(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, An
         PretrainError: training failed (the message says where; the last good checkpoint
             stays in the run dir).
     """
-    from components.checkpoint import TrainingState
-    from components.errors import SimgraphError, describe, root_cause
-    from components.session import ray_session
     from components.storage import display
 
     run = prepare_run(cfg)
@@ -95,8 +93,21 @@ def run_pretraining(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, An
         return history
     if echo:
         print(console.run_summary(cfg, facts, display(run_dir)), flush=True)
-    if trains_in_process(cfg):
-        return _run_in_process(cfg, facts, run_dir, echo)
+    history = (_train_in_process if trains_in_process(cfg) else _train_on_ray)(
+        cfg, facts, run_dir)
+    if echo:
+        print(history_table(history))
+        print(f"run dir: {display(run_dir)}")
+    return history
+
+
+def _train_on_ray(cfg: PretrainConfig, facts: RunFacts, run_dir: str) -> list[dict[str, Any]]:
+    """Fit :func:`make_trainer`'s ``TorchTrainer`` on a local Ray started for the job or the
+    ``RAY_ADDRESS`` cluster; returns the run's history."""
+    from components.checkpoint import TrainingState
+    from components.errors import SimgraphError, root_cause
+    from components.session import ray_session
+
     with ray_session(None):
         trainer = make_trainer(cfg, run_dir, facts)
         try:
@@ -106,21 +117,13 @@ def run_pretraining(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, An
                 # A bug (or the machine: CUDA, NCCL, memory): what a report needs is the
                 # traceback, which Ray's text holds for every failed worker.
                 sys.stderr.write(f"{e}\n")
-            raise PretrainError(
-                f"training {cfg.name!r} failed: {describe(e)}\n"
-                f"completed checkpoints stay in {display(run_dir)}; re-run the same command to "
-                "resume"
-            ) from None
+            raise _training_failed(cfg, run_dir, e) from None
         finally:
             console.BAR.close()
     if result.checkpoint is None:
         raise PretrainError(f"run {cfg.name!r} finished without a checkpoint")
     with result.checkpoint.as_directory() as d:
-        history = TrainingState.load(d).history
-    if echo:
-        print(history_table(history))
-        print(f"run dir: {display(run_dir)}")
-    return history
+        return TrainingState.load(d).history
 
 
 def trains_in_process(cfg: PretrainConfig) -> bool:
@@ -134,15 +137,14 @@ def trains_in_process(cfg: PretrainConfig) -> bool:
             and not os.environ.get("RAY_ADDRESS"))
 
 
-def _run_in_process(cfg: PretrainConfig, facts: RunFacts, run_dir: str,
-                    echo: bool) -> list[dict[str, Any]]:
-    """:func:`run_pretraining` without Ray: the recipe with an
-    :class:`~components.run_host.InProcess` host (checkpoints published and pruned as a Ray
-    Train run's, resumed from the run dir's newest complete one)."""
+def _train_in_process(cfg: PretrainConfig, facts: RunFacts,
+                      run_dir: str) -> list[dict[str, Any]]:
+    """The recipe without Ray, with an :class:`~components.run_host.InProcess` host
+    (checkpoints published and pruned as a Ray Train run's, resumed from the run dir's newest
+    complete one); returns the run's history."""
     from components.errors import SimgraphError
     from components.run_dir import latest_state
     from components.run_host import InProcess
-    from components.storage import display
 
     try:
         PretrainRecipe(loop_config(cfg, run_dir, facts),
@@ -151,17 +153,21 @@ def _run_in_process(cfg: PretrainConfig, facts: RunFacts, run_dir: str,
         raise
     except Exception as e:  # noqa: BLE001 - a bug (or the machine): keep its traceback
         traceback.print_exc()
-        raise PretrainError(
-            f"training {cfg.name!r} failed: {type(e).__name__}: {e}\n"
-            f"completed checkpoints stay in {display(run_dir)}; re-run the same command to "
-            "resume") from None
+        raise _training_failed(cfg, run_dir, e) from None
     state = latest_state(run_dir)
     if state is None:
         raise PretrainError(f"run {cfg.name!r} finished without a checkpoint")
-    if echo:
-        print(history_table(state.history))
-        print(f"run dir: {display(run_dir)}")
     return state.history
+
+
+def _training_failed(cfg: PretrainConfig, run_dir: str, e: BaseException) -> PretrainError:
+    """The one line a failed training ends with, on either host."""
+    from components.errors import describe
+    from components.storage import display
+
+    return PretrainError(f"training {cfg.name!r} failed: {describe(e)}\n"
+                         f"completed checkpoints stay in {display(run_dir)}; re-run the same "
+                         "command to resume")
 
 
 def history_table(history: Sequence[dict[str, Any]]) -> str:

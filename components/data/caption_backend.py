@@ -60,6 +60,12 @@ class BackendChoice:
         return dataclasses.asdict(self)
 
 
+def reference_or(backend: str) -> str:
+    """The backend an encoder is loaded with before ``auto`` is resolved: the reference
+    (``torch``) for ``auto`` (it also checks the candidates), else ``backend`` itself."""
+    return "torch" if backend == AUTO else backend
+
+
 def probe_texts(texts: Sequence[str], n: int = PROBE) -> list[str]:
     """Up to ``n`` of ``texts``, deterministic: the :data:`LONGEST` longest, then an even
     spread over the rest in their order."""

@@ -30,7 +30,7 @@ from components.data.build.merging import merge_splits
 from components.data.build.planning import Planned, _fields, plan
 from components.data.build.tasks import map_tasks
 from components.data.build.writing import ShardSettings, _shard_done, shard_specs, write_shard
-from components.data.caption_backend import AUTO, choose
+from components.data.caption_backend import AUTO, choose, reference_or
 from components.session import ray_session
 
 
@@ -72,12 +72,11 @@ def _build(
 
         model, choice = None, None
         if cfg.captions.enabled:
-            auto = cfg.captions.backend == AUTO
             # auto: the class embeddings come from the reference, which also checks the
             # faster backends on this build's captions (components/data/caption_backend.py)
             model = cap.load_encoder(cfg.captions.model,
-                                     backend="torch" if auto else cfg.captions.backend)
-            if auto and todo:
+                                     backend=reference_or(cfg.captions.backend))
+            if cfg.captions.backend == AUTO and todo:
                 choice = choose(cfg.captions.model, texts, model,
                                 gpu=ray.cluster_resources().get("GPU", 0) > 0)
                 cfg = dataclasses.replace(cfg, captions=dataclasses.replace(

@@ -18,6 +18,7 @@ from components.config import PreprocessConfig
 from components.data import captions as cap
 from components.data.build.common import LISTED_MAX, PreprocessError, _digest
 from components.data.build.planning import Plan, Planned
+from components.data.caption_backend import AUTO, reference_or
 from components.files import replacing, write_json
 
 CAPTION_TRUNCATED = "caption-truncated"
@@ -37,7 +38,7 @@ def embed_captions(cfg: PreprocessConfig, texts: list[str], out: Path) -> np.nda
     """
     import ray
 
-    if cfg.captions.backend == "auto":  # the driver resolves it (caption_backend.choose)
+    if cfg.captions.backend == AUTO:  # the driver resolves it (caption_backend.choose)
         raise ValueError("embed_captions needs a resolved captions.backend, not 'auto'")
     cache = out / "captions.npz"
     key = _digest({"texts": texts, "model": cfg.captions.model,
@@ -127,8 +128,7 @@ def write_class_files(
     )
     texts = cap.class_texts(classes, cfg.captions.templates, desc)
     if model is None:  # auto: class texts are few, the reference embeds them
-        backend = "torch" if cfg.captions.backend == "auto" else cfg.captions.backend
-        model = cap.load_encoder(cfg.captions.model, backend=backend)
+        model = cap.load_encoder(cfg.captions.model, backend=reference_or(cfg.captions.backend))
     emb = cap.class_embeddings(model, texts)
     sim = (emb.astype(np.float64) @ emb.astype(np.float64).T).astype(np.float32)
     for name, arr in (("class_embeddings", emb), ("class_similarity", sim)):
