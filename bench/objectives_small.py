@@ -17,6 +17,11 @@ Both peers get un-normalised ``z`` and normalise it first, as our objectives do 
 use the peer's own row order (view-major); before timing, each peer's value is checked
 against ours on the same input (float32, rtol 1e-5), so the ratios compare like with like.
 
+Ours runs two ways: "ours" as a plain call (the batch reads its own input checks back), and
+"ours (step)" as training's step calls it (``components/training.py`` ``train_step``): inside
+``hot_path(equal_batches=True)`` with the dataset's sample ids, so the batch's checks ride on
+the loss statistics' one read.
+
 Times: forward + backward, medians of ``--repeats`` interleaved repeats (every case once per
 round, so drift hits all alike), one intra-op thread by default (``--threads``): on a shared
 2-core machine that gives every case the same resources. ``--baseline REV`` also times our
@@ -25,13 +30,15 @@ and imported under its own module objects), interleaved with the current ones: a
 measured in one run.
 
 Usage: ``python bench/objectives_small.py [--sizes 256 512 1024 4096] [--repeats 41]
-[--baseline HEAD~1]``
+[--classes 100] [--baseline HEAD~1]``
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import functools
 import importlib
 import platform
 import statistics
@@ -118,25 +125,38 @@ def load_objectives_at(rev: str, into: Path) -> ModuleType:
 Case = Callable[[Tensor], Tensor]
 
 
-def make_cases(b: int, baseline: ModuleType | None) -> dict[str, dict[str, Case]]:
-    """Per loss: {implementation: z [B, 2, D] -> scalar loss}; "ours" (and "ours before" with a
-    baseline) plus the peers, each defined to equal ours."""
+def make_cases(b: int, baseline: ModuleType | None, classes: int = CLASSES
+               ) -> dict[str, dict[str, Case]]:
+    """Per loss: {implementation: z [B, 2, D] -> scalar loss}; "ours" and "ours (step)" (and
+    their "… before" with a baseline) plus the peers, each defined to equal ours."""
     g = torch.Generator().manual_seed(0)
-    labels = torch.randint(0, CLASSES, (b,), generator=g)
+    labels = torch.randint(0, classes, (b,), generator=g)
     ids = torch.arange(b)
+    sample_ids = torch.randperm(50 * b, generator=g)[:b]  # dataset-wide ids, as training's
 
-    def ours(module: ModuleType) -> dict[str, Case]:
+    def ours(module: ModuleType, step: bool) -> dict[str, Case]:
         simclr, out, inn = (module.InfoNCE(TAU), module.SupCon(TAU, "out"),
                             module.SupCon(TAU, "in"))
         batch = module.ContrastiveBatch
-        return {
-            "simclr": lambda z: simclr(batch(z=z))[0],
-            "supcon_out": lambda z: out(batch(z=z, labels=labels))[0],
-            "supcon_in": lambda z: inn(batch(z=z, labels=labels))[0],
-        }
+        # training's step: hot_path(equal_batches=True), sample ids in every batch
+        # (the module's own core: a baseline's is not in sys.modules)
+        context = (functools.partial(module.core.hot_path, equal_batches=True) if step
+                   else contextlib.nullcontext)
+        extra = {"sample_ids": sample_ids} if step else {}
 
-    now = ours(current)
-    before = ours(baseline) if baseline is not None else {}
+        def call(objective: Callable[..., tuple[Tensor, object]], **fields: Tensor) -> Case:
+            def run(z: Tensor) -> Tensor:
+                with context():
+                    return objective(batch(z=z, **fields, **extra))[0]
+            return run
+
+        return {"simclr": call(simclr), "supcon_out": call(out, labels=labels),
+                "supcon_in": call(inn, labels=labels)}
+
+    variants = {"ours": ours(current, False), "ours (step)": ours(current, True)}
+    if baseline is not None:
+        variants |= {"ours before": ours(baseline, False),
+                     "ours (step) before": ours(baseline, True)}
     # solo-learn's supervised mode lacks SupCon L_in's 1/|P(i)|: ours = solo + mean log|P(i)|.
     per_view = labels.repeat_interleave(2)
     log_p = torch.log(((per_view[:, None] == per_view[None, :]).sum(1) - 1).float()).mean()
@@ -147,9 +167,8 @@ def make_cases(b: int, baseline: ModuleType | None) -> dict[str, dict[str, Case]
         "supcon_in": {"solo-learn (sup.)": lambda z: solo_learn_simclr(z, labels) + log_p},
     }
     for loss, peers in cases.items():
-        peers["ours"] = now[loss]
-        if loss in before:
-            peers["ours before"] = before[loss]
+        for name, losses in variants.items():
+            peers[name] = losses[loss]
     return cases
 
 
@@ -168,24 +187,27 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=41,
                         help="interleaved rounds at 2B <= 1024 (a quarter of them above)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--classes", type=int, default=CLASSES,
+                        help="label classes (SupCon's positives: about 2B/classes per anchor)")
     parser.add_argument("--baseline", default=None,
                         help="git revision whose objectives are timed too, interleaved")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"# bench/objectives_small.py — {datetime.date.today()} — {platform.node()} — "
           f"cpu ({torch.get_num_threads()} thread(s)) — torch {torch.__version__}"
+          + f" — {args.classes} classes"
           + (f" — baseline {args.baseline}" if args.baseline else ""))
     with tempfile.TemporaryDirectory() as tmp:
         baseline = load_objectives_at(args.baseline, Path(tmp)) if args.baseline else None
         for rows in args.sizes:
             run_size(rows, args.repeats if rows <= 1024 else max(5, args.repeats // 4),
-                     baseline)
+                     baseline, args.classes)
 
 
-def run_size(rows: int, repeats: int, baseline: ModuleType | None) -> None:
+def run_size(rows: int, repeats: int, baseline: ModuleType | None, classes: int) -> None:
     b = rows // 2
     z = torch.randn(b, 2, D, generator=torch.Generator().manual_seed(1)).requires_grad_()
-    cases = make_cases(b, baseline)
+    cases = make_cases(b, baseline, classes)
     flat = {(loss, name): fn for loss, peers in cases.items() for name, fn in peers.items()}
     with torch.no_grad():  # like for like: every case's value equals ours on this input
         for (loss, name), fn in flat.items():
@@ -198,7 +220,7 @@ def run_size(rows: int, repeats: int, baseline: ModuleType | None) -> None:
         for key, fn in flat.items():
             times[key].append(timed(fn, z))
     med = {key: statistics.median(t) for key, t in times.items()}
-    print(f"\n## 2B = {rows}, D = {D}, {repeats} rounds\n")
+    print(f"\n## 2B = {rows}, D = {D}, {classes} classes, {repeats} rounds\n")
     print("| loss | implementation | fwd+bwd ms | × fastest peer |")
     print("|---|---|---:|---:|")
     for loss, peers in cases.items():

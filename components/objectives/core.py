@@ -217,14 +217,17 @@ class ContrastiveBatch:
         dtype = torch.float32 if self.z.device.type == "mps" else torch.float64  # no f64 there
         names = tuple(n for n in _FLOAT_FIELDS if (t := getattr(self, n)) is not None
                       and t.is_floating_point() and t.numel())
-        parts = [torch.stack(torch.aminmax(getattr(self, n).detach())) for n in names]  # [2]
+        parts: list[Tensor] = []  # 0-dim each: (min, max) per field, then the least label
+        for n in names:
+            parts.extend(torch.aminmax(getattr(self, n).detach()))
         labels = self.labels is not None and self.labels.numel() > 0
         if labels:
             assert self.labels is not None
-            parts.append(self.labels.min().view(1))
+            parts.append(self.labels.min())
         if not parts:
             return None
-        return _PendingChecks(names, labels, torch.cat(
+        # one stack of exact widenings: per-call cost is a few small kernels, not one each
+        return _PendingChecks(names, labels, torch.stack(
             [p.to(device=self.z.device, dtype=dtype) for p in parts]))
 
     def take_checks(self) -> _PendingChecks | None:
@@ -270,8 +273,13 @@ def at_least_fp32(x: Tensor) -> Tensor:
 
 
 def unit(x: Tensor) -> Tensor:
-    """Rows L2-normalised in at least float32."""
-    return nn.functional.normalize(at_least_fp32(x), dim=-1)
+    """Rows L2-normalised in at least float32.
+
+    ``F.normalize(x, dim=-1)``'s operations (vector norm, clamp at 1e-12, divide) without its
+    Python layers (``torch.norm``'s argument handling): the same kernels, the same values and
+    gradients, a few microseconds less per call."""
+    x = at_least_fp32(x)
+    return x / torch.linalg.vector_norm(x, 2, -1, keepdim=True).clamp_min(1e-12)
 
 
 @dataclasses.dataclass
@@ -336,6 +344,18 @@ class PositivePairs(NamedTuple):
                                                                   device=mask.device))
 
 
+@functools.lru_cache(maxsize=64)
+def _row_numbers(n: int, views: int, device: torch.device) -> Tensor:
+    """[n·views] int64 ``r // views`` (0, …, 0, 1, …: each of n rows once per view), cached
+    per (n, views, device): every step of a run asks for the same few, and making them is
+    a few kernel launches each time. Shared: read it, never write to it.
+
+    Made outside inference mode (an inference tensor could not be saved for backward by
+    a later step's autograd)."""
+    with torch.inference_mode(False), torch.no_grad():
+        return torch.arange(n, device=device).repeat_interleave(views)
+
+
 def pair_up(batch: ContrastiveBatch, bank: MemoryBank | None = None,
             sizes: Sequence[int] | None = None) -> Pairs:
     """Gather candidates from every rank (with autograd) and append the bank's rows.
@@ -349,23 +369,32 @@ def pair_up(batch: ContrastiveBatch, bank: MemoryBank | None = None,
     offset = distributed.row_offset(b, device, sizes=sizes)
     anchors = unit(batch.z).flatten(0, 1)  # [B·V, D], row b·V + v
     candidates = distributed.gather(anchors, sizes=[n * v for n in sizes])  # [N·V, D]
-    self_index = (offset * v + torch.arange(b * v, device=device)).long()
+    self_index = _row_numbers(b * v, 1, device)  # [B·V] this rank's rows: 0, 1, …
+    if offset:
+        self_index = self_index + offset * v
 
     def per_view(t: Tensor) -> Tensor:  # [B, ...] -> [B·V, ...]
         return t.repeat_interleave(v, dim=0)
 
     ids = batch.sample_ids
-    if ids is None:  # batch positions: unique across ranks, meaningless across steps
-        ids = offset + torch.arange(b, device=device)
-    labels = batch.labels if batch.labels is not None else torch.full_like(ids, -1)
-    # Per-sample metadata travels once (not once per view), in one collective.
-    meta = torch.stack([ids.to(device).long(), labels.to(device).long()], dim=1)  # [B, 2]
-    anchor_ids, anchor_labels = per_view(meta).T.contiguous()  # [B·V] each
-    if distributed.is_distributed():
+    dist = distributed.is_distributed()
+    if not dist:  # no collective: expand ids and labels directly (no [B, 2] stack)
+        if ids is None:  # batch positions (cached): unique, meaningless across steps
+            anchor_ids = _row_numbers(b, v, device)
+        else:
+            anchor_ids = per_view(ids.to(device).long())
+        anchor_labels = (None if batch.labels is None
+                         else per_view(batch.labels.to(device).long()))
+        candidate_ids, candidate_labels = anchor_ids, anchor_labels  # the gather = this batch
+    else:
+        if ids is None:  # batch positions: unique across ranks, meaningless across steps
+            ids = offset + torch.arange(b, device=device)
+        labels = batch.labels if batch.labels is not None else torch.full_like(ids, -1)
+        # Per-sample metadata travels once (not once per view), in one collective.
+        meta = torch.stack([ids.to(device).long(), labels.to(device).long()], dim=1)  # [B, 2]
+        anchor_ids, anchor_labels = per_view(meta).T.contiguous()  # [B·V] each
         all_meta = distributed.gather(meta, grad=False, sizes=sizes)  # [N, 2]
         candidate_ids, candidate_labels = per_view(all_meta).T.contiguous()  # [N·V] each
-    else:  # the gather would be this batch: same rows, no second expansion
-        candidate_ids, candidate_labels = anchor_ids, anchor_labels
     pairs = Pairs(
         anchors=anchors,
         candidates=candidates,
@@ -428,8 +457,10 @@ def chunked_rows(fn: Callable[..., tuple[Tensor, ...]], row_inputs: Sequence[Ten
 
 def masked_logits(pairs: Pairs, tau: float) -> Tensor:
     """``s_ij = cos(a_i, c_j) / tau`` [A, M] float32, each anchor's own column at finfo.min."""
-    logits = pairs.anchors @ pairs.candidates.T / tau
-    # In place is safe: the matmul's backward needs its inputs, not this output.
+    # The divide and the mask in place (the same kernels as ``a @ cᵀ / tau``, so the same
+    # values and gradients, without a second A×M buffer): the matmul's backward needs its
+    # inputs, not this output, and the divide's needs neither.
+    logits = torch.mm(pairs.anchors, pairs.candidates.T).div_(tau)
     return logits.scatter_(1, pairs.self_index[:, None], torch.finfo(logits.dtype).min)
 
 
@@ -460,6 +491,15 @@ def graph_cross_entropy(logits: Tensor, weights: Tensor | PositivePairs) -> tupl
     return _SoftCrossEntropy.apply(logits, targets), valid
 
 
+def _flat_positions(rows: Tensor, cols: Tensor, width: int) -> Tensor:
+    """[P] positions ``row·width + col`` of (rows, cols) in a flattened [A, width] matrix.
+
+    Gathering / adding there with ``index_select`` / ``index_add_`` moves the same values as
+    ``m[rows, cols]`` / ``index_put_((rows, cols), …, accumulate=True)`` (distinct pairs: each
+    entry is read or added once), several times faster on CPU."""
+    return rows.mul(width).add_(cols)
+
+
 class _HardCrossEntropy(torch.autograd.Function):
     """``logsumexp(s_i) − (1/|P(i)|) Σ_{p∈P(i)} s_ip`` per row, P given as (rows, cols) pairs.
 
@@ -475,15 +515,18 @@ class _HardCrossEntropy(torch.autograd.Function):
                 count: Tensor) -> Tensor:
         lse = torch.logsumexp(logits, dim=1)  # [A]
         count = count.clamp_min(1)  # anchors without a positive pull nothing (and are masked)
-        pulled = logits.new_zeros(logits.shape[0]).index_add(0, rows, logits[rows, cols])
-        ctx.save_for_backward(logits, lse, rows, cols, count)
+        at = _flat_positions(rows, cols, logits.shape[1])  # [P]
+        picks = logits.reshape(-1).index_select(0, at)  # logits[rows, cols]
+        pulled = logits.new_zeros(logits.shape[0]).index_add(0, rows, picks)
+        ctx.save_for_backward(logits, lse, rows, at, count)
         return lse - pulled / count
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None]:  # type: ignore[override]
-        logits, lse, rows, cols, count = ctx.saved_tensors
+        logits, lse, rows, at, count = ctx.saved_tensors
         out = (logits - lse[:, None]).exp_().mul_(grad[:, None])
-        out.index_put_((rows, cols), (-grad / count)[rows], accumulate=True)
+        # out[rows, cols] += (−g/|P|)[rows]: the positives' pull, each entry once
+        out.view(-1).index_add_(0, at, (-grad / count).index_select(0, rows))
         return out, None, None, None
 
 
@@ -530,8 +573,36 @@ def _segment_logsumexp(rows: Tensor, values: Tensor, n: int, valid: Tensor) -> T
         (n,), torch.finfo(values.dtype).min, dtype=values.dtype, device=values.device
     )
     shift = shift.scatter_reduce(0, rows, values.detach(), "amax")
-    total = values.new_zeros(n).index_add(0, rows, torch.exp(values - shift[rows]))
+    total = values.new_zeros(n).index_add(0, rows,
+                                          torch.exp(values - shift.index_select(0, rows)))
     return torch.where(valid, torch.log(torch.where(valid, total, 1.0)) + shift, 0.0)
+
+
+class _LogSumExpAndPicks(torch.autograd.Function):
+    """``(logsumexp(s_i) [A], s[rows, cols] [P])`` with one A×M gradient buffer.
+
+    Backward is ``softmax(s_i) · g_i`` with the picks' gradients added at (rows, cols): the
+    same operations, in the same order, as autograd of ``torch.logsumexp`` and the indexing
+    (so bitwise the same gradient), which would allocate a further zero A×M matrix for the
+    picks, another for the sum, and one per step of the log-sum-exp's backward.
+    (rows, cols) must be distinct pairs. Saves the logits, the log-sum-exp and the indices.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, rows: Tensor,  # type: ignore[override]
+                cols: Tensor) -> tuple[Tensor, Tensor]:
+        lse = torch.logsumexp(logits, dim=1)  # [A]
+        at = _flat_positions(rows, cols, logits.shape[1])  # [P]
+        ctx.save_for_backward(logits, lse, at)
+        return lse, logits.reshape(-1).index_select(0, at)  # logits[rows, cols]
+
+    @staticmethod
+    def backward(ctx, grad_lse: Tensor,  # type: ignore[override]
+                 grad_picks: Tensor) -> tuple[Tensor, None, None]:
+        logits, lse, at = ctx.saved_tensors
+        out = (logits - lse[:, None]).exp_().mul_(grad_lse[:, None])
+        out.view(-1).index_add_(0, at, grad_picks)  # out[rows, cols] += the picks' gradient
+        return out, None, None
 
 
 def positive_log_mass(logits: Tensor, positives: Tensor | PositivePairs
@@ -540,12 +611,16 @@ def positive_log_mass(logits: Tensor, positives: Tensor | PositivePairs
 
     The positives' log-sum-exp runs over the positive entries only, so the cost beyond the
     all-candidates log-sum-exp is O(#positives). ``positives``: an [A, M] bool mask or its
-    :class:`PositivePairs`. Buffers: no A×M float copy (nor a mask, given the pairs).
+    :class:`PositivePairs`. Buffers: one A×M float32 in backward (:class:`_LogSumExpAndPicks`;
+    no mask, given the pairs).
     """
-    rows, values, count = _positive_entries(logits, positives)
+    rows, cols = (positives if isinstance(positives, PositivePairs)
+                  else positives.nonzero(as_tuple=True))
+    count = torch.bincount(rows, minlength=logits.shape[0]).to(logits.dtype)
+    lse, values = _LogSumExpAndPicks.apply(logits, rows, cols)
     valid = count > 0
     pos_lse = _segment_logsumexp(rows, values, logits.shape[0], valid)
-    return torch.logsumexp(logits, dim=1) - pos_lse + torch.log(count.clamp_min(1)), valid
+    return lse - pos_lse + torch.log(count.clamp_min(1)), valid
 
 
 def noise_contrastive(
@@ -614,8 +689,13 @@ class Objective(nn.Module):
             # e.g. a label out of range would fail inside compute (a CUDA device assert)
             batch.check()
         # Logits in float32 even inside an autocast region: autocast would run the matmuls
-        # in fp16/bf16, where cos/τ at small τ loses most of its digits.
-        with torch.autocast(device_type=batch.z.device.type, enabled=False):
+        # in fp16/bf16, where cos/τ at small τ loses most of its digits. (Entering the
+        # context costs tens of microseconds: only when autocast is on.)
+        device_type = batch.z.device.type
+        if torch.is_autocast_enabled(device_type):
+            with torch.autocast(device_type=device_type, enabled=False):
+                out = self.compute(batch)
+        else:
             out = self.compute(batch)
         batch.check()  # a no-op when compute's read carried them
         return out
@@ -644,25 +724,34 @@ def fused_global_means(terms: Sequence[tuple[Tensor, Tensor]],
             rank has taken part in the all-reduce by then).
     """
     dtype = functools.reduce(torch.promote_types, [p.dtype for p, _ in terms])
-    local_sums, stats = [], []
-    for per_anchor, valid in terms:
-        # where(): invalid rows may hold inf/NaN placeholders; never multiply them by 0.
-        local_sum = torch.where(valid, per_anchor, torch.zeros_like(per_anchor)).sum()
-        local_sums.append(local_sum)
-        stats += [local_sum.detach().to(dtype), valid.sum().to(dtype),
-                  torch.full((), valid.numel(), dtype=dtype, device=valid.device)]
-    reduced = distributed.all_reduce_sum(torch.stack(stats))  # [3·T]: sum, count, total
+    device = terms[0][0].device
+    wide = torch.float32 if device.type == "mps" else torch.float64  # no f64 there
+    # where(): invalid rows may hold inf/NaN placeholders; never multiply them by 0.
+    local_sums = [torch.where(valid, per_anchor, 0.0).sum() for per_anchor, valid in terms]
     pending = batch.take_checks() if batch is not None else None
     own = [c for c in checks if c is not None]
     parts = ([] if pending is None else [pending.values]) + [c.values.reshape(-1) for c in own]
-    if parts:
-        wide = torch.float32 if reduced.device.type == "mps" else torch.float64  # no f64 there
-        read = torch.cat([reduced.to(wide), *(p.to(device=reduced.device, dtype=wide)
-                                              for p in parts)])
+    checked = [p.to(device=device, dtype=wide) for p in parts]
+    if distributed.is_distributed():  # sum, count, total per term, summed over ranks
+        stats: list[Tensor] = []
+        for local_sum, (_, valid) in zip(local_sums, terms, strict=True):
+            stats += [local_sum.detach().to(dtype), valid.sum().to(dtype),
+                      torch.full((), valid.numel(), dtype=dtype, device=valid.device)]
+        reduced = distributed.all_reduce_sum(torch.stack(stats))  # [3·T]
+        read = torch.cat([reduced.to(wide), *checked]) if checked else reduced
     else:
-        read = reduced
+        # Nothing to sum over ranks: each statistic goes straight to the read's dtype (the
+        # same numbers: the sum widened exactly, the count exact in either below 2**24), and
+        # the totals are the terms' sizes, known here — one stack, a few kernels fewer.
+        stats = [x for local_sum, (_, valid) in zip(local_sums, terms, strict=True)
+                 for x in (local_sum.detach().to(wide), valid.sum().to(wide))]
+        read = torch.cat([torch.stack(stats), *checked]) if checked else torch.stack(stats)
     values = read.tolist()  # the one device-to-host copy
-    at = len(stats)
+    if not distributed.is_distributed():  # put the totals in: (sum, count, total) per term
+        sums_counts, rest = values[: len(stats)], values[len(stats):]
+        values = [x for k, (_, valid) in enumerate(terms)
+                  for x in (*sums_counts[2 * k : 2 * k + 2], float(valid.numel()))] + rest
+    at = 3 * len(terms)
     if pending is not None and batch is not None:
         batch.raise_failed(pending, values[at : at + pending.values.numel()])
         at += pending.values.numel()
@@ -745,7 +834,9 @@ class BatchContrastive(Objective):
 
         def rows(start: int, stop: int, anchors: Tensor,
                  candidates: Tensor) -> tuple[Tensor, ...]:
-            loss, valid, extra = self.per_anchor(pairs.rows(start, stop, anchors, candidates))
+            whole = anchors is pairs.anchors and candidates is pairs.candidates  # one chunk
+            loss, valid, extra = self.per_anchor(
+                pairs if whole else pairs.rows(start, stop, anchors, candidates))
             names[:] = sorted(extra)
             return (loss, valid, *(extra[k].detach() for k in names))
 
