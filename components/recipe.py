@@ -299,7 +299,7 @@ class PretrainRecipe:
         from components.data.reader import DatasetInfo, set_jit
         from components.data.staging import local_dataset
         from components.optim import build_for_run
-        from components.training import build_model, uses_projector
+        from components.training import build_model, compile_encoder, uses_projector
 
         cfg, facts = self.cfg, self.facts
         if self.host is None:
@@ -315,7 +315,8 @@ class PretrainRecipe:
         # The step, the kNN and the reader's torch ops run on the worker's CPUs (FFCV no longer
         # resets this process-wide count to data.num_workers: components.data.ffcv_import).
         torch.set_num_threads(max(1, math.floor(cfg.scaling.cpus_per_worker)))
-        _worker_info(self.run_dir, self.rank, self.world, device, host.ray_node_ranks())
+        _worker_info(self.run_dir, self.rank, self.world, device, host.ray_node_ranks(),
+                     cfg.train.amp)
 
         # A URI, or data.stage: read a node-local copy (made once per node, verified).
         self.info = DatasetInfo.load(local_dataset(cfg.data.dataset, cfg.data.stage,
@@ -334,6 +335,8 @@ class PretrainRecipe:
         model.to(device)
         if model.channels_last:
             model.to(memory_format=torch.channels_last)
+        if cfg.train.compile:
+            compile_encoder(model)
         if ema is not None:
             ema.to(device)
             if model.channels_last:  # a copy made before the conversion: the model's layout
@@ -698,9 +701,10 @@ def _pause_once(run_dir: str, rank: int, step: int, seconds: float = 300.0) -> N
 
 
 def _worker_info(run_dir: str, rank: int, world: int, device: Any,
-                 ray_ranks: tuple[int, int] | None) -> dict[str, Any]:
-    """``workers/rank<r>.json``: where each rank runs (pid, node, device) — for operators and
-    for tests that kill a worker or check placement.
+                 ray_ranks: tuple[int, int] | None, amp: str = "none") -> dict[str, Any]:
+    """``workers/rank<r>.json``: where each rank runs (pid, node, device, the precision
+    ``train.amp`` gives there) — for operators and for tests that kill a worker or check
+    placement.
 
     The node / local ranks are computed from Ray node ids (:func:`~components.distributed.
     node_layout`), not taken from Ray Train, which ranks nodes by IP: nodes sharing an IP
@@ -739,6 +743,9 @@ def _worker_info(run_dir: str, rank: int, world: int, device: Any,
             f"rank {rank} on node {node_id} was given {device} but sees "
             f"{torch.cuda.device_count()} GPUs (CUDA_VISIBLE_DEVICES="
             f"{info['cuda_visible_devices']!r}); do not set CUDA_VISIBLE_DEVICES yourself")
+    from components.training import resolve_amp
+
+    info["amp"] = resolve_amp(amp, device)  # what `auto` became on this worker's device
     if (info["ray_node_rank"], info["ray_local_rank"]) != (layout["node_rank"],
                                                            layout["local_rank"]):
         console.say(f"[simgraph] rank {rank}: Ray Train says node_rank {info['ray_node_rank']} / "

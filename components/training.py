@@ -132,6 +132,14 @@ def build_model(
     return PretrainModel(encoder, objective), ema
 
 
+def compile_encoder(model: PretrainModel) -> None:
+    """``train.compile``: the encoder's forward (backbone, projector, classifier) through
+    ``torch.compile`` in place (``nn.Module.compile``: parameter names, ``state_dict`` and
+    checkpoints stay those of the eager model). The objective stays eager: its pairing and
+    graph targets have data-dependent shapes, and at these sizes it is not the step's cost."""
+    model.encoder.compile()
+
+
 def uses_projector(objective: Objective) -> bool:
     """Whether every step's loss reads ``z``. Cross-entropy only reads ``logits``; CoNe reads
     ``z`` only once its bank holds neighbours. Otherwise DDP must be told
@@ -154,8 +162,29 @@ def seed_everything(seed: int, epoch: int, rank: int) -> None:
     random.seed(s)
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes bfloat16 matmuls and convolutions in hardware: a CPU with
+    AVX-512 BF16 or AMX tiles (oneDNN's bf16 kernels; elsewhere bf16 is emulated and slower
+    than float32), a CUDA GPU of compute capability ≥ 8.0."""
+    if device.type == "cuda":
+        return bool(torch.cuda.get_device_capability(device)[0] >= 8)
+    if device.type == "cpu":
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    return False
+
+
+def resolve_amp(amp: str, device: torch.device) -> str:
+    """``train.amp`` for this worker: ``auto`` becomes ``bf16`` where :func:`native_bf16`,
+    else ``none``; any other value is returned as given."""
+    if amp != "auto":
+        return amp
+    return "bf16" if native_bf16(device) else "none"
+
+
 def autocast(device: torch.device, amp: str) -> AbstractContextManager[Any]:
-    """Autocast for ``train.amp`` (``none`` | ``bf16`` | ``fp16``)."""
+    """Autocast for ``train.amp``: ``none`` | ``bf16`` | ``fp16`` | ``auto``
+    (:func:`resolve_amp`)."""
+    amp = resolve_amp(amp, device)
     if amp == "none":
         return nullcontext()
     dtype = torch.bfloat16 if amp == "bf16" else torch.float16

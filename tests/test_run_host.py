@@ -5,6 +5,7 @@ metrics as an uninterrupted one. No Ray: the recipe runs against the host direct
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,8 @@ def test_interrupted_in_trial_run_resumes_to_identical_weights(tmp_path: Path) -
     assert names == ["epoch_00002", "epoch_00003"]
     assert all(is_complete(Path(full_dir) / n) for n in names)
     assert (Path(full_dir) / "metrics.csv").exists()
-    assert (Path(full_dir) / "workers" / "rank0.json").exists()
+    info = json.loads((Path(full_dir) / "workers" / "rank0.json").read_text())
+    assert info["amp"] == "none"  # the precision train.amp gave on this worker
 
     with pytest.raises(Interrupted):
         _train(config("b"), stop_after=2)

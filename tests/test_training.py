@@ -27,7 +27,9 @@ from components.training import (
     SkipGuard,
     SkippedStep,
     build_model,
+    compile_encoder,
     extract_features,
+    resolve_amp,
     seed_everything,
     train_step,
 )
@@ -147,6 +149,55 @@ def test_bf16_autocast_step_on_cpu() -> None:
                    device=torch.device("cpu"), step=0, total_steps=10, ema_momentum=0.99,
                    where="x")
     assert math.isfinite(m["loss"])
+
+
+@pytest.mark.parametrize("avx512_bf16, amx, want", [(True, False, "bf16"), (False, True, "bf16"),
+                                                     (False, False, "none")])
+def test_amp_auto_is_bf16_only_where_the_cpu_has_it(monkeypatch: pytest.MonkeyPatch,
+                                                    avx512_bf16: bool, amx: bool,
+                                                    want: str) -> None:
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    cpu = torch.device("cpu")
+    assert resolve_amp("auto", cpu) == want
+    for given in ("none", "bf16", "fp16"):  # an explicit choice is kept as given
+        assert resolve_amp(given, cpu) == given
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_step_under_amp_auto_is_the_step_under_what_it_resolves_to(
+        monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    weights = []
+    for amp in ("auto", "bf16" if native else "none"):
+        torch.manual_seed(0)
+        model, ema, opt, sched = _setup("supcon")
+        train_step(model, ema, opt, sched, None, _batch(), train_cfg=TrainConfig(amp=amp),
+                   device=torch.device("cpu"), step=0, total_steps=10, ema_momentum=0.99,
+                   where="x")
+        weights.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*weights, strict=True))
+
+
+@pytest.mark.slow  # Inductor compiles the forward and backward (~30 s on 2 cores)
+def test_a_compiled_encoder_trains_like_the_eager_one_and_saves_the_same_keys() -> None:
+    losses, weights, keys = [], [], []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model, ema, opt, sched = _setup("supcon")
+        if compiled:
+            compile_encoder(model)
+        for step in range(2):
+            m = train_step(model, ema, opt, sched, None, _batch(seed=step), train_cfg=TrainConfig(),
+                           device=torch.device("cpu"), step=step, total_steps=10,
+                           ema_momentum=0.99, where="x")
+            losses.append(m["loss"])
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+        keys.append(list(model.state_dict()))
+    assert keys[0] == keys[1]  # checkpoints of compiled runs load into eager models
+    assert losses[2:] == pytest.approx(losses[:2], rel=1e-4)
+    torch.testing.assert_close(weights[1], weights[0], rtol=1e-4, atol=1e-5)
 
 
 def test_seed_everything_is_a_function_of_seed_epoch_rank() -> None:

@@ -190,13 +190,19 @@ class OptimConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """The loop. ``amp``: autocast dtype on GPU (``fp16`` adds a gradient scaler; on CPU only
-    ``none`` and ``bf16``). ``steps_per_epoch`` caps an epoch (demos, tests; ``None`` = the
+    """The loop. ``amp``: autocast dtype (``fp16`` adds a gradient scaler and needs a GPU; on
+    CPU ``none`` and ``bf16``); ``auto``: ``bf16`` where the worker's device computes it
+    natively (a CPU with AVX-512 BF16 or AMX, a GPU of compute capability ≥ 8.0), else
+    ``none`` (float32), decided by each worker (:func:`components.training.resolve_amp`) and
+    recorded in its ``workers/rank<r>.json``. ``compile``: the encoder's forward through
+    ``torch.compile`` (Inductor; the first steps pay the compile, docs/benchmarks.md says when
+    it pays back). ``steps_per_epoch`` caps an epoch (demos, tests; ``None`` = the
     whole split). ``grad_clip``: max global gradient norm, ``None`` = off."""
 
     epochs: int = 100
     seed: int = 0
-    amp: Literal["none", "bf16", "fp16"] = "none"
+    amp: Literal["none", "bf16", "fp16", "auto"] = "none"
+    compile: bool = False
     grad_clip: float | None = None
     steps_per_epoch: int | None = None
     log_every_steps: int = 50
