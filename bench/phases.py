@@ -88,14 +88,18 @@ def child(config: str, events: str) -> None:
         setattr(owner, attr, _timed(label, getattr(owner, attr)))
     training.train_step = _timed("step", training.train_step)
 
+    returned: list[float] = []
+
     def dump() -> None:
         Path(events).write_text(json.dumps({"child_start": started, "events": EVENTS,
-                                            "child_end": time.time()}))
+                                            "returned": returned[0]}))
 
     atexit.register(dump)
     from pipelines.cli import main
 
-    sys.exit(main(["pretrain", config]))
+    code = main(["pretrain", config])
+    returned.append(time.time())
+    sys.exit(code)
 
 
 def phases(start: float, end: float, log: dict[str, Any], batch: int) -> dict[str, Any]:
@@ -126,7 +130,8 @@ def phases(start: float, end: float, log: dict[str, Any], batch: int) -> dict[st
         "steady epochs": sum(b - a for a, b in epochs[1:]),
         "online kNN (incl. its loaders)": total("evaluate_epoch"),
         "checkpoints, metrics": total("save"),
-        "teardown": end - max(b for _, _, b in ev),
+        "after training (summary, run-dir lines)": log["returned"] - max(b for _, _, b in ev),
+        "interpreter exit": end - log["returned"],
     }
     out["wall"] = end - start
     out["other"] = out["wall"] - sum(v for k, v in out.items() if k != "wall")
