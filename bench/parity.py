@@ -312,6 +312,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from components.data.reader import DatasetInfo
+    from components.evaluation.baseline import random_init_model
     from components.session import ray_session
     from pipelines import evaluate, preprocess, pretrain
 
@@ -361,8 +362,7 @@ def main() -> None:
                             times[k] += done[key]["seconds"][k]
                         print(f"[parity] {name}: reused from {log_path}", flush=True)
                         continue
-                    torch.manual_seed(seed)
-                    rand, _ = build_model(cfg.model, cfg.loss, c, sim, info.caption_dim)
+                    rand = random_init_model(cfg, c, sim, info.caption_dim)  # the run's init
                     t0 = time.perf_counter()
                     plain = train_plain(cfg, work / ds, c, sim, info.caption_dim,
                                         args.plain_resize)
