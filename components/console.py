@@ -251,8 +251,30 @@ def run_summary(cfg: Any, facts: Any, run_dir: str) -> str:
                                 f"{', '.join(f'{x:g}' for x in o.step_epochs)}"
                                 if o.schedule == "step" else ""),
         f"  kNN     {knn}",
+        *([p] if (p := _precision(cfg)) else []),
         *(f"  warning {note}" for note in facts.warnings),
     ])
+
+
+def _precision(cfg: Any) -> str | None:
+    """The summary's precision line when it is not plain float32 eager: ``train.amp`` (what
+    ``auto`` becomes: on CPU, this machine's answer — each worker decides for its own
+    device) and ``train.compile``."""
+    t = cfg.train
+    if t.amp == "none" and not t.compile:
+        return None
+    amp = t.amp
+    if amp == "auto":
+        if cfg.scaling.use_gpu:
+            amp = "auto (bf16 on GPUs of compute capability >= 8.0, else float32; per worker)"
+        else:
+            import torch
+
+            from components.training import resolve_amp
+
+            got = resolve_amp("auto", torch.device("cpu"))
+            amp = f"auto -> {'float32' if got == 'none' else got} on this machine's CPU"
+    return f"  precision train.amp {amp}" + ("; train.compile on" if t.compile else "")
 
 
 def duration(seconds: float) -> str:

@@ -142,6 +142,7 @@ def test_validate_checks_a_pretrain_config_against_its_dataset(
     assert "# simgraph pretrain: run 'small-simclr'" in out
     assert "peak LR 0.0125 = optim.lr 0.1 × 32/256 (lr_scaling linear)" in out
     assert "4 steps/epoch x 15 epochs = 60 steps" in out and "warning" not in out
+    assert "  precision train.amp auto -> " in out  # the recipe's bf16-where-native, resolved
     assert main(["validate", path, *common, "loss.name=cone", "loss.bank_size=1024",
                  "loss.tau_sup=5"]) == 0
     out = capsys.readouterr().out
