@@ -44,7 +44,14 @@ def _start(cfg: dict[str, Any], tmp: Path, pause_at_step: int = 0,
     flags = ["--verbose"] if verbose else []
     return subprocess.Popen([sys.executable, "-m", "pipelines.cli", *flags, "pretrain", str(path)],
                             cwd=ROOT, env=env, start_new_session=True, stdout=log,
-                            stderr=subprocess.STDOUT)
+                            stderr=subprocess.STDOUT, preexec_fn=_as_from_a_terminal)
+
+
+def _as_from_a_terminal() -> None:
+    """SIGINT at its default, as in a shell at a terminal: a test suite started in the
+    background (``make test &``) hands its children SIGINT ignored, and Python then never
+    raises KeyboardInterrupt, so the Ctrl-C test would wait on a run that cannot hear it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _finish(proc: subprocess.Popen, tmp: Path, name: str, timeout: float = 400) -> None:
