@@ -23,6 +23,7 @@ one-worker sweep trial — the Tune trial actor itself (:func:`train_in_trial`).
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -315,8 +316,10 @@ class PretrainRecipe:
         # The step, the kNN and the reader's torch ops run on the worker's CPUs (FFCV no longer
         # resets this process-wide count to data.num_workers: components.data.ffcv_import).
         torch.set_num_threads(max(1, math.floor(cfg.scaling.cpus_per_worker)))
-        _worker_info(self.run_dir, self.rank, self.world, device, host.ray_node_ranks(),
-                     cfg.train.amp)
+        # train.amp as this worker's device takes it (`auto` resolved once, not per step)
+        self.amp = _worker_info(self.run_dir, self.rank, self.world, device,
+                                host.ray_node_ranks(), cfg.train.amp)["amp"]
+        self.train_cfg = dataclasses.replace(cfg.train, amp=self.amp)
 
         # A URI, or data.stage: read a node-local copy (made once per node, verified).
         self.info = DatasetInfo.load(local_dataset(cfg.data.dataset, cfg.data.stage,
@@ -350,7 +353,7 @@ class PretrainRecipe:
         self.optimizer, self.scheduler = build_for_run(
             model, cfg.optim, cfg.data.batch_size * self.world, self.steps_per_epoch,
             cfg.train.epochs)
-        self.scaler = torch.amp.GradScaler("cuda") if cfg.train.amp == "fp16" else None
+        self.scaler = torch.amp.GradScaler("cuda") if self.amp == "fp16" else None
 
         self.start_epoch, self.step = 0, 0
         self.history: list[dict[str, Any]] = []
@@ -446,7 +449,7 @@ class PretrainRecipe:
             try:
                 metrics = train_step(
                     self.ddp, self.ema, self.optimizer, self.scheduler, self.scaler, batch,
-                    train_cfg=cfg.train, device=self.device, step=self.step,
+                    train_cfg=self.train_cfg, device=self.device, step=self.step,
                     total_steps=self.total_steps,
                     ema_momentum=getattr(cfg.loss, "ema_momentum", 0.996), where=where)
             except SkippedStep as e:  # fp16 overflow on every rank: the guard may stop the run
@@ -513,8 +516,8 @@ class PretrainRecipe:
         assert self.knn_loaders is not None
         t0 = time.perf_counter()
         encoder = self.model.encoder
-        bank = extract_features(encoder, self.knn_loaders[0], self.device, cfg.train.amp)
-        queries = extract_features(encoder, self.knn_loaders[1], self.device, cfg.train.amp)
+        bank = extract_features(encoder, self.knn_loaders[0], self.device, self.amp)
+        queries = extract_features(encoder, self.knn_loaders[1], self.device, self.amp)
         correct, total = sharded_knn_correct(
             bank, queries, k=cfg.knn.k, num_classes=self.facts.num_classes,
             temperature=cfg.knn.temperature)
