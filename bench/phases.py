@@ -75,7 +75,6 @@ def _timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def child(config: str, events: str) -> None:
     """``simgraph pretrain config`` with timers around its phases; events to ``events``."""
-    started = time.time()
     import components.recipe as recipe
     import components.training as training
     from components.data import reader
@@ -91,7 +90,7 @@ def child(config: str, events: str) -> None:
     returned: list[float] = []
 
     def dump() -> None:
-        Path(events).write_text(json.dumps({"child_start": started, "events": EVENTS,
+        Path(events).write_text(json.dumps({"events": EVENTS,
                                             "returned": returned[0]}))
 
     atexit.register(dump)
