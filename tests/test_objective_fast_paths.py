@@ -1,14 +1,15 @@
 """The objectives' per-call shortcuts (issue 33, item 2) keep their answers: cached row numbers
-are per (size, views, device) and never shared wrongly, and the positive pairs built without a
-mask are exactly the mask's ``nonzero``."""
+are per (size, views, device) and never shared wrongly, the positive pairs built without a
+mask are exactly the mask's ``nonzero``, and small batches' masks give what the pairs give."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from components.objectives import ContrastiveBatch, InfoNCE, SupCon
-from components.objectives.core import _row_numbers
-from components.objectives.targets import _equal_key_pairs
+from components.objectives.core import SINGLE_SHIFT_SPREAD, _row_numbers
+from components.objectives.targets import _equal_key_mask, _equal_key_pairs
 
 
 def test_cached_row_numbers_are_per_size_views_and_device() -> None:
@@ -59,3 +60,65 @@ def test_equal_key_pairs_are_the_masks_nonzero() -> None:
         rows, cols = _equal_key_pairs(a, c, own)
         want_rows, want_cols = mask.nonzero(as_tuple=True)
         assert torch.equal(rows, want_rows) and torch.equal(cols, want_cols), (a, c, own)
+
+
+def test_equal_key_masks_are_the_pairs_as_a_mask() -> None:
+    """The small-batch masks (bool and 0/1 float) hold exactly the positive pairs."""
+    g = torch.Generator().manual_seed(2)
+    for _ in range(100):
+        a = torch.randint(-1, 4, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g)
+        c = torch.cat([a, torch.randint(-1, 4, (5,), generator=g)])  # + bank-like rows
+        own = torch.arange(a.numel())
+        want = _equal_key_pairs(a, c, own).dense(a.numel(), c.numel())
+        assert torch.equal(_equal_key_mask(a, c, own), want), (a, c)
+        got = _equal_key_mask(a, c, own, torch.float32)
+        assert got.dtype == torch.float32 and torch.equal(got, want.float()), (a, c)
+
+
+@pytest.mark.parametrize("loss", ["simclr", "supcon_out", "supcon_in"])
+def test_masks_and_pairs_give_the_same_loss_and_gradient(loss: str) -> None:
+    """Float32, a batch of training's shape (many rows, 10 classes, sample ids; for SupCon one
+    view, so that singleton classes have no positive): the mask path (small batches) and the
+    pair path agree."""
+    g = torch.Generator().manual_seed(3)
+    b = 96
+    z = torch.randn(b, 2 if loss == "simclr" else 1, 16, generator=g)
+    labels = torch.randint(0, 10, (b,), generator=g)
+    labels[:3] = torch.tensor([97, 98, 99])  # singleton classes
+    fields = {"sample_ids": torch.randperm(10 * b, generator=g)[:b]}
+    if loss != "simclr":
+        fields["labels"] = labels
+    results = []
+    for entries in (1 << 40, 0):  # masks, then pairs
+        objective = InfoNCE(0.1) if loss == "simclr" else SupCon(0.1, loss.split("_")[1])
+        objective.dense_graph_entries = entries  # type: ignore[misc]
+        zz = z.clone().requires_grad_()
+        value, metrics = objective(ContrastiveBatch(z=zz, **fields))
+        value.backward()
+        results.append((value.detach(), zz.grad, metrics["anchors_without_positive"]))
+    (v_mask, g_mask, n_mask), (v_pairs, g_pairs, n_pairs) = results
+    torch.testing.assert_close(v_mask, v_pairs, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(g_mask, g_pairs, rtol=1e-4, atol=1e-7)
+    assert n_mask == n_pairs == (0 if loss == "simclr" else 3)
+
+
+@pytest.mark.parametrize("tau", [0.1, 0.01])
+def test_supcon_in_keeps_positives_far_below_the_row_max(tau: float) -> None:
+    """L_in with masks sums the positives' exp under the row max's shift; a positive 150
+    logits below it would underflow in float32, so past a spread of 2/τ > 80 the loss takes
+    the pair path. Anchor 0's positive is at cos −0.5 and a negative at cos 1: the loss of
+    its row is logsumexp − s_p (one positive), here checked in float64 by hand."""
+    z = torch.tensor([[1.0, 0.0], [-0.5, 0.75 ** 0.5], [1.0, 0.0]])[:, None, :]  # V = 1
+    labels = torch.tensor([0, 0, 1])
+    objective = SupCon(tau, "in")
+    objective.dense_graph_entries = 1 << 40  # type: ignore[misc]
+    value, _ = objective(ContrastiveBatch(z=z, labels=labels))
+    s = torch.tensor([[-0.5, 1.0], [-0.5, -0.5]], dtype=torch.float64) / tau  # rows 0, 1
+    want = (torch.logsumexp(s, 1) - s[:, 0]).mean()  # anchor 2 has no positive
+    assert torch.isfinite(value)
+    torch.testing.assert_close(value.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_single_shift_spread_keeps_exps_normal() -> None:
+    """The bound's premise: exp of −SINGLE_SHIFT_SPREAD is a normal float32."""
+    assert torch.exp(torch.tensor(-SINGLE_SHIFT_SPREAD)) >= torch.finfo(torch.float32).tiny

@@ -40,7 +40,7 @@ import contextvars
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 import torch
@@ -56,6 +56,16 @@ Metrics = dict[str, float]
 # Logits of one chunk at most (float32): 128 MiB is 1,024 rows at M = 32,768 candidates. With
 # the graph and the reducer's buffers a chunk needs a few times this.
 LOGIT_BUDGET_BYTES = 128 << 20
+
+# Hard graphs (SimCLR's, SupCon's) of at most this many anchor × candidate entries are built
+# and reduced as A×M masks (:func:`graph_cross_entropy`, :func:`positive_log_mass`): a few
+# whole-matrix kernels, fewer than the positive pairs' sort, searches and index passes, which
+# cost more than they save on small matrices. Above it, positive pairs (O(#positives) work
+# beyond the logits, no mask). Per objective (:attr:`BatchContrastive.dense_graph_entries`):
+# SimCLR's sparse path pays for V − 1 positives per anchor, SupCon's for ~M / classes, so
+# SupCon's crossover is higher. Measured with ``bench/objectives_small.py`` (2 threads, 10
+# classes: masks win at 2B = 256 for both, at 512 for SupCon only; docs/benchmarks.md).
+DENSE_GRAPH_ENTRIES = 1 << 16
 
 
 def _check(cond: bool, message: str) -> None:
@@ -92,24 +102,34 @@ class _StepHints:
 
 _HINTS: contextvars.ContextVar[_StepHints | None] = contextvars.ContextVar(
     "simgraph_step_hints", default=None)  # None: outside hot_path
+_HOT = {eq: _StepHints(defer_checks=True, equal_batches=eq) for eq in (False, True)}
 
 
-@contextlib.contextmanager
-def hot_path(equal_batches: bool = False) -> Iterator[None]:
-    """The training step's context: inside it a :class:`ContrastiveBatch` defers its input
-    checks into the objective's one device-to-host read (the loss statistics, read anyway)
-    instead of reading them back itself, and with ``equal_batches`` it records every rank's
-    batch as this rank's size (:attr:`ContrastiveBatch.rank_sizes`), so gathers exchange no
-    sizes. Declare ``equal_batches`` only when every rank's batch has the same number of
-    samples (the training loader's ``drop_last``): gathers with wrong sizes fail or hang.
+class hot_path(contextlib.AbstractContextManager[None]):  # noqa: N801 (used as a function)
+    """``with hot_path(equal_batches=False):`` the training step's context: inside it a
+    :class:`ContrastiveBatch` defers its input checks into the objective's one device-to-host
+    read (the loss statistics, read anyway) instead of reading them back itself, and with
+    ``equal_batches`` it records every rank's batch as this rank's size
+    (:attr:`ContrastiveBatch.rank_sizes`), so gathers exchange no sizes. Declare
+    ``equal_batches`` only when every rank's batch has the same number of samples (the
+    training loader's ``drop_last``): gathers with wrong sizes fail or hang.
 
     A batch built here must reach an objective: its checks run there (and raise there).
+
+    (A class, not a ``contextlib.contextmanager`` generator: it is entered every step, where
+    the generator's machinery costs as much as a few of a small batch's kernels.)
     """
-    token = _HINTS.set(_StepHints(defer_checks=True, equal_batches=equal_batches))
-    try:
-        yield
-    finally:
-        _HINTS.reset(token)
+
+    __slots__ = ("_hints", "_token")
+
+    def __init__(self, equal_batches: bool = False) -> None:
+        self._hints = _HOT[bool(equal_batches)]
+
+    def __enter__(self) -> None:
+        self._token = _HINTS.set(self._hints)
+
+    def __exit__(self, *exc: object) -> None:
+        _HINTS.reset(self._token)
 
 
 class _PendingChecks(NamedTuple):
@@ -269,6 +289,8 @@ class ContrastiveBatch:
 
 def at_least_fp32(x: Tensor) -> Tensor:
     """fp16/bf16 upcast to float32 (losses never run in half precision); float64 kept."""
+    if x.dtype in (torch.float32, torch.float64):  # the common case, without a dispatch
+        return x
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
@@ -301,6 +323,9 @@ class Pairs:
     anchor_captions: Tensor | None = None
     candidate_captions: Tensor | None = None
     views: int = 1  # V: batch candidates are [N·V] rows, sample-major
+    # Hard graphs as [A, M] masks (small matrices) rather than positive pairs: decided once
+    # per step for all of A × M (:data:`DENSE_GRAPH_ENTRIES`), so row chunks agree.
+    dense_graphs: bool = False
 
     def rows(self, start: int, stop: int, anchors: Tensor | None = None,
              candidates: Tensor | None = None) -> Pairs:
@@ -376,15 +401,17 @@ def pair_up(batch: ContrastiveBatch, bank: MemoryBank | None = None,
     def per_view(t: Tensor) -> Tensor:  # [B, ...] -> [B·V, ...]
         return t.repeat_interleave(v, dim=0)
 
+    def as_index(t: Tensor) -> Tensor:  # int64 on z's device (no dispatch when it is)
+        return t if t.dtype == torch.int64 and t.device == device else t.to(device, torch.int64)
+
     ids = batch.sample_ids
     dist = distributed.is_distributed()
     if not dist:  # no collective: expand ids and labels directly (no [B, 2] stack)
         if ids is None:  # batch positions (cached): unique, meaningless across steps
             anchor_ids = _row_numbers(b, v, device)
         else:
-            anchor_ids = per_view(ids.to(device).long())
-        anchor_labels = (None if batch.labels is None
-                         else per_view(batch.labels.to(device).long()))
+            anchor_ids = per_view(as_index(ids))
+        anchor_labels = None if batch.labels is None else per_view(as_index(batch.labels))
         candidate_ids, candidate_labels = anchor_ids, anchor_labels  # the gather = this batch
     else:
         if ids is None:  # batch positions: unique across ranks, meaningless across steps
@@ -457,10 +484,11 @@ def chunked_rows(fn: Callable[..., tuple[Tensor, ...]], row_inputs: Sequence[Ten
 
 def masked_logits(pairs: Pairs, tau: float) -> Tensor:
     """``s_ij = cos(a_i, c_j) / tau`` [A, M] float32, each anchor's own column at finfo.min."""
-    # The divide and the mask in place (the same kernels as ``a @ cᵀ / tau``, so the same
-    # values and gradients, without a second A×M buffer): the matmul's backward needs its
-    # inputs, not this output, and the divide's needs neither.
-    logits = torch.mm(pairs.anchors, pairs.candidates.T).div_(tau)
+    # 1/τ on the anchors' [A, D] rows, not the [A, M] product: D ≤ M in every batch worth
+    # timing, so the divide and its backward touch fewer entries (rounding differs from
+    # ``a @ cᵀ / τ`` in the last bit). The mask in place: the matmul's backward needs its
+    # inputs, not this output.
+    logits = torch.mm(pairs.anchors / tau, pairs.candidates.T)
     return logits.scatter_(1, pairs.self_index[:, None], torch.finfo(logits.dtype).min)
 
 
@@ -476,6 +504,11 @@ def graph_cross_entropy(logits: Tensor, weights: Tensor | PositivePairs) -> tupl
 
     Returns:
         per-anchor loss [A] and validity [A] (anchors with Σ_j w_ij > 0).
+
+    A hard graph as :class:`PositivePairs` (or a bool mask, turned into them) is reduced
+    sparsely (O(#positives) beyond the log-sum-exp; for large matrices); float weights,
+    e.g. a hard graph's 0/1 float mask (small matrices, :data:`DENSE_GRAPH_ENTRIES`), by
+    whole-matrix kernels.
     """
     if isinstance(weights, PositivePairs) or weights.dtype == torch.bool:
         # hard graph: the positive logits summed sparsely, in one fused function
@@ -530,6 +563,48 @@ class _HardCrossEntropy(torch.autograd.Function):
         return out, None, None, None
 
 
+def _softmax_parts(logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(e, sums, shift)``: ``e = exp(s − shift)`` [A, M] with ``shift`` the row max [A, 1],
+    and ``sums = Σ_j e`` [A, 1] (≥ 1): ``logsumexp = log(sums) + shift`` and ``softmax =
+    e / sums`` from one exp pass (``torch.logsumexp`` makes its own and keeps none)."""
+    shift = logits.amax(1, keepdim=True)
+    e = (logits - shift).exp_()
+    return e, e.sum(1, keepdim=True), shift
+
+
+# Largest row spread max_j s_ij − min_j s_ij (own column aside) for which one shift by the row
+# max keeps every exp(s_ij − max) a normal float32 (> e^−87.3): no positive's share underflows.
+SINGLE_SHIFT_SPREAD = 80.0
+
+
+class _DenseLogMass(torch.autograd.Function):
+    """SupCon L_in per row from a 0/1 float mask of the positives:
+    ``log Σ_j e_ij − log((1/|P(i)|) Σ_j mask_ij e_ij)`` with ``e_ij = exp(s_ij − max_j s_ij)``.
+
+    One exp pass serves both sums (the shift cancels): exact while every row's spread is at
+    most :data:`SINGLE_SHIFT_SPREAD` (the caller's bound: 2/τ for unit vectors). Rows
+    without a positive get a finite placeholder (to be masked). Backward is
+    ``e_ij · (1/Σ_j e_ij − mask_ij / Σ_p e_ip) · g_i``. Saves ``e`` and the mask (two A×M).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, mask: Tensor,  # type: ignore[override]
+                count: Tensor) -> Tensor:
+        e, sums, _ = _softmax_parts(logits)
+        # [A, 1] Σ_p e_ip (a row without a positive: tiny, not 0, so no inf/NaN anywhere)
+        pos = torch.bmm(mask[:, None, :], e[:, :, None]).flatten(1).clamp_min_(
+            torch.finfo(e.dtype).tiny)
+        ctx.save_for_backward(e, mask, sums, pos)
+        return (sums.log() - pos.log()).flatten() + count.clamp_min(1).log()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
+        e, mask, sums, pos = ctx.saved_tensors
+        g = grad[:, None]
+        # e · (g/Σe − mask · g/Σ_p e): one [A, M] weight, one product
+        return e * torch.addcmul(g / sums, mask, g / pos, value=-1), None, None
+
+
 class _SoftCrossEntropy(torch.autograd.Function):
     """``H(t_i, softmax(s_i)) = logsumexp(s_i) − t_i·s_i`` per row; rows of t sum to 1.
 
@@ -539,16 +614,16 @@ class _SoftCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: Tensor, targets: Tensor) -> Tensor:  # type: ignore[override]
-        lse = torch.logsumexp(logits, dim=1)
+        e, sums, shift = _softmax_parts(logits)
         pulled = torch.bmm(targets[:, None, :], logits[:, :, None]).flatten()
-        ctx.save_for_backward(logits, targets, lse)
-        return lse - pulled
+        ctx.save_for_backward(e, sums, targets)
+        return (sums.log() + shift).flatten() - pulled
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
-        logits, targets, lse = ctx.saved_tensors
-        out = (logits - lse[:, None]).exp_().sub_(targets).mul_(grad[:, None])
-        return out, None
+        e, sums, targets = ctx.saved_tensors
+        g = grad[:, None]
+        return (e * (g / sums)).addcmul_(targets, g, value=-1), None
 
 
 def _positive_entries(logits: Tensor, positives: Tensor | PositivePairs
@@ -605,17 +680,24 @@ class _LogSumExpAndPicks(torch.autograd.Function):
         return out, None, None
 
 
-def positive_log_mass(logits: Tensor, positives: Tensor | PositivePairs
-                      ) -> tuple[Tensor, Tensor]:
+def positive_log_mass(logits: Tensor, positives: Tensor | PositivePairs,
+                      spread: float = math.inf) -> tuple[Tensor, Tensor]:
     """``−log (1/|P(i)|) Σ_{p∈P(i)} softmax(s_i)_p`` — SupCon L_in (supcon.txt Eq. 3).
 
-    The positives' log-sum-exp runs over the positive entries only, so the cost beyond the
-    all-candidates log-sum-exp is O(#positives). ``positives``: an [A, M] bool mask or its
-    :class:`PositivePairs`. Buffers: one A×M float32 in backward (:class:`_LogSumExpAndPicks`;
-    no mask, given the pairs).
+    ``positives``: :class:`PositivePairs` (or a bool mask, turned into them), reduced
+    sparsely: the positives' log-sum-exp runs over the positive entries only, so the cost
+    beyond the all-candidates log-sum-exp is O(#positives); one A×M float32 in backward
+    (:class:`_LogSumExpAndPicks`; no mask). Or a 0/1 float mask (small matrices,
+    :data:`DENSE_GRAPH_ENTRIES`), reduced by whole-matrix kernels (:class:`_DenseLogMass`)
+    when ``spread``, a bound on every row's logit range (2/τ for unit vectors), is at most
+    :data:`SINGLE_SHIFT_SPREAD`; else sparsely from its nonzero entries.
     """
-    rows, cols = (positives if isinstance(positives, PositivePairs)
-                  else positives.nonzero(as_tuple=True))
+    if not isinstance(positives, PositivePairs):
+        if positives.is_floating_point() and spread <= SINGLE_SHIFT_SPREAD:
+            count = positives.sum(1)
+            return _DenseLogMass.apply(logits, positives, count), count > 0
+        positives = PositivePairs(*positives.nonzero(as_tuple=True))
+    rows, cols = positives
     count = torch.bincount(rows, minlength=logits.shape[0]).to(logits.dtype)
     lse, values = _LogSumExpAndPicks.apply(logits, rows, cols)
     valid = count > 0
@@ -723,7 +805,6 @@ def fused_global_means(terms: Sequence[tuple[Tensor, Tensor]],
         ValueError / NonFiniteError: ``batch``'s checks or one of ``checks`` failed (every
             rank has taken part in the all-reduce by then).
     """
-    dtype = functools.reduce(torch.promote_types, [p.dtype for p, _ in terms])
     device = terms[0][0].device
     wide = torch.float32 if device.type == "mps" else torch.float64  # no f64 there
     # where(): invalid rows may hold inf/NaN placeholders; never multiply them by 0.
@@ -731,8 +812,9 @@ def fused_global_means(terms: Sequence[tuple[Tensor, Tensor]],
     pending = batch.take_checks() if batch is not None else None
     own = [c for c in checks if c is not None]
     parts = ([] if pending is None else [pending.values]) + [c.values.reshape(-1) for c in own]
-    checked = [p.to(device=device, dtype=wide) for p in parts]
     if distributed.is_distributed():  # sum, count, total per term, summed over ranks
+        dtype = functools.reduce(torch.promote_types, [p.dtype for p, _ in terms])
+        checked = [p.to(device=device, dtype=wide) for p in parts]
         stats: list[Tensor] = []
         for local_sum, (_, valid) in zip(local_sums, terms, strict=True):
             stats += [local_sum.detach().to(dtype), valid.sum().to(dtype),
@@ -740,12 +822,16 @@ def fused_global_means(terms: Sequence[tuple[Tensor, Tensor]],
         reduced = distributed.all_reduce_sum(torch.stack(stats))  # [3·T]
         read = torch.cat([reduced.to(wide), *checked]) if checked else reduced
     else:
-        # Nothing to sum over ranks: each statistic goes straight to the read's dtype (the
-        # same numbers: the sum widened exactly, the count exact in either below 2**24), and
-        # the totals are the terms' sizes, known here — one stack, a few kernels fewer.
+        # Nothing to sum over ranks: the statistics are read as they are, in one stack (the
+        # count promoted to the sums' dtype: exact below 2**24) that cat promotes with the
+        # checks (exact widenings; every value is read as a Python float); the totals are
+        # the terms' sizes, known here — a few kernels fewer.
         stats = [x for local_sum, (_, valid) in zip(local_sums, terms, strict=True)
-                 for x in (local_sum.detach().to(wide), valid.sum().to(wide))]
-        read = torch.cat([torch.stack(stats), *checked]) if checked else torch.stack(stats)
+                 for x in (local_sum.detach(), valid.sum())]
+        read = torch.stack(stats)
+        if read.dtype not in (torch.float32, torch.float64):  # counts in a half type: inexact
+            read = read.to(wide)
+        read = torch.cat([read, *parts]) if parts else read
     values = read.tolist()  # the one device-to-host copy
     if not distributed.is_distributed():  # put the totals in: (sum, count, total) per term
         sums_counts, rest = values[: len(stats)], values[len(stats):]
@@ -824,11 +910,16 @@ class BatchContrastive(Objective):
 
     # Logit bytes per chunk (:func:`chunk_rows`); tests lower it to force several chunks.
     logit_budget_bytes: int = LOGIT_BUDGET_BYTES
+    # Hard graphs as masks up to this many A×M entries (:data:`DENSE_GRAPH_ENTRIES`); tests
+    # set it to 0 or to a huge value to run either path.
+    dense_graph_entries: int = DENSE_GRAPH_ENTRIES
     folds_batch_checks = True  # reduce() reads them, before the bank is written
 
     def compute(self, batch: ContrastiveBatch) -> tuple[Tensor, Metrics]:
         sizes = batch.sizes_per_rank()  # every rank's B: one exchange at most, for all gathers
         pairs = pair_up(batch, self.bank, sizes)
+        pairs.dense_graphs = (pairs.anchors.shape[0] * pairs.candidates.shape[0]
+                              <= self.dense_graph_entries)
         checks = self.deferred_checks(pairs)  # read with the loss statistics
         names: list[str] = []
 

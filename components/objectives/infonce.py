@@ -25,10 +25,11 @@ from components.objectives.core import (
     graph_cross_entropy,
     masked_logits,
 )
-from components.objectives.targets import instance_pairs
+from components.objectives.targets import instance_positives
 
 
 class InfoNCE(BatchContrastive):
     def per_anchor(self, pairs: Pairs) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        loss, valid = graph_cross_entropy(masked_logits(pairs, self.tau), instance_pairs(pairs))
+        loss, valid = graph_cross_entropy(masked_logits(pairs, self.tau),
+                                          instance_positives(pairs))
         return loss, valid, {}

@@ -30,11 +30,14 @@ from components.objectives.core import (
     masked_logits,
     positive_log_mass,
 )
-from components.objectives.targets import label_pairs
+from components.objectives.targets import label_positives
 
 
 class SupCon(BatchContrastive):
     requires = frozenset({"labels"})
+    # masks up to 2B = 512 (core.DENSE_GRAPH_ENTRIES): ~M/classes positives per anchor make
+    # the sparse path dearer than SimCLR's
+    dense_graph_entries = 1 << 18
 
     def __init__(
         self,
@@ -49,9 +52,10 @@ class SupCon(BatchContrastive):
         self.variant = variant
 
     def per_anchor(self, pairs: Pairs) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        logits, positives = masked_logits(pairs, self.tau), label_pairs(pairs)
+        logits, positives = masked_logits(pairs, self.tau), label_positives(pairs)
         if self.variant == "out":
             loss, valid = graph_cross_entropy(logits, positives)
         else:
-            loss, valid = positive_log_mass(logits, positives)
+            # unit vectors: every row's logits lie within 2/τ of each other
+            loss, valid = positive_log_mass(logits, positives, spread=2 / self.tau)
         return loss, valid, {}

@@ -66,14 +66,51 @@ def label_pairs(pairs: Pairs) -> PositivePairs:
     return _equal_key_pairs(pairs.anchor_labels, pairs.candidate_labels, pairs.self_index)
 
 
+def _equal_key_mask(anchor_keys: Tensor, candidate_keys: Tensor, self_index: Tensor,
+                    dtype: torch.dtype = torch.bool) -> Tensor:
+    """[A, M] ``dtype`` (bool, or a float dtype for 0/1): ``anchor_keys[i] == candidate_keys[j]
+    >= 0`` and j ≠ ``self_index[i]`` — :func:`_equal_key_pairs` as a mask, by one
+    whole-matrix compare (and for floats one conversion, through uint8: CPU kernels on
+    bool matrices are several times slower than on bytes)."""
+    same = anchor_keys[:, None] == candidate_keys[None, :]  # [A, M] bool
+    known = (anchor_keys >= 0)[:, None]  # [A, 1]
+    if dtype == torch.bool:
+        return same.logical_and_(known).scatter_(1, self_index[:, None], False)
+    mask = same.view(torch.uint8).to(dtype).mul_(known.to(dtype))
+    return mask.scatter_(1, self_index[:, None], 0.0)
+
+
 def instance_graph(pairs: Pairs) -> Tensor:
     """[A, M] bool: the other views of the same image (same sample id), bank rows included."""
-    return instance_pairs(pairs).dense(pairs.anchors.shape[0], pairs.candidates.shape[0])
+    return _equal_key_mask(pairs.anchor_ids, pairs.candidate_ids, pairs.self_index)
 
 
 def label_graph(pairs: Pairs) -> Tensor:
     """[A, M] bool: candidates with the anchor's label (SupCon's P(i)); unlabelled never match."""
-    return label_pairs(pairs).dense(pairs.anchors.shape[0], pairs.candidates.shape[0])
+    if pairs.anchor_labels is None or pairs.candidate_labels is None:
+        raise ValueError("the label graph needs labels for every anchor and candidate")
+    return _equal_key_mask(pairs.anchor_labels, pairs.candidate_labels, pairs.self_index)
+
+
+def instance_positives(pairs: Pairs) -> Tensor | PositivePairs:
+    """SimCLR's positives in the form the reducers read fastest at this size: a 0/1 float
+    [A, M] mask (as :func:`instance_graph`) when ``pairs.dense_graphs``, else
+    :func:`instance_pairs`."""
+    if pairs.dense_graphs:
+        return _equal_key_mask(pairs.anchor_ids, pairs.candidate_ids, pairs.self_index,
+                               pairs.anchors.dtype)
+    return instance_pairs(pairs)
+
+
+def label_positives(pairs: Pairs) -> Tensor | PositivePairs:
+    """SupCon's P(i) in the form the reducers read fastest at this size: a 0/1 float [A, M]
+    mask (as :func:`label_graph`) when ``pairs.dense_graphs``, else :func:`label_pairs`."""
+    if pairs.anchor_labels is None or pairs.candidate_labels is None:
+        raise ValueError("the label graph needs labels for every anchor and candidate")
+    if pairs.dense_graphs:
+        return _equal_key_mask(pairs.anchor_labels, pairs.candidate_labels, pairs.self_index,
+                               pairs.anchors.dtype)
+    return label_pairs(pairs)
 
 
 def class_label_check(pairs: Pairs, num_classes: int) -> DeferredCheck | None:
