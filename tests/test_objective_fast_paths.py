@@ -4,11 +4,14 @@ mask are exactly the mask's ``nonzero``, and small batches' masks give what the 
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
+from components.errors import NonFiniteError
 from components.objectives import ContrastiveBatch, InfoNCE, SupCon
-from components.objectives.core import SINGLE_SHIFT_SPREAD, _row_numbers
+from components.objectives.core import SINGLE_SHIFT_SPREAD, _row_numbers, hot_path
 from components.objectives.targets import _equal_key_mask, _equal_key_pairs
 
 
@@ -122,3 +125,19 @@ def test_supcon_in_keeps_positives_far_below_the_row_max(tau: float) -> None:
 def test_single_shift_spread_keeps_exps_normal() -> None:
     """The bound's premise: exp of −SINGLE_SHIFT_SPREAD is a normal float32."""
     assert torch.exp(torch.tensor(-SINGLE_SHIFT_SPREAD)) >= torch.finfo(torch.float32).tiny
+
+
+def test_batch_checks_by_sums_raise_only_for_real_non_finite_values() -> None:
+    """A batch's finite check is a sum per field: finite values whose sum overflows pass (the
+    failure path counts), a NaN or inf is named with its count, in and out of the step."""
+    big = torch.full((4, 2, 3), 3e38)  # finite; its sum is inf in float32
+    for step in (False, True):
+        with hot_path() if step else contextlib.nullcontext():
+            value, _ = InfoNCE(0.5)(ContrastiveBatch(z=big.clone()))
+        assert torch.isfinite(value)
+        bad = torch.randn(4, 2, 3)
+        bad[1, 0, 2] = float("nan")
+        bad[2, 1, 0] = float("inf")
+        with pytest.raises(NonFiniteError, match=r"z has 2 non-finite"):
+            with hot_path() if step else contextlib.nullcontext():
+                InfoNCE(0.5)(ContrastiveBatch(z=bad))

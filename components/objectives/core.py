@@ -58,14 +58,15 @@ Metrics = dict[str, float]
 LOGIT_BUDGET_BYTES = 128 << 20
 
 # Hard graphs (SimCLR's, SupCon's) of at most this many anchor × candidate entries are built
-# and reduced as A×M masks (:func:`graph_cross_entropy`, :func:`positive_log_mass`): a few
+# as A×M masks and reduced in one fused function (:func:`hard_graph_loss`): a few
 # whole-matrix kernels, fewer than the positive pairs' sort, searches and index passes, which
 # cost more than they save on small matrices. Above it, positive pairs (O(#positives) work
 # beyond the logits, no mask). Per objective (:attr:`BatchContrastive.dense_graph_entries`):
 # SimCLR's sparse path pays for V − 1 positives per anchor, SupCon's for ~M / classes, so
 # SupCon's crossover is higher. Measured with ``bench/objectives_small.py`` (2 threads, 10
-# classes: masks win at 2B = 256 for both, at 512 for SupCon only; docs/benchmarks.md).
-DENSE_GRAPH_ENTRIES = 1 << 16
+# classes: masks win up to 2B = 384 for SimCLR, up to 768 for SupCon, which switches at
+# 512: with 100 classes pairs win there; docs/benchmarks.md).
+DENSE_GRAPH_ENTRIES = 3 << 16
 
 
 def _check(cond: bool, message: str) -> None:
@@ -85,7 +86,7 @@ def _finite(name: str, x: Tensor | None) -> None:
 def _raise_non_finite(name: str, x: Tensor) -> None:
     """Count ``x``'s non-finite values (a second read, on the failure path only) and raise."""
     bad = int((~torch.isfinite(x)).sum())
-    if bad:  # min/max in a narrower dtype can overflow to inf although x is finite
+    if bad:  # a sum (or min/max in a narrower dtype) can overflow although x is finite
         raise NonFiniteError(f"{name} has {bad} non-finite value(s) (NaN or inf); fix the "
                              "model/input")
 
@@ -133,13 +134,13 @@ class hot_path(contextlib.AbstractContextManager[None]):  # noqa: N801 (used as 
 
 
 class _PendingChecks(NamedTuple):
-    """A batch's input checks, computed on the device, not yet read: ``values`` holds
-    (min, max) of each field in ``names`` (NaN / ±inf propagate into them), then the smallest
-    label if ``labels``."""
+    """A batch's input checks, computed on the device, not yet read: ``values`` holds the sum
+    of each field in ``names`` (NaN / ±inf propagate into it), then the smallest label if
+    ``labels``."""
 
     names: tuple[str, ...]
     labels: bool
-    values: Tensor  # [2·len(names) + labels] float64 (float32 on MPS), on z's device
+    values: Tensor  # [len(names) + labels] in the fields' float type, on z's device
 
 
 @dataclasses.dataclass
@@ -232,23 +233,20 @@ class ContrastiveBatch:
         return self.z.shape[1]
 
     def _device_checks(self) -> _PendingChecks | None:
-        """Each float field's (min, max) and the smallest label in one vector on the device
-        (a few small kernels; nothing is read back here)."""
-        dtype = torch.float32 if self.z.device.type == "mps" else torch.float64  # no f64 there
+        """Each float field's sum and the smallest label in one vector on the device (a few
+        small kernels; nothing is read back here). A sum is NaN or ±inf if any value is (it
+        can also overflow with finite values: the failure path counts, and raises only for
+        real NaN / inf)."""
         names = tuple(n for n in _FLOAT_FIELDS if (t := getattr(self, n)) is not None
                       and t.is_floating_point() and t.numel())
-        parts: list[Tensor] = []  # 0-dim each: (min, max) per field, then the least label
-        for n in names:
-            parts.extend(torch.aminmax(getattr(self, n).detach()))
+        parts = [getattr(self, n).detach().sum() for n in names]  # 0-dim each
         labels = self.labels is not None and self.labels.numel() > 0
         if labels:
             assert self.labels is not None
-            parts.append(self.labels.min())
-        if not parts:
-            return None
-        # one stack of exact widenings: per-call cost is a few small kernels, not one each
-        return _PendingChecks(names, labels, torch.stack(
-            [p.to(device=self.z.device, dtype=dtype) for p in parts]))
+            least = self.labels.min()  # its sign survives any float type stack promotes to
+            parts.append(least if least.device == self.z.device else least.to(self.z.device))
+        # one stack, in the fields' promoted float type (read later as Python floats)
+        return _PendingChecks(names, labels, torch.stack(parts)) if parts else None
 
     def take_checks(self) -> _PendingChecks | None:
         """The input checks not yet read (None if there are none), handed over: the caller
@@ -265,8 +263,8 @@ class ContrastiveBatch:
         """
         if checks.labels and not values[-1] >= 0:
             raise ValueError("labels must be >= 0 class ids")
-        for i, name in enumerate(checks.names):
-            if not (math.isfinite(values[2 * i]) and math.isfinite(values[2 * i + 1])):
+        for name, total in zip(checks.names, values, strict=False):  # labels' last, if any
+            if not math.isfinite(total):
                 _raise_non_finite(name, getattr(self, name))
 
     def check(self) -> None:
@@ -367,6 +365,20 @@ class PositivePairs(NamedTuple):
         mask = torch.zeros(anchors, candidates, dtype=torch.bool, device=self.rows.device)
         return mask.index_put_((self.rows, self.cols), torch.ones((), dtype=torch.bool,
                                                                   device=mask.device))
+
+
+class PositiveMask(NamedTuple):
+    """A hard graph as a 0/1 float mask ``mask`` [A, M] (the logits' dtype; 0 on each own
+    column) and its row sums ``counts`` [A] (|P(i)|), for reducers that run on whole matrices:
+    small batches (:data:`DENSE_GRAPH_ENTRIES`). Built by one compare
+    (:func:`components.objectives.targets.label_positives`)."""
+
+    mask: Tensor
+    counts: Tensor
+
+    def pairs(self) -> PositivePairs:
+        """The same graph as :class:`PositivePairs` (one ``nonzero`` scan)."""
+        return PositivePairs(*self.mask.nonzero(as_tuple=True))
 
 
 @functools.lru_cache(maxsize=64)
@@ -482,13 +494,17 @@ def chunked_rows(fn: Callable[..., tuple[Tensor, ...]], row_inputs: Sequence[Ten
     return tuple(torch.cat(col) for col in zip(*parts, strict=True))
 
 
+def scaled_similarity(anchors: Tensor, candidates: Tensor, tau: float) -> Tensor:
+    """``anchors @ candidatesᵀ / tau`` [A, M] with 1/τ applied inside the matrix product (the
+    GEMM's alpha): no pass over the product or the rows for the divide, forward or backward
+    (rounding differs from dividing afterwards in the last bit)."""
+    return torch.addmm(anchors.new_zeros(()), anchors, candidates.T, beta=0, alpha=1 / tau)
+
+
 def masked_logits(pairs: Pairs, tau: float) -> Tensor:
     """``s_ij = cos(a_i, c_j) / tau`` [A, M] float32, each anchor's own column at finfo.min."""
-    # 1/τ on the anchors' [A, D] rows, not the [A, M] product: D ≤ M in every batch worth
-    # timing, so the divide and its backward touch fewer entries (rounding differs from
-    # ``a @ cᵀ / τ`` in the last bit). The mask in place: the matmul's backward needs its
-    # inputs, not this output.
-    logits = torch.mm(pairs.anchors / tau, pairs.candidates.T)
+    # The mask in place: the matmul's backward needs its inputs, not this output.
+    logits = scaled_similarity(pairs.anchors, pairs.candidates, tau)
     return logits.scatter_(1, pairs.self_index[:, None], torch.finfo(logits.dtype).min)
 
 
@@ -506,9 +522,8 @@ def graph_cross_entropy(logits: Tensor, weights: Tensor | PositivePairs) -> tupl
         per-anchor loss [A] and validity [A] (anchors with Σ_j w_ij > 0).
 
     A hard graph as :class:`PositivePairs` (or a bool mask, turned into them) is reduced
-    sparsely (O(#positives) beyond the log-sum-exp; for large matrices); float weights,
-    e.g. a hard graph's 0/1 float mask (small matrices, :data:`DENSE_GRAPH_ENTRIES`), by
-    whole-matrix kernels.
+    sparsely (O(#positives) beyond the log-sum-exp); small batches' hard graphs take
+    :func:`hard_graph_loss`'s fused path instead.
     """
     if isinstance(weights, PositivePairs) or weights.dtype == torch.bool:
         # hard graph: the positive logits summed sparsely, in one fused function
@@ -575,34 +590,6 @@ def _softmax_parts(logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 # Largest row spread max_j s_ij − min_j s_ij (own column aside) for which one shift by the row
 # max keeps every exp(s_ij − max) a normal float32 (> e^−87.3): no positive's share underflows.
 SINGLE_SHIFT_SPREAD = 80.0
-
-
-class _DenseLogMass(torch.autograd.Function):
-    """SupCon L_in per row from a 0/1 float mask of the positives:
-    ``log Σ_j e_ij − log((1/|P(i)|) Σ_j mask_ij e_ij)`` with ``e_ij = exp(s_ij − max_j s_ij)``.
-
-    One exp pass serves both sums (the shift cancels): exact while every row's spread is at
-    most :data:`SINGLE_SHIFT_SPREAD` (the caller's bound: 2/τ for unit vectors). Rows
-    without a positive get a finite placeholder (to be masked). Backward is
-    ``e_ij · (1/Σ_j e_ij − mask_ij / Σ_p e_ip) · g_i``. Saves ``e`` and the mask (two A×M).
-    """
-
-    @staticmethod
-    def forward(ctx, logits: Tensor, mask: Tensor,  # type: ignore[override]
-                count: Tensor) -> Tensor:
-        e, sums, _ = _softmax_parts(logits)
-        # [A, 1] Σ_p e_ip (a row without a positive: tiny, not 0, so no inf/NaN anywhere)
-        pos = torch.bmm(mask[:, None, :], e[:, :, None]).flatten(1).clamp_min_(
-            torch.finfo(e.dtype).tiny)
-        ctx.save_for_backward(e, mask, sums, pos)
-        return (sums.log() - pos.log()).flatten() + count.clamp_min(1).log()
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
-        e, mask, sums, pos = ctx.saved_tensors
-        g = grad[:, None]
-        # e · (g/Σe − mask · g/Σ_p e): one [A, M] weight, one product
-        return e * torch.addcmul(g / sums, mask, g / pos, value=-1), None, None
 
 
 class _SoftCrossEntropy(torch.autograd.Function):
@@ -680,22 +667,17 @@ class _LogSumExpAndPicks(torch.autograd.Function):
         return out, None, None
 
 
-def positive_log_mass(logits: Tensor, positives: Tensor | PositivePairs,
-                      spread: float = math.inf) -> tuple[Tensor, Tensor]:
+def positive_log_mass(logits: Tensor, positives: Tensor | PositivePairs
+                      ) -> tuple[Tensor, Tensor]:
     """``−log (1/|P(i)|) Σ_{p∈P(i)} softmax(s_i)_p`` — SupCon L_in (supcon.txt Eq. 3).
 
     ``positives``: :class:`PositivePairs` (or a bool mask, turned into them), reduced
     sparsely: the positives' log-sum-exp runs over the positive entries only, so the cost
     beyond the all-candidates log-sum-exp is O(#positives); one A×M float32 in backward
-    (:class:`_LogSumExpAndPicks`; no mask). Or a 0/1 float mask (small matrices,
-    :data:`DENSE_GRAPH_ENTRIES`), reduced by whole-matrix kernels (:class:`_DenseLogMass`)
-    when ``spread``, a bound on every row's logit range (2/τ for unit vectors), is at most
-    :data:`SINGLE_SHIFT_SPREAD`; else sparsely from its nonzero entries.
+    (:class:`_LogSumExpAndPicks`; no mask). Small batches' masks take
+    :func:`hard_graph_loss`'s fused path instead.
     """
     if not isinstance(positives, PositivePairs):
-        if positives.is_floating_point() and spread <= SINGLE_SHIFT_SPREAD:
-            count = positives.sum(1)
-            return _DenseLogMass.apply(logits, positives, count), count > 0
         positives = PositivePairs(*positives.nonzero(as_tuple=True))
     rows, cols = positives
     count = torch.bincount(rows, minlength=logits.shape[0]).to(logits.dtype)
@@ -703,6 +685,81 @@ def positive_log_mass(logits: Tensor, positives: Tensor | PositivePairs,
     valid = count > 0
     pos_lse = _segment_logsumexp(rows, values, logits.shape[0], valid)
     return lse - pos_lse + torch.log(count.clamp_min(1)), valid
+
+
+def hard_graph_loss(pairs: Pairs, tau: float, positives: PositiveMask | PositivePairs,
+                    log_mass: bool = False) -> tuple[Tensor, Tensor]:
+    """Per-anchor loss [A] and validity [A] over a hard graph: SimCLR / SupCon L_out
+    (:func:`graph_cross_entropy`) or, with ``log_mass``, SupCon L_in
+    (:func:`positive_log_mass`), from the pairs' unit rows at temperature ``tau``.
+
+    A :class:`PositiveMask` (small batches) runs in one fused function from the rows to
+    the losses (:class:`_DenseContrast`); L_in does so while its one exp pass cannot
+    underflow a positive (2/τ ≤ :data:`SINGLE_SHIFT_SPREAD`: unit rows' logits lie within
+    2/τ of each other), else from the mask's pairs. :class:`PositivePairs` go through
+    :func:`masked_logits` and the sparse reducers. Either way the same loss and gradient,
+    to rounding.
+    """
+    if isinstance(positives, PositiveMask):
+        if not log_mass or 2 / tau <= SINGLE_SHIFT_SPREAD:
+            loss = _DenseContrast.apply(pairs.anchors, pairs.candidates, pairs.self_index,
+                                        positives.mask, positives.counts, tau, log_mass)
+            return loss, positives.counts > 0
+        positives = positives.pairs()
+    logits = masked_logits(pairs, tau)
+    if log_mass:
+        return positive_log_mass(logits, positives)
+    return graph_cross_entropy(logits, positives)
+
+
+class _DenseContrast(torch.autograd.Function):
+    """Small batches' hard-graph losses in one function, from unit anchors [A, D] and
+    candidates [M, D] to per-anchor losses [A] (:func:`hard_graph_loss`): the logits of
+    :func:`masked_logits` (the same kernels), then with ``e = exp(s − row max)``,
+
+    * cross-entropy: ``log Σ_j e_ij + max_i − (1/|P(i)|) Σ_j mask_ij s_ij``;
+    * L_in (``log_mass``): ``log Σ_j e_ij − log Σ_j mask_ij e_ij + log|P(i)|`` (one exp pass
+      for both sums: exact while the rows' spread is at most :data:`SINGLE_SHIFT_SPREAD`).
+
+    Backward builds the logits' gradient in one A×M buffer (``e`` weighted per row and at
+    the positives), then the two matmuls: autograd of the same steps would add a node and
+    an A×M pass for the divide, the own-column mask and the reducer each. Rows without a
+    positive get a finite placeholder (to be masked). Saves ``e`` and the mask (A×M each).
+    """
+
+    @staticmethod
+    def forward(ctx, anchors: Tensor, candidates: Tensor,  # type: ignore[override]
+                self_index: Tensor, mask: Tensor, counts: Tensor, tau: float,
+                log_mass: bool) -> Tensor:
+        s = scaled_similarity(anchors, candidates, tau)  # masked_logits' kernels
+        s.scatter_(1, self_index[:, None], torch.finfo(s.dtype).min)
+        e, sums, shift = _softmax_parts(s)
+        if log_mass:
+            # [A, 1] Σ_p e_ip (a row without a positive: tiny, not 0: no inf / NaN anywhere)
+            per_row = torch.bmm(mask[:, None, :], e[:, :, None]).flatten(1).clamp_min_(
+                torch.finfo(e.dtype).tiny)
+            loss = (sums.log() - per_row.log()).flatten() + counts.clamp_min(1).log()
+        else:
+            per_row = counts.clamp_min(1)[:, None]  # anchors without a positive pull nothing
+            # the own column holds finfo.min and mask 0 there: its product is −0, not −inf
+            pulled = torch.bmm(mask[:, None, :], s[:, :, None]).flatten()  # Σ_j mask·s
+            loss = (sums.log() + shift).flatten() - pulled / per_row.flatten()
+        ctx.save_for_backward(anchors, candidates, e, sums, mask, per_row)
+        ctx.tau, ctx.log_mass = tau, log_mass
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad: Tensor  # type: ignore[override]
+                 ) -> tuple[Tensor | None, Tensor | None, None, None, None, None, None]:
+        anchors, candidates, e, sums, mask, per_row = ctx.saved_tensors
+        g = (grad / ctx.tau)[:, None]  # s = a·cᵀ/τ: 1/τ folded into the row weights
+        if ctx.log_mass:  # ∂/∂s = e · (1/Σe − mask/Σ_p e) · g
+            ds = e * torch.addcmul(g / sums, mask, g / per_row, value=-1)
+        else:  # ∂/∂s = softmax · g − mask · g/|P|
+            ds = (e * (g / sums)).addcmul_(mask, g / per_row, value=-1)
+        need_a, need_c = ctx.needs_input_grad[:2]
+        return (torch.mm(ds, candidates) if need_a else None,
+                torch.mm(ds.T, anchors) if need_c else None, None, None, None, None, None)
 
 
 def noise_contrastive(
@@ -799,7 +856,7 @@ def fused_global_means(terms: Sequence[tuple[Tensor, Tensor]],
     take_checks`) and the objective's ``checks`` (None entries skipped), this rank's own,
     not reduced; they are raised after it, the batch's first, then ``checks`` in order. The
     values are global_mean's: the statistics are summed in the terms' common dtype (read
-    alongside the checks in float64, an exact widening).
+    alongside the checks as Python floats: exact widenings).
 
     Raises:
         ValueError / NonFiniteError: ``batch``'s checks or one of ``checks`` failed (every

@@ -19,17 +19,11 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from components.objectives.core import (
-    BatchContrastive,
-    Pairs,
-    graph_cross_entropy,
-    masked_logits,
-)
+from components.objectives.core import BatchContrastive, Pairs, hard_graph_loss
 from components.objectives.targets import instance_positives
 
 
 class InfoNCE(BatchContrastive):
     def per_anchor(self, pairs: Pairs) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        loss, valid = graph_cross_entropy(masked_logits(pairs, self.tau),
-                                          instance_positives(pairs))
+        loss, valid = hard_graph_loss(pairs, self.tau, instance_positives(pairs))
         return loss, valid, {}

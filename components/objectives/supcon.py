@@ -23,13 +23,7 @@ from typing import Literal
 
 from torch import Tensor
 
-from components.objectives.core import (
-    BatchContrastive,
-    Pairs,
-    graph_cross_entropy,
-    masked_logits,
-    positive_log_mass,
-)
+from components.objectives.core import BatchContrastive, Pairs, hard_graph_loss
 from components.objectives.targets import label_positives
 
 
@@ -52,10 +46,6 @@ class SupCon(BatchContrastive):
         self.variant = variant
 
     def per_anchor(self, pairs: Pairs) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        logits, positives = masked_logits(pairs, self.tau), label_positives(pairs)
-        if self.variant == "out":
-            loss, valid = graph_cross_entropy(logits, positives)
-        else:
-            # unit vectors: every row's logits lie within 2/τ of each other
-            loss, valid = positive_log_mass(logits, positives, spread=2 / self.tau)
+        loss, valid = hard_graph_loss(pairs, self.tau, label_positives(pairs),
+                                      log_mass=self.variant == "in")
         return loss, valid, {}

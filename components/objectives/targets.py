@@ -14,7 +14,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from components.objectives.core import DeferredCheck, Pairs, PositivePairs, at_least_fp32
+from components.objectives.core import (
+    DeferredCheck,
+    Pairs,
+    PositiveMask,
+    PositivePairs,
+    at_least_fp32,
+)
 
 
 def _equal_key_pairs(anchor_keys: Tensor, candidate_keys: Tensor,
@@ -92,24 +98,28 @@ def label_graph(pairs: Pairs) -> Tensor:
     return _equal_key_mask(pairs.anchor_labels, pairs.candidate_labels, pairs.self_index)
 
 
-def instance_positives(pairs: Pairs) -> Tensor | PositivePairs:
-    """SimCLR's positives in the form the reducers read fastest at this size: a 0/1 float
-    [A, M] mask (as :func:`instance_graph`) when ``pairs.dense_graphs``, else
+def _positive_mask(anchor_keys: Tensor, candidate_keys: Tensor, pairs: Pairs) -> PositiveMask:
+    mask = _equal_key_mask(anchor_keys, candidate_keys, pairs.self_index, pairs.anchors.dtype)
+    return PositiveMask(mask, mask.sum(1))
+
+
+def instance_positives(pairs: Pairs) -> PositiveMask | PositivePairs:
+    """SimCLR's positives in the form the reducers read fastest at this size: a
+    :class:`PositiveMask` (as :func:`instance_graph`) when ``pairs.dense_graphs``, else
     :func:`instance_pairs`."""
     if pairs.dense_graphs:
-        return _equal_key_mask(pairs.anchor_ids, pairs.candidate_ids, pairs.self_index,
-                               pairs.anchors.dtype)
+        return _positive_mask(pairs.anchor_ids, pairs.candidate_ids, pairs)
     return instance_pairs(pairs)
 
 
-def label_positives(pairs: Pairs) -> Tensor | PositivePairs:
-    """SupCon's P(i) in the form the reducers read fastest at this size: a 0/1 float [A, M]
-    mask (as :func:`label_graph`) when ``pairs.dense_graphs``, else :func:`label_pairs`."""
+def label_positives(pairs: Pairs) -> PositiveMask | PositivePairs:
+    """SupCon's P(i) in the form the reducers read fastest at this size: a
+    :class:`PositiveMask` (as :func:`label_graph`) when ``pairs.dense_graphs``, else
+    :func:`label_pairs`."""
     if pairs.anchor_labels is None or pairs.candidate_labels is None:
         raise ValueError("the label graph needs labels for every anchor and candidate")
     if pairs.dense_graphs:
-        return _equal_key_mask(pairs.anchor_labels, pairs.candidate_labels, pairs.self_index,
-                               pairs.anchors.dtype)
+        return _positive_mask(pairs.anchor_labels, pairs.candidate_labels, pairs)
     return label_pairs(pairs)
 
 
