@@ -23,7 +23,8 @@ Ours runs two ways: "ours" as a plain call (the batch reads its own input checks
 the loss statistics' one read.
 
 Times: forward + backward, medians of ``--repeats`` interleaved repeats (every case once per
-round, so drift hits all alike), one intra-op thread by default (``--threads``): on a shared
+round, so drift hits all alike; in a shuffled order each round, since a case timed right after
+its own twin runs ~5 % faster on warm caches), one intra-op thread by default (``--threads``): on a shared
 2-core machine that gives every case the same resources. ``--baseline REV`` also times our
 objectives as of git revision REV (its ``components/`` is extracted to a temporary directory
 and imported under its own module objects), interleaved with the current ones: a before/after
@@ -41,6 +42,7 @@ import datetime
 import functools
 import importlib
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -216,9 +218,12 @@ def run_size(rows: int, repeats: int, baseline: ModuleType | None, classes: int)
     for fn in flat.values():  # warm-up
         timed(fn, z)
     times: dict[tuple[str, str], list[float]] = {key: [] for key in flat}
-    for _ in range(repeats):  # interleaved rounds
-        for key, fn in flat.items():
-            times[key].append(timed(fn, z))
+    order = list(flat)
+    shuffle = random.Random(rows).shuffle
+    for _ in range(repeats):  # interleaved rounds, each in a fresh order: a case run right
+        shuffle(order)  # after its twin (warm caches and branch predictors) gains ~5 %
+        for key in order:
+            times[key].append(timed(flat[key], z))
     med = {key: statistics.median(t) for key, t in times.items()}
     print(f"\n## 2B = {rows}, D = {D}, {classes} classes, {repeats} rounds\n")
     print("| loss | implementation | fwd+bwd ms | × fastest peer |")

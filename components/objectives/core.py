@@ -578,11 +578,16 @@ class _HardCrossEntropy(torch.autograd.Function):
         return out, None, None, None
 
 
-def _softmax_parts(logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``(e, sums, shift)``: ``e = exp(s − shift)`` [A, M] with ``shift`` the row max [A, 1],
-    and ``sums = Σ_j e`` [A, 1] (≥ 1): ``logsumexp = log(sums) + shift`` and ``softmax =
-    e / sums`` from one exp pass (``torch.logsumexp`` makes its own and keeps none)."""
-    shift = logits.amax(1, keepdim=True)
+def _softmax_parts(logits: Tensor, bound: float | None = None
+                   ) -> tuple[Tensor, Tensor, Tensor | float]:
+    """``(e, sums, shift)``: ``e = exp(s − shift)`` [A, M] and ``sums = Σ_j e`` [A, 1]:
+    ``logsumexp = log(sums) + shift`` and ``softmax = e / sums`` from one exp pass
+    (``torch.logsumexp`` makes its own and keeps none).
+
+    ``shift`` is the row max [A, 1] (``sums`` ≥ 1), or ``bound``, a known upper bound of
+    every logit (1/τ for unit rows), when given: one reduction less, exact while no row lies
+    more than :data:`SINGLE_SHIFT_SPREAD` below it (the caller's check)."""
+    shift = logits.amax(1, keepdim=True) if bound is None else bound
     e = (logits - shift).exp_()
     return e, e.sum(1, keepdim=True), shift
 
@@ -733,7 +738,9 @@ class _DenseContrast(torch.autograd.Function):
                 log_mass: bool) -> Tensor:
         s = scaled_similarity(anchors, candidates, tau)  # masked_logits' kernels
         s.scatter_(1, self_index[:, None], torch.finfo(s.dtype).min)
-        e, sums, shift = _softmax_parts(s)
+        # unit rows: s ≤ 1/τ, and s ≥ −1/τ off the own column, so 1/τ serves as the shift
+        # when 2/τ is within SINGLE_SHIFT_SPREAD (always so for L_in here)
+        e, sums, shift = _softmax_parts(s, 1 / tau if 2 / tau <= SINGLE_SHIFT_SPREAD else None)
         if log_mass:
             # [A, 1] Σ_p e_ip (a row without a positive: tiny, not 0: no inf / NaN anywhere)
             per_row = torch.bmm(mask[:, None, :], e[:, :, None]).flatten(1).clamp_min_(

@@ -73,16 +73,20 @@ def label_pairs(pairs: Pairs) -> PositivePairs:
 
 
 def _equal_key_mask(anchor_keys: Tensor, candidate_keys: Tensor, self_index: Tensor,
-                    dtype: torch.dtype = torch.bool) -> Tensor:
+                    dtype: torch.dtype = torch.bool, anchors_known: bool = False) -> Tensor:
     """[A, M] ``dtype`` (bool, or a float dtype for 0/1): ``anchor_keys[i] == candidate_keys[j]
     >= 0`` and j ≠ ``self_index[i]`` — :func:`_equal_key_pairs` as a mask, by one
     whole-matrix compare (and for floats one conversion, through uint8: CPU kernels on
-    bool matrices are several times slower than on bytes)."""
+    bool matrices are several times slower than on bytes). ``anchors_known``: every anchor
+    key is ≥ 0 (checked elsewhere), so equality alone decides."""
     same = anchor_keys[:, None] == candidate_keys[None, :]  # [A, M] bool
-    known = (anchor_keys >= 0)[:, None]  # [A, 1]
     if dtype == torch.bool:
-        return same.logical_and_(known).scatter_(1, self_index[:, None], False)
-    mask = same.view(torch.uint8).to(dtype).mul_(known.to(dtype))
+        if not anchors_known:
+            same.logical_and_((anchor_keys >= 0)[:, None])
+        return same.scatter_(1, self_index[:, None], False)
+    mask = same.view(torch.uint8).to(dtype)
+    if not anchors_known:
+        mask.mul_((anchor_keys >= 0).to(dtype)[:, None])
     return mask.scatter_(1, self_index[:, None], 0.0)
 
 
@@ -98,8 +102,10 @@ def label_graph(pairs: Pairs) -> Tensor:
     return _equal_key_mask(pairs.anchor_labels, pairs.candidate_labels, pairs.self_index)
 
 
-def _positive_mask(anchor_keys: Tensor, candidate_keys: Tensor, pairs: Pairs) -> PositiveMask:
-    mask = _equal_key_mask(anchor_keys, candidate_keys, pairs.self_index, pairs.anchors.dtype)
+def _positive_mask(anchor_keys: Tensor, candidate_keys: Tensor, pairs: Pairs,
+                   anchors_known: bool = False) -> PositiveMask:
+    mask = _equal_key_mask(anchor_keys, candidate_keys, pairs.self_index, pairs.anchors.dtype,
+                           anchors_known)
     return PositiveMask(mask, mask.sum(1))
 
 
@@ -119,7 +125,10 @@ def label_positives(pairs: Pairs) -> PositiveMask | PositivePairs:
     if pairs.anchor_labels is None or pairs.candidate_labels is None:
         raise ValueError("the label graph needs labels for every anchor and candidate")
     if pairs.dense_graphs:
-        return _positive_mask(pairs.anchor_labels, pairs.candidate_labels, pairs)
+        # the anchors' labels are their batch's, checked >= 0 (a failed check raises before
+        # anything is stored), so -1 (an unlabelled bank row) matches none of them
+        return _positive_mask(pairs.anchor_labels, pairs.candidate_labels, pairs,
+                              anchors_known=True)
     return label_pairs(pairs)
 
 
