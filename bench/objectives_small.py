@@ -23,12 +23,12 @@ Ours runs two ways: "ours" as a plain call (the batch reads its own input checks
 the loss statistics' one read.
 
 Times: forward + backward, medians of ``--repeats`` interleaved repeats (every case once per
-round, so drift hits all alike; in a shuffled order each round, since a case timed right after
-its own twin runs ~5 % faster on warm caches), one intra-op thread by default (``--threads``): on a shared
-2-core machine that gives every case the same resources. ``--baseline REV`` also times our
-objectives as of git revision REV (its ``components/`` is extracted to a temporary directory
-and imported under its own module objects), interleaved with the current ones: a before/after
-measured in one run.
+round, so drift hits all alike; in a shuffled order each round, since a case timed right
+after its own twin runs ~5 % faster on warm caches), one intra-op thread by default
+(``--threads``): on a shared 2-core machine that gives every case the same resources.
+``--baseline REV`` also times our objectives as of git revision REV (its ``components/`` is
+extracted to a temporary directory and imported under its own module objects), interleaved
+with the current ones: a before/after measured in one run.
 
 Usage: ``python bench/objectives_small.py [--sizes 256 512 1024 4096] [--repeats 41]
 [--classes 100] [--baseline HEAD~1]``

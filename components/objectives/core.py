@@ -13,7 +13,9 @@ gathered candidates are rank 0's rows, then rank 1's, …, then the bank's.
 
 Memory: for A anchors and M candidates the reducers hold the logits plus one or two further
 A×M float32 buffers (listed per function), and the graph (an A×M bool or float32 matrix,
-or for SimCLR / SupCon only the positive pairs: :class:`PositivePairs`).
+or for SimCLR / SupCon only the positive pairs: :class:`PositivePairs`; below
+:data:`DENSE_GRAPH_ENTRIES` entries, where a few A×M buffers are at most a few MiB, their
+0/1 float mask: :class:`PositiveMask`, :func:`hard_graph_loss`).
 Every loss here is row-wise — anchor i's loss needs only row i of the logits and the graph —
 so large batches run in row chunks (:func:`chunked_rows`): each chunk's A_c×M buffers exist
 only while it is computed, and again in backward (recomputed, ``torch.utils.checkpoint``),
