@@ -5,14 +5,15 @@ mask are exactly the mask's ``nonzero``, and small batches' masks give what the 
 from __future__ import annotations
 
 import contextlib
+import math
 
 import pytest
 import torch
 
 from components.errors import NonFiniteError
 from components.objectives import ContrastiveBatch, InfoNCE, SupCon
-from components.objectives.core import SINGLE_SHIFT_SPREAD, _row_numbers, hot_path
-from components.objectives.targets import _equal_key_mask, _equal_key_pairs
+from components.objectives.core import SINGLE_SHIFT_SPREAD, Pairs, _row_numbers, hot_path
+from components.objectives.targets import _equal_key_mask, _equal_key_pairs, soft_targets
 
 
 def test_cached_row_numbers_are_per_size_views_and_device() -> None:
@@ -141,3 +142,25 @@ def test_batch_checks_by_sums_raise_only_for_real_non_finite_values() -> None:
         with pytest.raises(NonFiniteError, match=r"z has 2 non-finite"):
             with hot_path() if step else contextlib.nullcontext():
                 InfoNCE(0.5)(ContrastiveBatch(z=bad))
+
+
+def test_soft_targets_far_below_the_row_max_are_still_the_softmax() -> None:
+    """At τ_s = 0.01 most of a caption graph's row lies > 87 below its max once divided by
+    τ_s, where float32 exp leaves its normal range (and CPU exp its fast path): the targets
+    are floored there yet equal the float64 softmax over the other candidates, with the own
+    column exactly 0."""
+    g = torch.Generator().manual_seed(4)
+    captions = torch.nn.functional.normalize(torch.randn(64, 16, generator=g), dim=1)
+    captions[1] = captions[0]  # a shared caption: the row max at cos 1
+    views = 2
+    rows = captions.repeat_interleave(views, 0)  # [A, E], A = 128
+    sim = rows @ rows.T
+    own = torch.arange(rows.shape[0])
+    pairs = Pairs(anchors=rows, candidates=rows, self_index=own, anchor_ids=own,
+                  candidate_ids=own, views=views)
+    got = soft_targets(sim, pairs, 0.01)
+    want = (sim.double() / 0.01).fill_diagonal_(-math.inf).softmax(1)
+    assert (sim.double() / 0.01 - (sim.double() / 0.01).fill_diagonal_(-math.inf).amax(1,
+            keepdim=True) < -87).double().mean() > 0.5  # the case this guards
+    assert torch.equal(got.diagonal(), torch.zeros(rows.shape[0]))
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-12)

@@ -119,7 +119,7 @@ def test_xclr_class_graph(n: int, v: int, pattern: str, tau_s: float) -> None:
 
 
 @pytest.mark.parametrize(("n", "v"), SHAPES)
-@pytest.mark.parametrize("tau_s", [0.05, 0.5])
+@pytest.mark.parametrize("tau_s", [0.002, 0.05, 0.5])  # 0.002: G/τ_s below exp's floor
 def test_xclr_caption_graph(n: int, v: int, tau_s: float) -> None:
     captions = np.random.default_rng(8).normal(size=(n, 6))
     captions[1] = captions[0]  # two samples with the same caption text

@@ -9,6 +9,7 @@ graph, …) is one more function here returning such a matrix.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -202,7 +203,14 @@ def soft_targets(similarity: Tensor, pairs: Pairs, tau_s: float) -> Tensor:
     """
     with torch.no_grad():  # the graph is a fixed target: no gradient, so work in place
         scaled = at_least_fp32(similarity).div(tau_s)
-        scaled.scatter_(1, pairs.self_index[:, None], torch.finfo(scaled.dtype).min)
+        own = pairs.self_index[:, None]
+        scaled.scatter_(1, own, torch.finfo(scaled.dtype).min)
         # softmax in place (max-shifted, so exp never overflows): no second A×M buffer.
-        scaled.sub_(scaled.amax(dim=1, keepdim=True)).exp_()
+        # Inputs are floored where exp leaves the normal range (e^−87 in float32): below it
+        # CPU exp takes a slow path, ~100× per element, and at τ_s ≈ 0.01 most of a row is
+        # there (G/τ_s spans 100 per unit of similarity). Those targets were < 1.6e−38 of a
+        # row summing to ≥ 1 and stay that small; the own column is set back to 0.
+        floor = math.ceil(math.log(torch.finfo(scaled.dtype).tiny))
+        scaled.sub_(scaled.amax(dim=1, keepdim=True)).clamp_min_(floor).exp_()
+        scaled.scatter_(1, own, 0.0)
         return scaled.div_(scaled.sum(dim=1, keepdim=True))
