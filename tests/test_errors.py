@@ -71,10 +71,10 @@ def test_root_cause_looks_inside_a_ray_task_error_of_a_simgraph_error() -> None:
 
 
 def test_objective_non_finite_input_is_a_typed_value_error() -> None:
-    from components.objectives.core import _finite
+    from components.objectives import ContrastiveBatch
 
-    with pytest.raises(NonFiniteError, match="2 non-finite"):
-        _finite("embeddings", torch.tensor([1.0, float("nan"), float("inf")]))
+    with pytest.raises(NonFiniteError, match="z has 2 non-finite"):
+        ContrastiveBatch(z=torch.tensor([1.0, float("nan"), float("inf")]).view(3, 1, 1))
     assert issubclass(NonFiniteError, ValueError)
 
 

@@ -76,15 +76,6 @@ def _check(cond: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def _finite(name: str, x: Tensor | None) -> None:
-    if x is None or not x.is_floating_point() or not x.numel():
-        return
-    # min and max propagate NaN, and are ±inf if any value is: one reduction pass with no
-    # x-sized temporary (isfinite(x).all() makes four), counted only on failure.
-    if not bool(torch.isfinite(torch.stack(torch.aminmax(x.detach()))).all()):
-        _raise_non_finite(name, x)
-
-
 def _raise_non_finite(name: str, x: Tensor) -> None:
     """Count ``x``'s non-finite values (a second read, on the failure path only) and raise."""
     bad = int((~torch.isfinite(x)).sum())
@@ -361,12 +352,6 @@ class PositivePairs(NamedTuple):
 
     rows: Tensor
     cols: Tensor
-
-    def dense(self, anchors: int, candidates: int) -> Tensor:
-        """The [anchors, candidates] bool mask, True at the pairs."""
-        mask = torch.zeros(anchors, candidates, dtype=torch.bool, device=self.rows.device)
-        return mask.index_put_((self.rows, self.cols), torch.ones((), dtype=torch.bool,
-                                                                  device=mask.device))
 
 
 class PositiveMask(NamedTuple):
@@ -878,7 +863,8 @@ def fused_global_means(terms: Sequence[tuple[Tensor, Tensor]],
     pending = batch.take_checks() if batch is not None else None
     own = [c for c in checks if c is not None]
     parts = ([] if pending is None else [pending.values]) + [c.values.reshape(-1) for c in own]
-    if distributed.is_distributed():  # sum, count, total per term, summed over ranks
+    dist = distributed.is_distributed()
+    if dist:  # sum, count, total per term, summed over ranks
         dtype = functools.reduce(torch.promote_types, [p.dtype for p, _ in terms])
         checked = [p.to(device=device, dtype=wide) for p in parts]
         stats: list[Tensor] = []
@@ -899,7 +885,7 @@ def fused_global_means(terms: Sequence[tuple[Tensor, Tensor]],
             read = read.to(wide)
         read = torch.cat([read, *parts]) if parts else read
     values = read.tolist()  # the one device-to-host copy
-    if not distributed.is_distributed():  # put the totals in: (sum, count, total) per term
+    if not dist:  # put the totals in: (sum, count, total) per term
         sums_counts, rest = values[: len(stats)], values[len(stats):]
         values = [x for k, (_, valid) in enumerate(terms)
                   for x in (*sums_counts[2 * k : 2 * k + 2], float(valid.numel()))] + rest

@@ -65,12 +65,21 @@ def instance_pairs(pairs: Pairs) -> PositivePairs:
     return _equal_key_pairs(pairs.anchor_ids, pairs.candidate_ids, pairs.self_index)
 
 
+def _labels(pairs: Pairs) -> tuple[Tensor, Tensor]:
+    """(anchor labels [A], candidate labels [M]).
+
+    Raises:
+        ValueError: either side without labels.
+    """
+    if pairs.anchor_labels is None or pairs.candidate_labels is None:
+        raise ValueError("the label graph needs labels for every anchor and candidate")
+    return pairs.anchor_labels, pairs.candidate_labels
+
+
 def label_pairs(pairs: Pairs) -> PositivePairs:
     """Candidates with the anchor's label (SupCon's P(i)), other than the anchor; unlabelled
     (label −1) candidates never match."""
-    if pairs.anchor_labels is None or pairs.candidate_labels is None:
-        raise ValueError("the label graph needs labels for every anchor and candidate")
-    return _equal_key_pairs(pairs.anchor_labels, pairs.candidate_labels, pairs.self_index)
+    return _equal_key_pairs(*_labels(pairs), pairs.self_index)
 
 
 def _equal_key_mask(anchor_keys: Tensor, candidate_keys: Tensor, self_index: Tensor,
@@ -98,9 +107,7 @@ def instance_graph(pairs: Pairs) -> Tensor:
 
 def label_graph(pairs: Pairs) -> Tensor:
     """[A, M] bool: candidates with the anchor's label (SupCon's P(i)); unlabelled never match."""
-    if pairs.anchor_labels is None or pairs.candidate_labels is None:
-        raise ValueError("the label graph needs labels for every anchor and candidate")
-    return _equal_key_mask(pairs.anchor_labels, pairs.candidate_labels, pairs.self_index)
+    return _equal_key_mask(*_labels(pairs), pairs.self_index)
 
 
 def _positive_mask(anchor_keys: Tensor, candidate_keys: Tensor, pairs: Pairs,
@@ -123,13 +130,10 @@ def label_positives(pairs: Pairs) -> PositiveMask | PositivePairs:
     """SupCon's P(i) in the form the reducers read fastest at this size: a
     :class:`PositiveMask` (as :func:`label_graph`) when ``pairs.dense_graphs``, else
     :func:`label_pairs`."""
-    if pairs.anchor_labels is None or pairs.candidate_labels is None:
-        raise ValueError("the label graph needs labels for every anchor and candidate")
     if pairs.dense_graphs:
         # the anchors' labels are their batch's, checked >= 0 (a failed check raises before
         # anything is stored), so -1 (an unlabelled bank row) matches none of them
-        return _positive_mask(pairs.anchor_labels, pairs.candidate_labels, pairs,
-                              anchors_known=True)
+        return _positive_mask(*_labels(pairs), pairs, anchors_known=True)
     return label_pairs(pairs)
 
 
