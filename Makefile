@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 # Benchmarks that start Ray run in a loopback-only network namespace, as the tests do.
 NETNS_RUN := unshare -n bash -c 'ip link set lo up && HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 
-.PHONY: setup apt-deps bench-deps test lint demo bench-objectives bench-parity bench-reproduce bench-sweep bench-sweep-efficiency clean
+.PHONY: setup apt-deps bench-deps test lint demo gpu-kit bench-objectives bench-parity bench-reproduce bench-sweep bench-sweep-efficiency clean
 
 setup: $(STAMP)
 
@@ -93,3 +93,15 @@ bench-sweep-efficiency: setup
 
 clean:
 	rm -rf $(VENV)
+
+# The offline kit for a GPU node without network access (docs/gpu.md): what the node lacks
+# (Ray, FFCV built for its Python with its libraries vendored, Optuna, ...) for KIT_PYTHON's
+# version, in pieces of at most 60 MiB, and Fashion-MNIST for bench/gpu_check.py. KIT_HAVE
+# lists the node's packages (pip list --format=freeze there); KIT_PYTHON is an interpreter of
+# the node's version here (pyenv's 3.12 on this machine).
+KIT_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python) python3.12)
+KIT_HAVE ?= examples/offline/gpu-node-packages.txt
+KIT_TRAIN_IMAGES ?= 40000
+gpu-kit: setup
+	$(PY) -m pipelines.offline_kit --python $(KIT_PYTHON) --have $(KIT_HAVE) --out .kit \
+	  --fashion-mnist --train-images $(KIT_TRAIN_IMAGES)

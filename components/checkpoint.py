@@ -9,6 +9,12 @@ loaded (:func:`load_state` raises, :func:`is_complete` says no). Loading uses
 
 A training checkpoint's state is a :class:`TrainingState` (typed; :meth:`TrainingState.save`
 / :meth:`TrainingState.load`); :func:`save_state` / :func:`load_state` move any plain dict.
+Only a finite state is a checkpoint: :meth:`TrainingState.save` refuses one whose tensors
+(weights, BatchNorm statistics, memory bank, EMA encoder, optimizer state) hold NaN or inf
+(:class:`NonFiniteState`; a diverged run must not replace its last good checkpoint), and
+``meta.json`` records ``finite`` (:func:`save_state` checks any dict), so pruning and resuming
+can pass over a non-finite one written by other means. A write that fails (a full disk)
+removes what it wrote and raises :class:`CheckpointWriteError`, one line naming the file.
 Where checkpoints live in a run dir (``epoch_NNNNN``, which is newest, publishing and
 pruning) is :mod:`components.run_dir`'s.
 """
@@ -17,9 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,20 +49,94 @@ class CheckpointUnreadable(CheckpointError):
     scratch."""
 
 
-def save_state(directory: str | Path, state: dict[str, Any]) -> Path:
-    """Write ``state`` into ``directory`` (created) atomically; returns the directory."""
+class NonFiniteState(CheckpointError):
+    """A state to checkpoint holds NaN or inf (the run diverged): it is not written."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint file could not be written (a full disk, a quota, permissions); what was
+    written of it has been removed. The message is one line naming the file."""
+
+
+def write_failure(path: str | Path, e: OSError) -> str:
+    """``cannot write PATH (reason); what to do`` for an ``OSError`` writing ``path``."""
+    reason = e.strerror or str(e)
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        todo = "free space on that disk (or raise the quota)"
+    elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        todo = "make it writable"
+    else:
+        todo = "check that disk"
+    return f"cannot write {path} ({reason}); {todo}"
+
+
+def nonfinite_entries(state: Mapping[str, Any], limit: int = 5) -> list[str]:
+    """Where ``state`` (nested dicts / lists of tensors, as state dicts are) holds NaN or inf:
+    the dotted names of the first ``limit`` floating-point tensors that do, then ``…`` if
+    more do; empty when it is finite. One device read per device the tensors are on
+    (a checkpoint's cost, never a training step's)."""
+    found: list[tuple[str, torch.Tensor]] = []
+
+    def walk(prefix: str, x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            if (x.is_floating_point() or x.is_complex()) and x.numel():
+                found.append((prefix, x))
+        elif isinstance(x, Mapping):
+            for k, v in x.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif isinstance(x, list | tuple):
+            for i, v in enumerate(x):
+                walk(f"{prefix}.{i}" if prefix else str(i), v)
+
+    walk("", state)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, (_, t) in enumerate(found):
+        by_device.setdefault(t.device, []).append(i)
+    bad: list[int] = []
+    with torch.no_grad():
+        for idx in by_device.values():
+            finite = torch.stack([torch.isfinite(found[i][1]).all() for i in idx]).tolist()
+            bad += [i for i, ok in zip(idx, finite, strict=True) if not ok]
+    names = [found[i][0] for i in sorted(bad)]
+    return names[:limit] + (["…"] if len(names) > limit else [])
+
+
+def save_state(directory: str | Path, state: dict[str, Any],
+               finite: bool | None = None) -> Path:
+    """Write ``state`` into ``directory`` (created) atomically; returns the directory.
+    ``meta.json`` records whether every tensor in it is ``finite`` (checked here unless the
+    caller already did: ``finite``).
+
+    Raises:
+        CheckpointWriteError: a file could not be written (a full disk): the message names
+            it; nothing of this write is left in ``directory``.
+    """
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    with replacing(d / STATE) as tmp:
-        torch.save(state, tmp)
-    meta = {
-        "format": FORMAT,
-        "epoch": int(state.get("epoch", 0)),
-        "step": int(state.get("step", 0)),
-        "sha256": sha256_file(d / STATE),
-        "bytes": (d / STATE).stat().st_size,
-    }
-    write_json(d / META, meta)  # written last: its presence marks the checkpoint complete
+    if finite is None:
+        finite = not nonfinite_entries(state, limit=1)
+    current, created = d / STATE, not d.exists()
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        with replacing(current) as tmp:  # a failed write removes its temporary
+            torch.save(state, tmp)
+        meta = {
+            "format": FORMAT,
+            "epoch": int(state.get("epoch", 0)),
+            "step": int(state.get("step", 0)),
+            "sha256": sha256_file(current),
+            "bytes": current.stat().st_size,
+            "finite": bool(finite),
+        }
+        current = d / META
+        write_json(current, meta)  # written last: its presence marks the checkpoint complete
+    except OSError as e:
+        for name in (META, STATE):  # a state.pt without its meta.json is no checkpoint
+            with contextlib.suppress(OSError):
+                (d / name).unlink(missing_ok=True)
+        if created:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise CheckpointWriteError(write_failure(current, e)) from None
     return d
 
 
@@ -120,9 +201,29 @@ class TrainingState:
                                   "simgraph training checkpoint")
         return cls(**{k: v for k, v in d.items() if k in names})
 
-    def save(self, directory: str | Path) -> Path:
-        """:func:`save_state` of this state; returns the directory."""
-        return save_state(directory, self.to_dict())
+    def nonfinite(self, limit: int = 5) -> list[str]:
+        """Where the state to resume from (model incl. BatchNorm statistics and memory bank,
+        EMA encoder, optimizer, scheduler, scaler) holds NaN / inf: names as
+        :func:`nonfinite_entries` (``model.encoder…``, ``optimizer.state…``); empty when
+        finite."""
+        return nonfinite_entries({k: getattr(self, k) for k in
+                                  ("model", "ema", "optimizer", "scheduler", "scaler")
+                                  if getattr(self, k) is not None}, limit)
+
+    def save(self, directory: str | Path, checked: bool = False) -> Path:
+        """:func:`save_state` of this state; returns the directory. ``checked``: the caller
+        has found :meth:`nonfinite` empty already.
+
+        Raises:
+            NonFiniteState: the state holds NaN / inf (names where): nothing is written.
+            CheckpointWriteError: as :func:`save_state`.
+        """
+        if not checked:
+            bad = self.nonfinite()
+            if bad:
+                raise NonFiniteState(f"the state after epoch {self.epoch} is not finite (NaN "
+                                     f"or inf in {', '.join(bad)}): not saved to {directory}")
+        return save_state(directory, self.to_dict(), finite=True)
 
     @classmethod
     def load(cls, directory: str | Path,
@@ -202,6 +303,20 @@ def load_state(directory: str | Path, map_location: str | torch.device = "cpu") 
     if not isinstance(state, dict):
         raise CheckpointError(f"{f} holds a {type(state).__name__}, not a state dict")
     return state
+
+
+def is_finite_at(path: str | Path) -> bool:
+    """Whether the checkpoint at ``path`` (a dir or URI) is not marked non-finite in its
+    ``meta.json`` (one written before the mark counts as finite; an unreadable one is left to
+    :func:`is_complete_at`)."""
+    from components import storage
+
+    try:
+        text = (storage.read_text(storage.join(str(path), META)) if storage.is_uri(str(path))
+                else (Path(path) / META).read_text())
+        return json.loads(text).get("finite", True) is not False
+    except (OSError, ValueError, AttributeError, storage.StorageError):
+        return True
 
 
 def is_complete_at(path: str | Path) -> bool:

@@ -30,6 +30,15 @@ import torch.distributed as dist
 from torch import Tensor
 
 
+def _all_gather_single(output: Tensor, input: Tensor) -> None:
+    """Equal-size all-gather into one tensor. torch >= 2.12 names it ``all_gather_single``;
+    older torch (2.11 is what the lent GPU image and many preinstalled nodes have: its absence
+    stopped every training run there) has it as ``all_gather_into_tensor``. Looked up at each
+    call, so that a patched ``dist`` (tests/strict_device.py) is what runs."""
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    fn(output, input)
+
+
 def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
@@ -52,7 +61,7 @@ def gathered_sizes(n_local: int, device: torch.device | None = None) -> list[int
         return [n_local]
     n = torch.full((1,), n_local, dtype=torch.int64, device=device)  # a fill, not a copy
     out = n.new_empty(world_size())
-    dist.all_gather_single(out, n)
+    _all_gather_single(out, n)
     return [int(s) for s in out.tolist()]  # one read for all ranks
 
 
@@ -80,7 +89,7 @@ def _all_gather_varlen(x: Tensor, sizes: Sequence[int] | None = None
         pad = x.new_zeros((longest - x.shape[0], *x.shape[1:]))
         x = torch.cat([x, pad])
     out = x.new_empty((ws * longest, *x.shape[1:]))  # [W·longest, ...], rank r's rows at r·longest
-    dist.all_gather_single(out, x.contiguous())
+    _all_gather_single(out, x.contiguous())
     if all(s == longest for s in sizes):
         return out, sizes
     parts = out.split(longest)

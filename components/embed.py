@@ -125,7 +125,11 @@ def run_encoder(cfg: PretrainConfig, state: TrainingState) -> Encoder:
 
 
 def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """``cuda:0`` or ``cpu``, from this process's resources (always indexed: FFCV's loader
+    thread needs it; :func:`components.data.reader.resolve_device`)."""
+    from components.data.reader import resolve_device
+
+    return resolve_device(None)
 
 
 def _progress(total: int, desc: str) -> Any:

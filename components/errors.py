@@ -13,13 +13,49 @@ ValueError`` keeps working. Callers dispatch on the type, never on the message t
 * :func:`run_command` is the one ``main()`` wrapper: a config error exits 2, any other
   :class:`SimgraphError` exits 1, each as one line on stderr; anything else is a bug and keeps
   its traceback.
+
+Messages are bounded: a value a user wrote is shown through :func:`clip` (its ``repr``, cut
+to :data:`VALUE_LIMIT` characters, saying how long it was), and :func:`run_command` cuts any
+message to :data:`MESSAGE_LIMIT` characters with :func:`bounded` (its start and its end, where
+the fix is said, are kept).
 """
 
 from __future__ import annotations
 
 import re
+import reprlib
 import sys
 from collections.abc import Callable
+
+VALUE_LIMIT = 200  # characters of a value shown in a message
+MESSAGE_LIMIT = 2000  # characters of one message line
+
+
+def clip(value: object, limit: int = VALUE_LIMIT) -> str:
+    """``repr(value)`` for a message, at most about ``limit`` characters: a longer one is cut
+    and says how long the whole was (a string's length; a container's item count). Never
+    builds the whole repr of a huge or deeply shared value (``reprlib``)."""
+    r = reprlib.Repr()
+    r.maxlevel, r.maxlist, r.maxtuple, r.maxdict, r.maxset = 3, 12, 12, 8, 12
+    r.maxstring = r.maxother = r.maxlong = limit
+    text = r.repr(value)
+    size = ""
+    if isinstance(value, str) and len(value) + 2 > limit:
+        size = f" ({len(value)} characters)"
+    elif isinstance(value, list | tuple | dict | set) and ("..." in text or len(text) > limit):
+        size = f" ({len(value)} items)"
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return text + size
+
+
+def bounded(message: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``message`` cut to about ``limit`` characters: its first two thirds and its last third
+    (where the fix is usually said), joined by ``[... N characters ...]``."""
+    if len(message) <= limit:
+        return message
+    head, tail = (2 * limit) // 3, limit // 3
+    return f"{message[:head]} [... {len(message) - head - tail} characters ...] {message[-tail:]}"
 
 
 class SimgraphError(Exception):
@@ -105,7 +141,7 @@ def run_command(command: str, body: Callable[[], object]) -> int:
     except SimgraphError as e:
         from components.storage import redact  # never a URI's credentials, whoever wrote it
 
-        print(redact(f"simgraph {command}: {e.headline}{e}"), file=sys.stderr)
+        print(bounded(redact(f"simgraph {command}: {e.headline}{e}")), file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:  # Ctrl-C: the user's choice, not a bug; no traceback
         print(f"simgraph {command}: interrupted (Ctrl-C); what was complete stays (the same "

@@ -400,6 +400,7 @@ class PretrainRecipe:
             self.ema.load_state_dict(state.ema)
         self.optimizer.load_state_dict(state.optimizer)
         self.scheduler.load_state_dict(state.scheduler)
+        self._rescale_lr(state.config)
         if self.scaler is not None and state.scaler:
             self.scaler.load_state_dict(state.scaler)
         self.start_epoch, self.step = state.epoch, state.step
@@ -411,6 +412,58 @@ class PretrainRecipe:
             raise RunError(f"the checkpoint is at step {self.step}, past this run's "
                            f"{self.total_steps}")
 
+    def _rescale_lr(self, stored: dict[str, Any]) -> None:
+        """A resume with another ``optim.lr`` (what a diverged run is told to lower): the
+        restored optimizer and schedule carry the old base LR, so every group's LR, initial LR
+        and the schedule's base LRs are scaled by new / old — the schedule keeps its
+        position, at the LR a run started with the new ``optim.lr`` has there."""
+        old = (stored.get("optim") or {}).get("lr")
+        new = self.cfg.optim.lr
+        if not isinstance(old, int | float) or isinstance(old, bool) or old <= 0 or old == new:
+            return
+        factor = new / old
+        for group in self.optimizer.param_groups:
+            group["lr"] *= factor
+            if "initial_lr" in group:
+                group["initial_lr"] *= factor
+        self.scheduler.base_lrs = [b * factor for b in self.scheduler.base_lrs]
+        self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+        if self.rank == 0:
+            console.say(f"[simgraph] optim.lr changed from {old:g} to {new:g} on resume: the "
+                        f"schedule continues where it was, scaled by {factor:.4g}")
+
+    def way_back(self) -> str:
+        """What a run that diverged can go back to (the run dir's newest complete finite
+        checkpoint, by its path) and what to change before re-running — only settings a resume
+        may change (:data:`components.run_dir.RESUMABLE_CHANGES`). Rank 0's words; other ranks
+        say less (their message is not the one shown)."""
+        from components.checkpoint import CheckpointUnreadable
+        from components.run_dir import latest_complete
+        from components.storage import display
+
+        cfg = self.cfg
+        change = f"lower optim.lr (now {cfg.optim.lr:g})"
+        amp = getattr(self, "amp", cfg.train.amp)
+        if amp == "fp16":
+            change += ", use train.amp=bf16 where the GPU has it (else none)"
+        elif amp == "bf16":
+            change += ", use train.amp=none"
+        if cfg.train.grad_clip is None:
+            change += ", set train.grad_clip (e.g. 1.0)"
+        change += " or raise the temperature"
+        if self.rank != 0:
+            return f"see rank 0's message for the checkpoint to go back to; {change}"
+        try:
+            found = latest_complete(self.run_dir)
+        except CheckpointUnreadable as e:
+            return f"its checkpoints could not be checked ({e}); {change}"
+        if found is None:
+            return (f"no checkpoint was saved before it diverged: re-running the same command "
+                    f"starts it again from scratch; first {change}")
+        return (f"the last good checkpoint is {display(found[1])} (epoch {found[0]}): "
+                f"re-running the same command resumes from it; to keep it from diverging "
+                f"again, {change} (these may change on a resume)")
+
     # -- one epoch -----------------------------------------------------------------------------
 
     def train_epoch(self, epoch: int) -> dict[str, Any]:
@@ -420,6 +473,7 @@ class PretrainRecipe:
 
         from components import distributed
         from components.training import (
+            NonFiniteLossError,
             SkipGuard,
             SkippedStep,
             StepState,
@@ -454,8 +508,13 @@ class PretrainRecipe:
                     ema_momentum=getattr(cfg.loss, "ema_momentum", 0.996), where=where)
             except SkippedStep as e:  # fp16 overflow on every rank: the guard may stop the run
                 self.step += 1
-                skips.skipped(e, where)
+                try:
+                    skips.skipped(e, where)
+                except NonFiniteLossError as stop:
+                    raise NonFiniteLossError(f"{stop}; {self.way_back()}") from None
                 continue
+            except NonFiniteLossError as e:  # the optimizer has not stepped: nothing to undo
+                raise NonFiniteLossError(f"{e}; {self.way_back()}") from None
             skips.ok()
             self.step += 1
             last_lr = metrics.pop("lr")
@@ -547,16 +606,64 @@ class PretrainRecipe:
         if not ((epoch + 1) % cfg.checkpoint.every_epochs == 0 or last):
             host.report(row, None, None)
             return
-        with tempfile.TemporaryDirectory(prefix="simgraph-ckpt-") as tmp:
-            ckpt = None
-            if self.rank == 0:
-                checkpoint_state(
-                    cfg, model=self.model, ema=self.ema, optimizer=self.optimizer,
-                    scheduler=self.scheduler, scaler=self.scaler, epoch=epoch + 1,
-                    step=self.step, history=self.history, dataset=self.facts.dataset,
-                ).save(tmp)
-                ckpt = tmp
-            host.report(row, ckpt, epoch + 1)
+        state = checkpoint_state(
+            cfg, model=self.model, ema=self.ema, optimizer=self.optimizer,
+            scheduler=self.scheduler, scaler=self.scaler, epoch=epoch + 1,
+            step=self.step, history=self.history, dataset=self.facts.dataset,
+        )
+        self._check_finite(state)
+        from components.checkpoint import CheckpointWriteError
+
+        try:
+            with tempfile.TemporaryDirectory(prefix="simgraph-ckpt-") as tmp:
+                ckpt = None
+                if self.rank == 0:
+                    state.save(tmp, checked=True)
+                    ckpt = tmp
+                host.report(row, ckpt, epoch + 1)
+        except CheckpointWriteError as e:  # a full disk: one line, the older ones kept
+            raise CheckpointWriteError(f"checkpoint after epoch {epoch + 1} not saved: {e}; "
+                                       f"{self._kept()}") from None
+
+    def _check_finite(self, state: TrainingState) -> None:
+        """Refuse to checkpoint a diverged state (the loss is checked before each step, the
+        weights only here: once per checkpoint, never per step). Every rank checks its copy
+        (DDP keeps them equal) and, with several, one all-reduce of a flag makes them stop
+        together.
+
+        Raises:
+            NonFiniteState: names what is not finite, the checkpoint to go back to and what
+                to change (:meth:`way_back`); nothing was written or pruned.
+        """
+        import torch
+
+        from components import distributed
+        from components.checkpoint import NonFiniteState
+
+        bad = state.nonfinite()
+        diverged = bool(bad)
+        if self.world > 1:
+            flag = torch.tensor([float(diverged)], device=self.device)
+            diverged = bool(distributed.all_reduce_sum(flag).item() > 0)
+        if diverged:
+            where = ", ".join(bad) if bad else "another rank's copy"
+            raise NonFiniteState(
+                f"run {self.cfg.name!r} diverged: its state after epoch {state.epoch} (step "
+                f"{state.step}) is not finite (NaN or inf in {where}), so it was not saved "
+                f"and no checkpoint was pruned; {self.way_back()}")
+
+    def _kept(self) -> str:
+        """What is left after a failed checkpoint write, and how to go on."""
+        from components.run_dir import latest_complete
+        from components.storage import display
+
+        try:
+            found = latest_complete(self.run_dir)
+        except Exception:  # noqa: BLE001 - the storage failing too: say less
+            found = None
+        kept = ("the run dir's older checkpoints are intact" if found is None else
+                f"the run dir's older checkpoints are intact (newest: {display(found[1])})")
+        return f"{kept}; re-run the same command once there is room to resume"
 
     def cleanup(self) -> None:
         if self.log is not None:

@@ -39,6 +39,7 @@ from components.config import (
     from_dict,
     to_dict,
 )
+from components.config.loading import safe_load
 from components.errors import SimgraphError
 
 if TYPE_CHECKING:
@@ -57,6 +58,9 @@ RESUMABLE_CHANGES = (
     "train.epochs", "train.log_every_steps", "scaling.", "checkpoint.keep",
     "knn.every_epochs", "data.num_workers", "data.os_cache", "data.jit", "data.stage",
     "storage", "tracking.",
+    # What a diverged run is told to change before it resumes from its last good checkpoint
+    # (the recipe rescales the restored schedule to a changed optim.lr).
+    "optim.lr", "train.amp", "train.grad_clip",
 )
 
 
@@ -279,8 +283,8 @@ def read_run_config(run_dir: str) -> dict[str, Any] | None:
     if not storage.exists(path):
         return None
     try:
-        data = yaml.safe_load(storage.read_text(path))
-    except (UnicodeDecodeError, yaml.YAMLError) as e:
+        data = safe_load(storage.read_text(path), storage.display(path))
+    except (UnicodeDecodeError, yaml.YAMLError, ConfigError) as e:
         reason = str(e).splitlines()[0]
         raise CorruptRunConfig(f"{storage.display(path)} is corrupt ({reason})") from None
     if not isinstance(data, dict):
@@ -388,18 +392,20 @@ def checkpoints(run_dir: str | Path) -> dict[int, str]:
 
 def latest_complete(run_dir: str | Path) -> tuple[int, str] | None:
     """(epochs, dir) of the newest checkpoint ``epoch_NNNNN`` in ``run_dir`` (a path or URI)
-    whose write completed; dirs left by an interrupted write fail
-    :func:`~components.checkpoint.is_complete_at` and are skipped.
+    whose write completed and whose state is finite; dirs left by an interrupted write fail
+    :func:`~components.checkpoint.is_complete_at` and are skipped, as are checkpoints marked
+    non-finite (:func:`~components.checkpoint.is_finite_at`: never written by a run, which
+    refuses a diverged state, but a resume must not start from one that got there).
 
     Raises:
         CheckpointUnreadable: a checkpoint could not be checked (a storage error): never
             taken for incomplete, so a resume never falls back to an older one or to scratch.
     """
-    from components.checkpoint import is_complete_at
+    from components.checkpoint import is_complete_at, is_finite_at
 
     found = checkpoints(run_dir)
     for epoch in sorted(found, reverse=True):
-        if is_complete_at(found[epoch]):
+        if is_finite_at(found[epoch]) and is_complete_at(found[epoch]):
             return epoch, found[epoch]
     return None
 
@@ -416,9 +422,16 @@ def publish_checkpoint(local_dir: str | Path, run_dir: str, epoch: int) -> str:
 
     Raises:
         CheckpointError: the copy did not verify (the older checkpoints are untouched).
+        CheckpointWriteError: a local copy could not be written (a full disk): one line
+            naming the file; the partial copy is removed, the older checkpoints untouched.
     """
     from components import storage
-    from components.checkpoint import CheckpointError, is_complete_at
+    from components.checkpoint import (
+        CheckpointError,
+        CheckpointWriteError,
+        is_complete_at,
+        write_failure,
+    )
 
     name = checkpoint_name(epoch)
     dest = storage.join(run_dir, name)
@@ -429,9 +442,21 @@ def publish_checkpoint(local_dir: str | Path, run_dir: str, epoch: int) -> str:
         for stale in Path(run_dir).glob(f".{CHECKPOINT_PREFIX}*.tmp"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(run_dir) / f".{name}.{os.getpid()}.tmp"
-        shutil.copytree(local_dir, tmp)
-        for f in [*tmp.iterdir(), tmp]:  # on disk before the rename makes it the newest
-            _fsync(f)
+        try:
+            # File by file (copytree would go on past a full disk and raise a list of errors)
+            tmp.mkdir()
+            for src in sorted(Path(local_dir).iterdir()):
+                copy = shutil.copytree if src.is_dir() else shutil.copy2
+                copy(src, tmp / src.name)
+            for f in [*tmp.iterdir(), tmp]:  # on disk before the rename makes it the newest
+                _fsync(f)
+        except OSError as e:  # a full disk: the partial copy goes, the older ones stay
+            shutil.rmtree(tmp, ignore_errors=True)
+            failed = e.filename or tmp
+            # name the file as it would have been published, not its hidden temporary
+            shown = Path(dest) / Path(failed).relative_to(tmp) if Path(failed).is_relative_to(
+                tmp) and Path(failed) != tmp else Path(dest)
+            raise CheckpointWriteError(write_failure(shown, e)) from None
         shutil.rmtree(dest, ignore_errors=True)
         os.replace(tmp, dest)
         _fsync(Path(run_dir))  # the rename itself
@@ -451,16 +476,37 @@ def _fsync(path: Path) -> None:
 
 
 def prune_checkpoints(run_dir: str, keep: int | None) -> list[str]:
-    """Delete all but the newest ``keep`` checkpoints of ``run_dir`` (``None``: keep all);
-    returns the deleted names. Call it only after :func:`publish_checkpoint` verified the
-    newest (Ray Train prunes its own with ``CheckpointConfig(num_to_keep)``)."""
+    """Delete all but the newest ``keep`` checkpoints of ``run_dir`` (``None``: keep all),
+    never the newest complete finite one (:func:`latest_complete`: what a resume goes back
+    to, even when newer non-finite ones count towards ``keep``); returns the deleted names.
+    Call it only after :func:`publish_checkpoint` verified the newest (Ray Train prunes its
+    own with ``CheckpointConfig(num_to_keep)``; a run reports it only finite checkpoints)."""
     from components import storage
+    from components.checkpoint import (
+        STATE,
+        CheckpointError,
+        is_complete_at,
+        is_finite_at,
+        read_meta,
+    )
 
     if keep is None:
         return []
     found = checkpoints(run_dir)
     epochs = sorted(found)
     gone = epochs[:-keep] if keep > 0 else epochs
+    if gone:  # spare the newest finite complete one (its size checked, not its sha256:
+        # publish_checkpoint has just verified the newest)
+        for epoch in sorted(found, reverse=True):
+            path = found[epoch]
+            try:
+                whole = (is_complete_at(path) if storage.is_uri(path) else
+                         (Path(path) / STATE).stat().st_size == read_meta(path)["bytes"])
+            except (CheckpointError, OSError, KeyError):
+                whole = False
+            if whole and is_finite_at(path):
+                gone = [e for e in gone if e != epoch]
+                break
     for epoch in gone:
         storage.delete_dir(found[epoch])
     return [checkpoint_name(e) for e in gone]

@@ -13,6 +13,19 @@ stops (ASHA, or at its last epoch) never frees its workers' placement group and 
 waits forever (docs/ray-notes.md). ``simgraph sweep`` asks for it for such trials
 (``needs_dashboard``). Joining a cluster (``RAY_ADDRESS``) is unchanged: its dashboard is the
 cluster's own business.
+
+**Loopback only.** A local Ray listens on 127.0.0.1 only, dashboard included. Ray 2.60's
+gRPC servers (GCS, raylet, workers, agents) listen on every interface unless the node's address
+is exactly ``127.0.0.1``, and ``ray.init(_node_ip_address="127.0.0.1")`` is not enough:
+``services.resolve_ip_for_localhost`` rewrites it to the address of the interface that routes
+off the machine. That rewrite, and Ray's own choice of node address, are skipped when
+``ray_constants.ENABLE_RAY_CLUSTER`` is false (what Ray does on macOS / Windows, and what
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` sets): :func:`loopback_only` turns it off for the
+start, in this process and (through the environment) in the processes Ray spawns. Token
+authentication stays as Ray 2.60 sets it for a new local cluster (on, unless ``RAY_AUTH_MODE``
+says otherwise): loopback ports are still reachable by the machine's other users.
+Tested in a network namespace with a routable 10.x address and a default route
+(``tests/test_secrets_and_ports.py::test_a_local_ray_listens_on_loopback_only_with_a_token``).
 """
 
 from __future__ import annotations
@@ -23,6 +36,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 DASHBOARD_ENV = "SIMGRAPH_RAY_DASHBOARD"
+LOOPBACK = "127.0.0.1"
+_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
 _YES = ("1", "true", "yes", "on")
 
 
@@ -46,8 +61,28 @@ def init_kwargs(num_cpus: int | None, env: Mapping[str, str] | None = None,
         # "local": never attach to some other Ray found on this machine by accident.
         # A small explicit object store: Ray would otherwise claim ~7 GB of /dev/shm.
         kwargs.update(address="local", num_cpus=num_cpus, object_store_memory=1 << 30,
-                      include_dashboard=dashboard_wanted(env, needs_dashboard))
+                      include_dashboard=dashboard_wanted(env, needs_dashboard),
+                      _node_ip_address=LOOPBACK, dashboard_host=LOOPBACK)
     return kwargs
+
+
+@contextlib.contextmanager
+def loopback_only() -> Iterator[None]:
+    """While a local Ray starts: its node address stays ``127.0.0.1``, so every server it
+    starts listens on loopback only (module docstring); restored afterwards."""
+    from ray._private import ray_constants
+
+    old_flag, old_env = ray_constants.ENABLE_RAY_CLUSTER, os.environ.get(_CLUSTER_ENV)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    os.environ[_CLUSTER_ENV] = "0"
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = old_flag
+        if old_env is None:
+            os.environ.pop(_CLUSTER_ENV, None)
+        else:
+            os.environ[_CLUSTER_ENV] = old_env
 
 
 @contextlib.contextmanager
@@ -62,8 +97,9 @@ def ray_session(num_cpus: int | None, needs_dashboard: bool = False) -> Iterator
     if ray.is_initialized():
         yield
         return
-    ray.init(**init_kwargs(num_cpus, needs_dashboard=needs_dashboard),
-             **console.before_ray_init())
+    kwargs = init_kwargs(num_cpus, needs_dashboard=needs_dashboard)
+    with loopback_only() if kwargs.get("address") == "local" else contextlib.nullcontext():
+        ray.init(**kwargs, **console.before_ray_init())
     console.after_ray_init()
     try:
         yield

@@ -28,7 +28,8 @@ from components.objectives import ContrastiveBatch, Metrics, Objective, build_ob
 
 
 class NonFiniteLossError(SimgraphError, RuntimeError):
-    """The loss became NaN/inf: the run stops, keeping its last good checkpoint."""
+    """The loss became NaN/inf: the run stops, keeping its last good checkpoint (the recipe
+    adds which one, and what to change)."""
 
 
 class SkippedStep(RuntimeError):
@@ -56,9 +57,7 @@ class SkipGuard:
         if self.in_a_row >= self.limit:
             raise NonFiniteLossError(
                 f"{where}: {self.in_a_row} steps in a row had a non-finite loss under "
-                f"amp='fp16' (last: {e}); stopping. Use amp='bf16' on GPUs that have it "
-                "(compute capability >= 8.0), lower the learning rate or raise the "
-                "temperature; the last checkpoint is intact")
+                f"amp='fp16' (last: {e}); stopping")
 
 
 # Fields a batch offers beyond z; an objective receives those it `requires` (+ ids, for banks).
@@ -281,8 +280,7 @@ def train_step(
             scheduler.step()
             raise SkippedStep(f"{where}: {problem}")
         raise NonFiniteLossError(
-            f"{where}: {problem}; stopping. Lower the learning rate, raise the temperature, "
-            "or use amp='none'/'bf16'; the last checkpoint is intact")
+            f"{where}: {problem}; stopping (the optimizer was not stepped)")
     if scaler is not None:
         scaler.scale(loss).backward()
         scaler.unscale_(optimizer)

@@ -20,19 +20,19 @@ Available now:
   comparison table (``make demo`` runs ``pipelines/configs/demo.yaml``).
 
 * ``simgraph evaluate RUN_DIR [RUN_DIR ...] [--checkpoint PATH] [--projector] [--out DIR]
-  [--labels MAP.yaml] [--no-baseline]`` — kNN, linear probe, graph metrics, plots (an
-  embedding map, nearest neighbours) and a report per run with the random-init encoder as a
-  baseline row, and a comparison of several; ``--labels`` scores against groups of the
-  classes (coarse labels).
+  [--labels MAP.yaml] [--no-baseline] [--device cpu|cuda:N]`` — kNN, linear probe, graph
+  metrics, plots (an embedding map, nearest neighbours) and a report per run with the
+  random-init encoder as a baseline row, and a comparison of several; ``--labels`` scores
+  against groups of the classes (coarse labels).
 
 * ``simgraph export RUN_DIR [--checkpoint DIR] [--format safetensors|torchscript|onnx]
   [--projector] [--out DIR]`` — the backbone (+ projector) as files that load without
   simgraph, with ``config.json`` and ``model_card.md`` (default ``<run>/export/``).
 
 * ``simgraph embed RUN_DIR --data DATASET_DIR_OR_IMAGE_FOLDER [--split S] [--projector]
-  [--checkpoint DIR] --out FILE.parquet`` — one embedding per image (the evaluation centre
-  view) of a dataset dir's split(s) or of a folder of images, with ids / paths, labels,
-  classes and captions, as a Parquet file.
+  [--checkpoint DIR] [--device cpu|cuda:N] --out FILE.parquet`` — one embedding per image
+  (the evaluation centre view) of a dataset dir's split(s) or of a folder of images, with
+  ids / paths, labels, classes and captions, as a Parquet file.
 
 * ``simgraph sweep SPACE.yaml [--resume] [key=value ...]`` — Ray Tune + Optuna over
   pretraining, conditional per-loss spaces from ``search_spaces/*.yaml``, ASHA, resume.
@@ -66,6 +66,10 @@ FILE_KINDS = {
     "pretrain": "name, data, model, loss, optim, ... (pipelines/configs/pretrain/)",
     "loss": "loss only (pipelines/configs/losses/)",
 }
+
+# ``evaluate`` / ``embed``: where they read and compute (components.data.reader.resolve_device).
+DEVICE_HELP = ("cpu, cuda or cuda:N (cuda = cuda:0); default: cuda:0 when torch sees a GPU, "
+               "else cpu")
 
 
 def config_kind(config: str) -> str:
@@ -206,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the random-init encoder of each run's config (by default its "
                         "kNN and probe are a 'random init' row, with each run's gain over it)")
+    p.add_argument("--device", help=DEVICE_HELP)
     p = commands.add_parser("export", help="a run's encoder as files that load without simgraph")
     p.add_argument("run_dir", help="the run dir (storage/name) to export")
     p.add_argument("--checkpoint", help="a checkpoint dir (default: the run's newest)")
@@ -224,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--projector", action="store_true", help="projector instead of backbone")
     p.add_argument("--checkpoint", help="a checkpoint dir (default: the run's newest)")
     p.add_argument("--out", required=True, help="the Parquet file to write (path or URI)")
+    p.add_argument("--device", help=DEVICE_HELP)
     p = commands.add_parser("sweep", help="Ray Tune + Optuna sweep over pretraining")
     p.add_argument("space", help="search space YAML (see search_spaces/)")
     p.add_argument("overrides", nargs="*", help="overrides of the sweep file, e.g. num_samples=8")
@@ -256,6 +262,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-wait", action="store_true", help="return after submitting")
     p.add_argument("--skip-check", action="store_true",
                    help="do not load the command's configs here before sending it")
+    p.add_argument("--include", action="append", default=[], metavar="PATH",
+                   help="send this project-relative file or folder although it was refused "
+                        "(its name looks like a secret, .gitignore ignores it, or it is a "
+                        "symlink out of the project); repeatable")
     p.add_argument("job", nargs=argparse.REMAINDER,
                    help="-- then the simgraph command, e.g. -- pretrain CONFIG key=value")
     verbose_help = ("show everything Ray and torch print (default: quiet — our own lines, "
@@ -297,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pipelines import evaluate
 
         return evaluate.main(args.run_dirs, args.checkpoint, args.projector, args.out,
-                             args.labels, baseline=not args.no_baseline)
+                             args.labels, baseline=not args.no_baseline, device=args.device)
     if args.command == "export":
         from pipelines import export
 
@@ -306,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pipelines import embed
 
         return embed.main(args.run_dir, args.data, args.out, args.split, args.projector,
-                          args.checkpoint)
+                          args.checkpoint, device=args.device)
     if args.command == "sweep":
         from pipelines import sweep
 

@@ -1,5 +1,6 @@
 """``simgraph embed RUN_DIR --data DATASET_DIR_OR_IMAGE_FOLDER [--split S] [--projector]
-[--checkpoint DIR] --out FILE.parquet``: one embedding per image, as a Parquet file.
+[--checkpoint DIR] [--device cpu|cuda:N] --out FILE.parquet``: one embedding per image, as a
+Parquet file.
 
 Top to bottom:
 
@@ -14,7 +15,8 @@ Top to bottom:
    a folder's images decoded as preprocessing decodes them — shrunk to the ``max_side`` the
    run's dataset was built with, when its manifest is readable — then the reader's crop,
    resize and normalisation. Backbone features, or the projector's output with
-   ``--projector``; batched, GPU when there is one, a progress bar on a terminal.
+   ``--projector``; batched, on ``--device`` (default: ``cuda:0`` when torch sees a GPU, else
+   the CPU), a progress bar on a terminal.
 4. Write ``--out`` whole or not at all: ``sample_id``, ``split`` (dataset) or ``path``
    (folder), ``label``, ``class``, ``caption`` (null where not known), ``embedding``
    (``fixed_size_list<float32>``); the schema metadata ``simgraph`` says which run,
@@ -69,14 +71,19 @@ def trained_max_side(dataset: str) -> int | None:
 
 
 def embed_run(run_dir: str, data: str, out: str, *, split: str | None = None,
-              projector: bool = False, checkpoint: str | None = None) -> dict[str, Any]:
+              projector: bool = False, checkpoint: str | None = None,
+              device: str | None = None) -> dict[str, Any]:
     """Embed ``data`` with the run's encoder into ``out`` (see the module docstring); returns
-    the file's metadata (with ``seconds``: the embedding's wall time).
+    the file's metadata (with ``seconds``: the embedding's wall time). ``device``: ``cpu`` /
+    ``cuda`` / ``cuda:N``; ``None``: from this process's resources
+    (:func:`~components.data.reader.resolve_device`).
 
     Raises:
         EmbedError / EmbedArgumentError / DatasetError: see the module docstring.
+        ReaderSettingError: a bad ``device`` (before anything loads).
     """
     from components import storage
+    from components.data.reader import resolve_device
     from components.embed import (
         describe_input,
         embed_dataset,
@@ -88,6 +95,7 @@ def embed_run(run_dir: str, data: str, out: str, *, split: str | None = None,
         write_parquet,
     )
 
+    dev = resolve_device(device)
     kind = data_kind(data)
     shown = storage.display(data)
     if not storage.is_uri(out) and Path(out).is_dir():
@@ -118,7 +126,7 @@ def embed_run(run_dir: str, data: str, out: str, *, split: str | None = None,
     if kind == "dataset":
         e = embed_dataset(encoder, data, cfg.data.augment, split=split, projector=projector,
                           batch_size=cfg.data.batch_size, num_workers=cfg.data.num_workers,
-                          jit=cfg.data.jit)
+                          device=dev, jit=cfg.data.jit)
         meta["data"]["splits"] = sorted(set(e.splits or []), key=(e.splits or []).index)
     else:
         side = trained_max_side(cfg.data.dataset)
@@ -127,7 +135,8 @@ def embed_run(run_dir: str, data: str, out: str, *, split: str | None = None,
                   "its image.max_side is unknown: images are cropped and resized from their "
                   "full size (the build would have shrunk larger ones first)", file=sys.stderr)
         e = embed_folder(encoder, data, cfg.data.augment, projector=projector, max_side=side,
-                         batch_size=cfg.data.batch_size, num_workers=cfg.data.num_workers)
+                         batch_size=cfg.data.batch_size, num_workers=cfg.data.num_workers,
+                         device=dev)
         meta["data"]["max_side"] = side
         meta["data"]["skipped"] = len(e.skipped)
         if e.skipped:
@@ -141,7 +150,7 @@ def embed_run(run_dir: str, data: str, out: str, *, split: str | None = None,
 
 
 def main(run_dir: str, data: str, out: str, split: str | None = None, projector: bool = False,
-         checkpoint: str | None = None) -> int:
+         checkpoint: str | None = None, device: str | None = None) -> int:
     from components.paths import resolve_path
 
     def body() -> None:
@@ -149,7 +158,8 @@ def main(run_dir: str, data: str, out: str, split: str | None = None, projector:
         dest = resolve_path(out)
         got = embed_run(resolve_path(run_dir), resolve_path(data), dest, split=split,
                         projector=projector,
-                        checkpoint=resolve_path(checkpoint) if checkpoint else None)
+                        checkpoint=resolve_path(checkpoint) if checkpoint else None,
+                        device=device)
         rate = got["rows"] / max(got["seconds"], 1e-9)
         print(f"simgraph embed: {got['rows']} images, {got['dim']}-d {got['feature']} "
               f"features in {got['seconds']:.1f} s ({rate:.0f} images/s)")

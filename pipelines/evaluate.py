@@ -1,5 +1,5 @@
 """``simgraph evaluate RUN_DIR [RUN_DIR ...] [--checkpoint PATH] [--projector] [--out DIR]
-[--labels MAP.yaml] [--no-baseline]``.
+[--labels MAP.yaml] [--no-baseline] [--device cpu|cuda:N]``.
 
 For each run, top to bottom:
 
@@ -8,7 +8,8 @@ For each run, top to bottom:
    whose content differs from the one the run trained on (checkpoints record its identity).
 2. Extract frozen features (backbone, or projector with ``--projector``) of one centre view of
    every image of the bank split (train) and the query split (test, else val), batched, with
-   a progress bar; GPU when there is one.
+   a progress bar; on ``--device`` (default: ``cuda:0`` when torch sees a GPU, else the CPU;
+   :func:`components.data.reader.resolve_device`).
 3. Metrics (``components/evaluation``): weighted kNN (Wu et al. 2018, votes exp(cos/0.07)) for
    k ∈ {1, 5, 10, 20, 50, 100, 200}, top-1/top-5; a linear probe on standardised features;
    SINCERE's target–noise separation (median margin, overlap); label error and intra-class
@@ -208,10 +209,12 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
     """Every metric of one run (see the module docstring); nothing written. ``labels``: a
     label map (``components.evaluation.labels``) to score against groups of the classes
     instead of the classes themselves (no retraining). ``baseline``: also score the
-    random-init encoder of the run's config (its features, kNN at the headline k, probe)."""
+    random-init encoder of the run's config (its features, kNN at the headline k, probe).
+    ``device``: ``cpu`` / ``cuda`` / ``cuda:N``; ``None``: from the resources this process was
+    given (:func:`~components.data.reader.resolve_device`)."""
     import torch
 
-    from components.data.reader import set_jit
+    from components.data.reader import resolve_device, set_jit
     from components.evaluation.baseline import random_init_model, score_baseline
     from components.evaluation.graph import (
         class_similarity_matrix,
@@ -231,6 +234,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
     from components.storage import basename
     from components.training import build_model
 
+    dev = resolve_device(device)  # a bad --device: before anything loads
     cfg, state, _ = load_run(run_dir, checkpoint)
     name = basename(str(run_dir))
     info = _dataset(cfg, state)
@@ -240,7 +244,6 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
             classes, index = load_label_map(labels, info.classes)
         except LabelMapError as e:
             raise EvaluateError(str(e)) from None
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     set_jit(cfg.data.jit if jit is None else jit)
     sim = info.class_similarity()
     sim_t = None if sim is None else torch.as_tensor(sim, dtype=torch.float32)
@@ -344,7 +347,9 @@ def split_knn_hits(run_dir: str, split: str, *, device: str | None = None,
     """[N] bool per image of ``split``: whether the run's newest checkpoint classifies it right
     by the online monitor's rule (the run's ``knn.k`` and ``knn.temperature``, its
     ``knn.bank_split`` as the bank, backbone features) — what a sweep's confirmation stage
-    scores on a split no trial was chosen on.
+    scores on a split no trial was chosen on. ``device``: ``None`` (what the sweep passes) is
+    the device of the resources the calling Ray task was given — ``cuda:0`` when it holds a
+    GPU, else the CPU, whatever GPUs the node has (:func:`~components.data.reader.resolve_device`).
 
     Raises:
         EvaluateError: the run cannot be read, its dataset has no labels or no images in
@@ -352,16 +357,16 @@ def split_knn_hits(run_dir: str, split: str, *, device: str | None = None,
     """
     import torch
 
-    from components.data.reader import set_jit
+    from components.data.reader import resolve_device, set_jit
     from components.evaluation.knn import knn_hits, weighted_knn_predict
     from components.training import build_model
 
+    dev = resolve_device(device)
     cfg, state, _ = load_run(run_dir)
     info = _dataset(cfg, state)
     if not info.splits.get(split, 0):
         raise EvaluateError(f"{info.root} has no {split} images to score on; preprocess with "
                             f"split.{split} > 0")
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     set_jit(cfg.data.jit if jit is None else jit)
     sim = info.class_similarity()
     model, _ = build_model(cfg.model, cfg.loss, len(info.classes),
@@ -718,7 +723,8 @@ def _write_comparison(evals: Sequence[RunEval], out: Path) -> None:
 
 
 def main(run_dirs: Sequence[str], checkpoint: str | None = None, projector: bool = False,
-         out: str | None = None, labels: str | None = None, baseline: bool = True) -> int:
+         out: str | None = None, labels: str | None = None, baseline: bool = True,
+         device: str | None = None) -> int:
     if checkpoint is not None and len(run_dirs) != 1:
         print("simgraph evaluate: --checkpoint needs exactly one RUN_DIR", file=sys.stderr)
         return 2
@@ -731,7 +737,7 @@ def main(run_dirs: Sequence[str], checkpoint: str | None = None, projector: bool
     def each() -> None:
         for d in run_dirs:
             e = evaluate_run(d, checkpoint, projector=projector, labels=labels,
-                             baseline=baseline)
+                             baseline=baseline, device=device)
             print(f"{write_report(e)}")
             evals.append(e)
 

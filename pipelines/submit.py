@@ -16,6 +16,16 @@ the job will use:
   then gets ``SIMGRAPH_BASE_DIR``; see :mod:`components.paths`). Absolute shared paths and
   ``s3://`` / ``gs://`` URIs need nothing.
 
+What is shipped (:func:`package`): the project's files minus :data:`EXCLUDES`, the user's
+``excludes``, everything a ``.gitignore`` / ``.rayignore`` ignores, every file or folder whose
+name looks like a secret (:data:`SECRET_PATTERNS`: ``.env*``, ``.aws/``, ``*.pem``, ``id_rsa*``,
+``.netrc``, service-account JSON, ...) and every symlink that leads out of the project (or to a
+folder above itself). Each refused path is listed (not sent); ``--include PATH`` sends one
+anyway. The list of what is sent, with sizes, is printed before anything leaves, and Ray gets
+an ``excludes`` list that names every refused path, so Ray's own walk packs exactly that list
+(it is told not to apply ``.gitignore`` itself: the list already did, and ``--include`` may
+override it).
+
 Address: ``--address``, else ``RAY_ADDRESS``, else ``http://127.0.0.1:8265``. Ray 2.60 token
 authentication: the token comes from ``RAY_AUTH_TOKEN``, else the file ``RAY_AUTH_TOKEN_PATH``,
 else ``~/.ray/auth_token``. Ray's client sends it only when ``RAY_AUTH_MODE=token``; when that
@@ -26,19 +36,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
+import fnmatch
 import os
 import re
 import shlex
 import sys
 import time
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from components.config import ConfigError
+from components.config.loading import safe_load
 from components.errors import SimgraphError
 from components.paths import BASE_ENV, is_relative, is_uri, project_root
 
@@ -47,6 +61,20 @@ DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 # gitignore syntax: "/data/" is the top-level dir only; "data/" would also drop components/data.
 EXCLUDES = ["/.git", "/.venv", "/runs/", "/data/", "*.beton", "__pycache__/", ".mypy_cache/",
             ".ruff_cache/", ".pytest_cache/", "*.egg-info/"]
+# Never shipped unless ``--include`` names them: file or folder names that usually hold secrets
+# (matched case-insensitively against every component of a path).
+SECRET_PATTERNS = (
+    ".env", ".env.*", "*.env", ".envrc", ".aws", ".ssh", ".gnupg", ".azure", ".kube", ".docker",
+    "gcloud", ".gcloud", ".vault-token", "credentials", "credentials.*", "*credentials*.json",
+    ".credentials*", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks", "*.keystore", "*.ppk",
+    "*.kdbx", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", ".netrc", "_netrc",
+    ".git-credentials", ".pgpass", ".pypirc", ".npmrc", ".htpasswd", "*service-account*.json",
+    "*service_account*.json", "*serviceaccount*.json", "client_secret*.json",
+    "application_default_credentials.json", "secrets", "secrets.*", ".secrets", "*.secret",
+    "*.secrets", "*.tfstate", "*.tfstate.*", "auth_token", "*.token", "token.json",
+    "kubeconfig", "*.ovpn")
+# How many refused paths the listing names one by one (the rest are counted).
+SHOW_REFUSED = 20
 # Installed by the cluster itself, not per job: Ray must match the cluster's version, and
 # ffcv builds against apt packages (examples/cluster/ installs both).
 CLUSTER_PROVIDED = ("ray", "ffcv")
@@ -220,6 +248,194 @@ def runtime_env(root: Path, *, pip: str = "none", base_dir: str | None = None,
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# What the job's working_dir holds.
+
+
+@dataclasses.dataclass
+class Package:
+    """What :func:`package` found under ``root``: ``files`` (project-relative POSIX path, size)
+    that are sent; ``refused`` (path, why) that are not, each named in ``excludes`` for Ray;
+    ``included``: refused paths that ``--include`` sends anyway."""
+
+    root: Path
+    files: list[tuple[str, int]]
+    refused: list[tuple[str, str]]
+    included: list[str]
+    excludes: list[str]
+
+    @property
+    def total(self) -> int:
+        return sum(size for _, size in self.files)
+
+
+def looks_secret(rel: str) -> str | None:
+    """The path component of ``rel`` whose name looks like a secret, else ``None``."""
+    for part in rel.split("/"):
+        low = part.lower()
+        if any(fnmatch.fnmatchcase(low, pat) for pat in SECRET_PATTERNS):
+            return part
+    return None
+
+
+def _anchored(rel: str) -> str:
+    """``rel`` as a gitignore pattern matching exactly that path."""
+    return "/" + re.sub(r"([][*?!#\\])", r"\\\1", rel)
+
+
+def _matcher(base: Path, lines: Sequence[str]) -> Callable[[Path, bool], bool]:
+    from ray._private.thirdparty.pathspec import PathSpec  # what Ray's own upload uses
+
+    spec = PathSpec.from_lines("gitwildmatch", lines)
+
+    def match(p: Path, is_dir: bool) -> bool:
+        rel = p.relative_to(base).as_posix()
+        return bool(spec.match_file(rel) or (is_dir and spec.match_file(rel + "/")))
+
+    return match
+
+
+def _ignore_file(folder: Path, name: str) -> Callable[[Path, bool], bool] | None:
+    f = folder / name
+    if not f.is_file():
+        return None
+    return _matcher(folder, f.read_text(encoding="utf-8", errors="replace").splitlines())
+
+
+def _included(rel: str, include: Sequence[str]) -> str | None:
+    return next((inc for inc in include if rel == inc or rel.startswith(inc + "/")), None)
+
+
+def package(root: Path, excludes: Sequence[str] = (), include: Sequence[str] = ()) -> Package:
+    """Walk ``root`` as Ray's working_dir upload does (``excludes``, then each folder's
+    ``.gitignore`` / ``.rayignore``) and decide what is sent (module docstring).
+
+    ``include``: project-relative paths of refused files or folders to send anyway.
+
+    Raises:
+        SubmitError: an ``include`` path that names nothing refused.
+    """
+    root = Path(root).absolute()
+    real_root = root.resolve()
+    include = [Path(os.path.normpath(i)).as_posix().strip("/") for i in include]
+    top = _matcher(root, list(excludes))
+    files: list[tuple[str, int]] = []
+    refused: list[tuple[str, str]] = []
+    used: set[str] = set()
+    patterns = list(excludes)
+
+    def refuse(rel: str, why: str) -> bool:
+        inc = _included(rel, include)
+        if inc is not None:
+            used.add(inc)
+            return False
+        refused.append((rel, why))
+        patterns.append(_anchored(rel))
+        return True
+
+    def walk(folder: Path, ignores: list[Callable[[Path, bool], bool]]) -> None:
+        own = [m for m in (_ignore_file(folder, ".gitignore"), _ignore_file(folder, ".rayignore"))
+               if m is not None]
+        ignores = ignores + own
+        for entry in sorted(folder.iterdir(), key=lambda p: p.name):
+            rel = entry.relative_to(root).as_posix()
+            is_dir = entry.is_dir()
+            if top(entry, is_dir):
+                continue
+            secret = looks_secret(rel)
+            if secret is not None and refuse(rel, f"{secret!r} looks like a secret"):
+                continue
+            if entry.is_symlink():
+                target = entry.resolve()
+                outside = target != real_root and real_root not in target.parents
+                above = is_dir and target in entry.absolute().parents
+                if (outside or above or looks_secret(target.as_posix())) and refuse(
+                        rel, f"a symlink to {target}" + (
+                            ", outside the project" if outside else
+                            ", a folder above it" if above else ", which looks like a secret")):
+                    continue
+            if any(m(entry, is_dir) for m in ignores) and refuse(rel, "ignored by .gitignore"):
+                continue
+            if is_dir:
+                walk(entry, ignores)
+            elif entry.is_file():
+                files.append((rel, entry.stat().st_size))
+
+    walk(root, [])
+    unused = [i for i in include if i not in used]
+    if unused:
+        raise SubmitError(f"--include {unused[0]}: nothing refused has that path (relative to "
+                          f"{root}); refused: {', '.join(r for r, _ in refused) or 'nothing'}")
+    return Package(root, files, refused, sorted(used), patterns)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def describe_package(pkg: Package) -> list[str]:
+    """The listing printed before a job is sent: every top-level file, and each top-level
+    folder with its file count, each with its size; then what was refused and why."""
+    groups: dict[str, list[int]] = {}
+    for rel, size in pkg.files:
+        head, sep, _ = rel.partition("/")
+        g = groups.setdefault(head + ("/" if sep else ""), [0, 0])
+        g[0] += 1
+        g[1] += size
+    lines = [f"sending {len(pkg.files)} files, {_size(pkg.total)}, from {pkg.root}:"]
+    width = max((len(k) for k in groups), default=0)
+    for name, (count, size) in sorted(groups.items()):
+        what = (f"{count} file{'s' if count != 1 else ''}" if name.endswith("/") else "")
+        lines.append(f"  {name:<{width}}  {_size(size):>10}  {what}".rstrip())
+    for rel in pkg.included:
+        lines.append(f"  sent on request (--include): {rel}")
+    if pkg.refused:
+        lines.append(f"not sent ({len(pkg.refused)}; `--include PATH` sends one):")
+        lines += [f"  {rel}: {why}" for rel, why in pkg.refused[:SHOW_REFUSED]]
+        if len(pkg.refused) > SHOW_REFUSED:
+            lines.append(f"  ... and {len(pkg.refused) - SHOW_REFUSED} more")
+    return lines
+
+
+def checked_env(env: dict[str, Any], include: Sequence[str] = ()) -> tuple[dict[str, Any],
+                                                                          Package]:
+    """``env`` with its ``excludes`` extended by every path :func:`package` refuses, and that
+    package.
+
+    Raises:
+        SubmitError: ``py_modules`` from a local folder (not checked for secrets), or a bad
+            ``include``.
+    """
+    local = [m for m in env.get("py_modules") or [] if not is_uri(str(m)) and "://" not in
+             str(m)]
+    if local:
+        raise SubmitError(f"runtime_env py_modules {local[0]!r} is a local folder, which submit "
+                          "does not check for secrets: put the code under the project, or "
+                          "upload it yourself and name its URI")
+    pkg = package(Path(env["working_dir"]), env.get("excludes", ()), include)
+    return {**env, "excludes": pkg.excludes}, pkg
+
+
+@contextlib.contextmanager
+def _ray_skips_gitignore() -> Iterator[None]:
+    """Ray's upload must not apply ``.gitignore`` on its own: :func:`package` did, and
+    ``--include`` may send an ignored file (``excludes`` names each ignored path instead)."""
+    key = "RAY_RUNTIME_ENV_IGNORE_GITIGNORE"
+    old = os.environ.get(key)
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
 def entrypoint(argv: Sequence[str]) -> str:
     """``python -m pipelines.cli ...``: the shipped copy, not an installed ``simgraph``."""
     return "python -m pipelines.cli " + shlex.join(argv)
@@ -278,9 +494,10 @@ def submit(argv: Sequence[str], env: dict[str, Any], address: str, job_id: str |
               "prefer the nodes' instance role or credentials in their environment",
               file=sys.stderr)
     try:
-        job_id = client.submit_job(entrypoint=entrypoint(argv), runtime_env=env,
-                                   submission_id=job_id,
-                                   metadata={"simgraph": redact(shlex.join(argv))})
+        with _ray_skips_gitignore():
+            job_id = client.submit_job(entrypoint=entrypoint(argv), runtime_env=env,
+                                       submission_id=job_id,
+                                       metadata={"simgraph": redact(shlex.join(argv))})
     except Exception as e:  # noqa: BLE001 - HTTP / packaging errors of several kinds
         raise SubmitError(f"the cluster at {address} refused job {job_id}: "
                           f"{redact(str(e))}") from None
@@ -307,9 +524,12 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 else parse_job(args.job, parser)[0])
         extra = None
         if args.runtime_env:
-            extra = yaml.safe_load(Path(args.runtime_env).read_text())
+            extra = safe_load(Path(args.runtime_env).read_text(), args.runtime_env)
         env = runtime_env(root, pip=args.pip, base_dir=args.base_dir, env=args.env,
                           extra=extra)
+        env, pkg = checked_env(env, getattr(args, "include", None) or ())
+        for line in describe_package(pkg):
+            print(f"simgraph submit: {line}" if not line.startswith(" ") else line)
         return submit(argv, env, resolve_address(args.address), args.job_id,
                       wait=not args.no_wait)
     except (SubmitError, OSError, yaml.YAMLError) as e:
@@ -317,5 +537,6 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 2
 
 
-__all__ = ["SubmitError", "entrypoint", "main", "parse_job", "prepare_command",
+__all__ = ["Package", "SubmitError", "checked_env", "describe_package", "entrypoint",
+           "looks_secret", "main", "package", "parse_job", "prepare_command",
            "project_requirements", "runtime_env", "submit"]

@@ -254,6 +254,33 @@ def _base_epochs(sweep: Any) -> int:
     return int(_base_config(sweep).train.epochs)
 
 
+def check_sweep_dataset(sweep: Any) -> None:
+    """Before Ray and Tune start: the base config's dataset has a ``manifest.json`` where every
+    trial will look for it (a relative path means the base dir, e.g. the folder the sweep was
+    started from), so a wrong path is one line here instead of the same failure per trial.
+
+    Raises:
+        SweepError: no manifest there.
+    """
+    from components import storage
+    from components.data.shards import MANIFEST
+    from components.paths import resolve_path
+    from components.search_space import trial_config
+
+    given = trial_config(sweep, {}, name="preflight", storage=sweep.storage).data.dataset
+    where = resolve_path(given)
+    try:
+        found = storage.exists(storage.join(where, MANIFEST))
+    except storage.StorageError as e:
+        raise SweepError(f"cannot check the base config's data.dataset={given!r}: {e}") from None
+    if not found:
+        raise SweepError(
+            f"the base config {sweep.base_path} names data.dataset={given!r}, but "
+            f"{storage.display(where)} has no {MANIFEST}; no trial was started: build it "
+            "(simgraph preprocess), or give its path (absolute, or relative to the folder the "
+            "sweep runs from)")
+
+
 def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
         echo: bool = True, trust: bool = False, confirm_only: bool = False
         ) -> list[dict[str, Any]]:
@@ -278,6 +305,7 @@ def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
         if not trust:
             check_sweep_state(sweep)
     check_study_storage(sweep)
+    check_sweep_dataset(sweep)
     if echo:
         for line in start_notes(sweep):
             print(line, flush=True)

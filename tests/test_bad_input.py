@@ -48,8 +48,9 @@ def test_a_corrupt_run_config_falls_back_to_the_checkpoints(
     _checkpoint(cfg, run_dir)
     (run_dir / RUN_CONFIG).write_text("name: run\ndata: {dataset: [unclosed\n")
     # Resuming with another config is still refused: the checkpoint's config is compared.
-    other = from_dict(PretrainConfig, tiny_run_config(data, tmp_path / "runs", optim__lr=0.5))
-    with pytest.raises(RunError, match=r"optim\.lr differ"):
+    other = from_dict(PretrainConfig,
+                      tiny_run_config(data, tmp_path / "runs", optim__momentum=0.5))
+    with pytest.raises(RunError, match=r"optim\.momentum differ"):
         prepare_run_dir(other)
     assert (run_dir / "epoch_00001" / "state.pt").exists()
     # The same run resumes, and config.yaml is written again.

@@ -145,8 +145,8 @@ def test_config_diff_treats_keys_added_later_as_their_defaults() -> None:
     old = {k: dict(v) if isinstance(v, dict) else v for k, v in new.items()}
     del old["model"]["blocks"], old["model"]["projector_bn"], old["optim"]["schedule"]
     assert config_diff(old, new) == []
-    old["optim"]["lr"] = 0.9
-    assert config_diff(old, new) == ["optim.lr"]
+    old["optim"]["momentum"] = 0.5
+    assert config_diff(old, new) == ["optim.momentum"]
     old["model"]["backbone"] = "tiny"  # no longer loads: compared as stored
     assert "model.backbone" in config_diff(old, new)
 

@@ -126,8 +126,8 @@ def test_bad_inputs_are_clear_errors(dataset: Path, tmp_path: Path) -> None:
     shutil.rmtree(empty / "epoch_00001")
     with pytest.raises(EvaluateError, match="no complete checkpoint"):
         load_run(empty)
-    other = _run(dataset, tmp_path / "o", "r", optim__lr=0.9)
-    with pytest.raises(EvaluateError, match=r"another config .*optim\.lr"):
+    other = _run(dataset, tmp_path / "o", "r", optim__momentum=0.5)
+    with pytest.raises(EvaluateError, match=r"another config .*optim\.momentum"):
         load_run(run, other / "epoch_00001")
     # a dataset dir with other content under the same path
     moved = tmp_path / "ds2"

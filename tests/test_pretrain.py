@@ -268,11 +268,13 @@ def test_sigkilled_worker_is_restarted_from_checkpoint(dataset: Path, tmp_path: 
 def test_rerun_with_another_config_is_refused(dataset: Path, tmp_path: Path) -> None:
     cfg = from_dict(PretrainConfig, tiny_run_config(dataset, tmp_path))
     prepare_run_dir(cfg)
-    # allowed on resume: more epochs, other scaling
+    # allowed on resume: more epochs, other scaling, what a diverged run is told to change
     prepare_run_dir(from_dict(PretrainConfig, tiny_run_config(dataset, tmp_path, train__epochs=8,
                                                       scaling__num_workers=1)))
-    other = from_dict(PretrainConfig, tiny_run_config(dataset, tmp_path, optim__lr=0.5))
-    with pytest.raises(RunError, match=r"optim\.lr differ"):
+    prepare_run_dir(from_dict(PretrainConfig, tiny_run_config(dataset, tmp_path, optim__lr=0.05,
+                                                      train__grad_clip=1.0)))
+    other = from_dict(PretrainConfig, tiny_run_config(dataset, tmp_path, optim__momentum=0.5))
+    with pytest.raises(RunError, match=r"optim\.momentum differ"):
         prepare_run_dir(other)
 
 

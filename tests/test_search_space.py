@@ -233,13 +233,15 @@ def test_trial_config_sets_values_without_yaml_text(tmp_path: Path,
     sweep's own override text are parsed)."""
     sweep = load_sweep(_write(tmp_path))
     parsed: list[str] = []
-    real = yaml.safe_load
+    from components.config import loading
+
+    real = loading.safe_load  # every YAML text simgraph reads goes through it
 
     def spy(text: Any, *a: Any, **k: Any) -> Any:
         parsed.append(text if isinstance(text, str) else "<file>")
         return real(text, *a, **k)
 
-    monkeypatch.setattr(yaml, "safe_load", spy)
+    monkeypatch.setattr(loading, "safe_load", spy)
     tau_s = 0.1 + 0.2  # 0.30000000000000004: every bit kept
     for name in ("123", "true", "null", "a: b"):
         parsed.clear()

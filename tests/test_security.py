@@ -263,7 +263,10 @@ def test_state_files_are_what_tune_unpickles(tmp_path: Path) -> None:
 
 
 def _sweep_file(tmp: Path) -> Path:
-    (tmp / "base.yaml").write_text(yaml.safe_dump({"name": "b", "data": {"dataset": "ds"}}))
+    (tmp / "ds").mkdir(exist_ok=True)  # the sweep's pre-flight looks for its manifest
+    (tmp / "ds" / "manifest.json").write_text("{}")
+    (tmp / "base.yaml").write_text(yaml.safe_dump({"name": "b",
+                                                   "data": {"dataset": str(tmp / "ds")}}))
     space = {"name": "s", "storage": str(tmp / "sweeps"), "base": str(tmp / "base.yaml"),
              "metric": "knn_top1", "mode": "max", "num_samples": 2,
              "searcher": {"name": "random", "seed": 0},

@@ -12,6 +12,12 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 import yaml
 
 from components.config.checks import ConfigError
+from components.errors import clip
+
+# Values a YAML document may hold beyond those written out in it, once its aliases (``*name``)
+# are expanded: a config shares a few blocks this way; nine levels of nine aliases ("billion
+# laughs", 302 bytes) would be 387 million values.
+ALIAS_BUDGET = 10_000
 
 T = TypeVar("T")
 
@@ -38,7 +44,7 @@ def _convert(key: str, value: Any, tp: Any, tagged: Mapping[str, Mapping[str, ty
     if origin is Literal:
         if value not in get_args(tp):
             allowed = ", ".join(repr(a) for a in get_args(tp))
-            raise ConfigError(f"{key}={value!r} is not allowed: choose one of {allowed}")
+            raise ConfigError(f"{key}={clip(value)} is not allowed: choose one of {allowed}")
         return value
     if origin in (Union, types.UnionType):
         args = get_args(tp)
@@ -55,59 +61,67 @@ def _convert(key: str, value: Any, tp: Any, tagged: Mapping[str, Mapping[str, ty
                 return _convert(key, value, arg, tagged)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(f"{key}={value!r} matches none of {_type_name(tp)}: {'; '.join(errors)}")
+        raise ConfigError(f"{key}={clip(value)} matches none of {_type_name(tp)}: "
+                          f"{'; '.join(errors)}")
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{key} must be a mapping of {tp.__name__} fields, got {value!r}")
+            raise ConfigError(
+                f"{key} must be a mapping of {tp.__name__} fields, got {clip(value)}")
         return _build(tp, value, key)
     if origin in (list, tuple, Sequence):
         if not isinstance(value, list | tuple):
-            raise ConfigError(f"{key}={value!r} must be a list")
+            raise ConfigError(f"{key}={clip(value)} must be a list")
         (item_tp, *_) = get_args(tp) or (Any,)
         items = [_convert(f"{key}[{i}]", v, item_tp, tagged) for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict:
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{key}={value!r} must be a mapping")
+            raise ConfigError(f"{key}={clip(value)} must be a mapping")
         return dict(value)
     if tp is float:
         # YAML reads `1e-3` as a string (YAML 1.1); accept it, and ints, as floats.
         if isinstance(value, bool):
-            raise ConfigError(f"{key}={value!r} must be a number, not a boolean")
+            raise ConfigError(f"{key}={clip(value)} must be a number, not a boolean")
         if isinstance(value, str):
             try:
                 return float(value)
             except ValueError:
-                raise ConfigError(f"{key}={value!r} must be a number") from None
+                raise ConfigError(f"{key}={clip(value)} must be a number") from None
         if isinstance(value, int | float):
             return float(value)
-        raise ConfigError(f"{key}={value!r} must be a number")
+        raise ConfigError(f"{key}={clip(value)} must be a number")
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}={value!r} must be an integer")
+            raise ConfigError(f"{key}={clip(value)} must be an integer")
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{key}={value!r} must be true or false")
+            raise ConfigError(f"{key}={clip(value)} must be true or false")
         return value
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{key}={value!r} must be a string")
+            raise ConfigError(f"{key}={clip(value)} must be a string")
         return value
     if isinstance(tp, type) and not isinstance(value, tp):
-        raise ConfigError(f"{key}={value!r} must be of type {_type_name(tp)}")
+        raise ConfigError(f"{key}={clip(value)} must be of type {_type_name(tp)}")
     return value
 
 
 def _from_tagged(key: str, value: Any, choices: Mapping[str, type]) -> Any:
     if not isinstance(value, Mapping):
-        raise ConfigError(f"{key} must be a mapping with a 'name', got {value!r}")
+        raise ConfigError(f"{key} must be a mapping with a 'name', got {clip(value)}")
     name = value.get("name")
     if not isinstance(name, str) or name not in choices:
         raise ConfigError(
-            f"{key}.name={name!r} is not allowed: choose one of {', '.join(sorted(choices))}"
+            f"{key}.name={clip(name)} is not allowed: choose one of {', '.join(sorted(choices))}"
         )
     return _build(choices[name], value, key)
+
+
+def _key(key: object) -> str:
+    """A key as written, unless it is long (then :func:`clip`'s cut repr)."""
+    text = str(key)
+    return text if len(text) <= 80 else clip(text, 80)
 
 
 def _build(cls: type[T], data: Mapping[str, Any], prefix: str) -> T:
@@ -119,7 +133,7 @@ def _build(cls: type[T], data: Mapping[str, Any], prefix: str) -> T:
         where = f"{prefix}." if prefix else ""
         what = f"'{data['name']}'" if "name" in fields and "name" in data else cls.__name__
         raise ConfigError(
-            f"unknown key {where}{unknown[0]} for {what}; allowed keys: {', '.join(fields)}"
+            f"unknown key {where}{_key(unknown[0])} for {what}; allowed keys: {', '.join(fields)}"
         )
     kwargs = {}
     for name, value in data.items():
@@ -155,22 +169,22 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
     out: dict[str, Any] = _deep_copy(data)
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key.path=value")
+            raise ConfigError(f"override {clip(item)} must look like key.path=value")
         path, raw = item.split("=", 1)
         keys = path.strip().split(".")
         if not all(keys):
-            raise ConfigError(f"override {item!r} has an empty key in {path!r}")
+            raise ConfigError(f"override {clip(item)} has an empty key in {clip(path)}")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = safe_load(raw, f"override {clip(item)}") if raw.strip() else ""
         except yaml.YAMLError as e:
             where = getattr(e, "problem_mark", None)
             at = f" at column {where.column + 1}" if where is not None else ""
             raise ConfigError(
-                f"override {item!r}: the value {raw!r} is not valid YAML{at} "
+                f"override {clip(item)}: the value {clip(raw)} is not valid YAML{at} "
                 f"({getattr(e, 'problem', None) or e}); quote list entries that contain "
                 "brackets or commas, e.g. overrides=['data.augment.mean=[0.5,0.5,0.5]']"
             ) from None
-        _set(out, keys, value, f"override {item!r}")
+        _set(out, keys, value, f"override {clip(item)}")
     return out
 
 
@@ -223,10 +237,75 @@ def _deep_copy(data: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in data.items()}
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping with ``yaml.safe_load`` (never executes tags)."""
+def _expanded(node: yaml.Node, memo: dict[int, int], limit: int) -> int:
+    """How many nodes ``node`` stands for once every alias is expanded (shared nodes counted
+    each time they are used), stopping above ``limit``."""
+    got = memo.get(id(node))
+    if got is not None:
+        return got
+    total = 1
+    if isinstance(node, yaml.SequenceNode):
+        children: list[yaml.Node] = list(node.value)
+    elif isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    else:
+        children = []
+    for child in children:
+        total += _expanded(child, memo, limit)
+        if total > limit:
+            break
+    memo[id(node)] = total
+    return total
+
+
+def safe_load(text: str, where: str) -> Any:
+    """``yaml.safe_load`` (never executes tags) that refuses a document whose aliases expand
+    to more than :data:`ALIAS_BUDGET` values beyond those written out.
+
+    Raises:
+        ConfigError: too many values once expanded (naming ``where``); ``yaml.YAMLError`` as
+            ``safe_load`` raises it.
+    """
+    loader = yaml.SafeLoader(text)
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        memo: dict[int, int] = {}
+        written = len({id(n) for n in _nodes(node)})
+        if _expanded(node, memo, written + ALIAS_BUDGET) > written + ALIAS_BUDGET:
+            raise ConfigError(
+                f"{where}: its aliases (*name) expand to more than {ALIAS_BUDGET} values beyond "
+                f"the {written} written out; a config needs far fewer: write the values out, "
+                "or check that it is the file you meant")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _nodes(root: yaml.Node) -> list[yaml.Node]:
+    """Every distinct node under ``root`` (each shared one once)."""
+    seen: set[int] = set()
+    out: list[yaml.Node] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        out.append(node)
+        if isinstance(node, yaml.SequenceNode):
+            stack += node.value
+        elif isinstance(node, yaml.MappingNode):
+            stack += [n for pair in node.value for n in pair]
+    return out
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping with :func:`safe_load` (never executes tags; a bounded alias
+    expansion)."""
+    try:
+        data = safe_load(Path(path).read_text(encoding="utf-8"), str(path))
     except OSError as e:
         raise ConfigError(f"cannot read {path}: {e}") from None
     except UnicodeDecodeError as e:  # before yaml sees it: a binary or mis-encoded file

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Literal
 
 from components.config.checks import ConfigError, check_at_least, check_in_range
+from components.errors import clip
 
 # ---------------------------------------------------------------------------------------------
 # Preprocessing (components/data/build/, run by pipelines/preprocess.py).
@@ -27,12 +28,12 @@ class SourceConfig:
 
     def __post_init__(self) -> None:
         if self.kind in ("folder", "manifest") and not self.path:
-            raise ConfigError(f"source.path is required for source.kind={self.kind!r}")
+            raise ConfigError(f"source.path is required for source.kind={clip(self.kind)}")
         check_at_least("source.label_depth", self.label_depth, 1)
         if self.label_depth != 1 and self.kind not in ("folder", "tuxpaint"):
             raise ConfigError(
                 f"source.label_depth={self.label_depth} applies to folder and tuxpaint sources "
-                f"only; source.kind={self.kind!r} takes its labels from the data (remove it)"
+                f"only; source.kind={clip(self.kind)} takes its labels from the data (remove it)"
             )
         if self.max_per_class is not None:
             check_at_least("source.max_per_class", self.max_per_class, 1)
@@ -87,12 +88,12 @@ class CaptionConfig:
             raise ConfigError("captions.templates must list at least one template")
         for t in self.templates:
             if "{}" not in t:
-                raise ConfigError(f"captions.templates entry {t!r} must contain '{{}}'")
+                raise ConfigError(f"captions.templates entry {clip(t)} must contain '{{}}'")
         check_at_least("captions.batch_size", self.batch_size, 1)
         check_at_least("captions.actors", self.actors, 1)
         allowed = ("auto", "torch", "onnx", "onnx-int8", "openvino", "openvino-bf16")
         if self.backend not in allowed:
-            raise ConfigError(f"captions.backend={self.backend!r} is not allowed: choose one "
+            raise ConfigError(f"captions.backend={clip(self.backend)} is not allowed: choose one "
                               f"of {', '.join(allowed)}")
 
 
@@ -111,8 +112,8 @@ class SplitConfig:
     def __post_init__(self) -> None:
         if self.group_by is not None and (not self.group_by or self.group_by == "path"):
             raise ConfigError(
-                f"split.group_by={self.group_by!r} is not allowed: name a manifest column other "
-                "than 'path' (e.g. group), or null"
+                f"split.group_by={clip(self.group_by)} is not allowed: name a manifest column "
+                "other than 'path' (e.g. group), or null"
             )
         check_in_range("split.val", self.val, 0.0, 0.95)
         check_in_range("split.test", self.test, 0.0, 0.95)
@@ -141,7 +142,7 @@ class DedupeConfig:
     def __post_init__(self) -> None:
         if self.near_threshold is not None and not 0 <= self.near_threshold <= 16:
             raise ConfigError(
-                f"dedupe.near_threshold={self.near_threshold!r} is not allowed: it must be an "
+                f"dedupe.near_threshold={clip(self.near_threshold)} is not allowed: it must be an "
                 "integer in [0, 16] (pHash bits out of 64), or null to not group near duplicates"
             )
         check_in_range("dedupe.near_max_diff", self.near_max_diff, 0.0, 255.0)
@@ -175,6 +176,6 @@ class PreprocessConfig:
             check_at_least("num_cpus", self.num_cpus, 1)
         if self.split.group_by is not None and self.source.kind != "manifest":
             raise ConfigError(
-                f"split.group_by={self.split.group_by!r} needs source.kind=manifest (a column "
-                f"of the manifest file); source.kind is {self.source.kind!r}"
+                f"split.group_by={clip(self.split.group_by)} needs source.kind=manifest (a column "
+                f"of the manifest file); source.kind is {clip(self.source.kind)}"
             )

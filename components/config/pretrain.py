@@ -15,6 +15,7 @@ from components.config.checks import (
     check_positive,
 )
 from components.config.losses import LOSS_CONFIGS, LossConfig, SimCLRConfig
+from components.errors import clip
 
 # ---------------------------------------------------------------------------------------------
 # Reading a dataset dir for training (components/data/reader.py).
@@ -56,7 +57,7 @@ class AugmentConfig:
     def __post_init__(self) -> None:
         check_at_least("data.augment.resolution", self.resolution, 4)
         if self.interpolation not in ("bilinear", "area"):
-            raise ConfigError(f"data.augment.interpolation={self.interpolation!r} is not "
+            raise ConfigError(f"data.augment.interpolation={clip(self.interpolation)} is not "
                               "allowed: choose bilinear (torchvision's) or area (FFCV's)")
         for key, pair, low, high in (
             ("scale", self.scale, 0.0, 1.0), ("ratio", self.ratio, 0.0, 100.0),
@@ -64,7 +65,7 @@ class AugmentConfig:
         ):
             if len(pair) != 2 or not (low < pair[0] <= pair[1] <= high):
                 raise ConfigError(
-                    f"data.augment.{key}={pair!r} is not allowed: give [low, high] with "
+                    f"data.augment.{key}={clip(pair)} is not allowed: give [low, high] with "
                     f"{low} < low <= high <= {high}"
                 )
         for key in ("flip_p", "jitter_p", "grayscale_p", "blur_p"):
@@ -87,7 +88,7 @@ class DataConfig:
     compile (tests, debugging). ``stage: true`` copies the dataset to node-local disk first,
     once per node, verified against the manifest's sha256 (always done for URIs: FFCV reads
     local files); ``stage_dir``: where (default ``$SIMGRAPH_STAGE_DIR``, else
-    ``<tmp>/simgraph-stage``)."""
+    ``<tmp>/simgraph-stage-<uid>``, owner-only)."""
 
     dataset: str
     batch_size: int = 256
@@ -170,7 +171,7 @@ class OptimConfig:
         check_in_range("optim.momentum", self.momentum, 0.0, 0.999999)
         check_non_negative("optim.weight_decay", self.weight_decay)
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ConfigError(f"optim.betas={self.betas!r}: give two values in [0, 1)")
+            raise ConfigError(f"optim.betas={clip(self.betas)}: give two values in [0, 1)")
         check_positive("optim.trust_coefficient", self.trust_coefficient)
         check_non_negative("optim.warmup_epochs", self.warmup_epochs)
         check_in_range("optim.final_lr_fraction", self.final_lr_fraction, 0.0, 1.0)
@@ -181,10 +182,10 @@ class OptimConfig:
                               "the LR is multiplied by optim.step_gamma, e.g. [60, 80]")
         if any(not isinstance(x, int | float) or x <= 0 for x in e) or any(
                 b <= a for a, b in zip(e, e[1:], strict=False)):
-            raise ConfigError(f"optim.step_epochs={e!r} is not allowed: give increasing "
+            raise ConfigError(f"optim.step_epochs={clip(e)} is not allowed: give increasing "
                               "epochs > 0, e.g. [60, 80]")
         if e and self.schedule != "step":
-            raise ConfigError(f"optim.step_epochs={e!r} is only used by optim.schedule=step "
+            raise ConfigError(f"optim.step_epochs={clip(e)} is only used by optim.schedule=step "
                               f"(schedule is {self.schedule}): set schedule: step or remove it")
 
 
@@ -332,7 +333,7 @@ def check_wandb(prefix: str, project: str, mode: str) -> None:
         raise ConfigError(f"{prefix}wandb_project='' is not allowed: name the project, "
                           "e.g. simgraph")
     if mode not in WANDB_MODES:
-        raise ConfigError(f"{prefix}wandb_mode={mode!r} is not allowed: choose one of "
+        raise ConfigError(f"{prefix}wandb_mode={clip(mode)} is not allowed: choose one of "
                           f"{', '.join(WANDB_MODES)} (offline writes the run locally; "
                           "`wandb sync` uploads it later)")
 
@@ -359,7 +360,7 @@ class PretrainConfig:
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name or self.name.startswith("."):
             raise ConfigError(
-                f"name={self.name!r} is not allowed: give a run name without '/' (the run "
+                f"name={clip(self.name)} is not allowed: give a run name without '/' (the run "
                 f"dir is storage/name)"
             )
         side, blocks = self.data.augment.resolution, self.model.blocks

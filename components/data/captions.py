@@ -162,11 +162,12 @@ def class_texts(
 
 def load_descriptions(path: str) -> dict[str, str | list[str]]:
     """A YAML or JSON mapping ``class name -> description or list of descriptions``."""
-    import yaml
+    from components.config.checks import ConfigError
+    from components.config.loading import safe_load
 
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as e:
+        data = safe_load(Path(path).read_text(), str(path))
+    except (OSError, ConfigError) as e:
         raise CaptionError(f"captions.class_descriptions={path!r}: {e}") from None
     if not isinstance(data, dict) or not all(
         isinstance(v, str) or (isinstance(v, list) and v and all(isinstance(s, str) for s in v))

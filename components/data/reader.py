@@ -16,8 +16,17 @@
   torch op; on CUDA the crop and flip run in FFCV and the rest as batched torch ops on the
   device after ``ToDevice``.
 * **Output.** :class:`Batch` with ``images`` ``[B, V, 3, H, W]`` float32 normalised (cloned:
-  FFCV reuses its buffers), ``labels`` / ``sample_ids`` ``[B]`` int64, ``captions`` ``[B, E]``
-  float32 or ``None``.
+  FFCV reuses its buffers), ``labels`` / ``sample_ids`` ``[B]`` int64 (``[1]`` for a batch of
+  one image: only the per-sample dim is squeezed), ``captions`` ``[B, E]`` float32 or ``None``.
+* **Devices.** CUDA devices always carry their index (``cuda:N``): FFCV's loader thread makes
+  the reader's device its current one (``torch.cuda.set_device``), which refuses a bare
+  ``cuda``. :func:`resolve_device` picks a stage's device from what it was given (``--device``,
+  or a Ray task's GPUs), never from ``torch.cuda.is_available()`` alone.
+* **No hang.** FFCV's loader thread fills a queue the consumer waits on. An exception in that
+  thread is re-raised in the consumer (:class:`LoaderError`, with the thread's traceback text);
+  a thread that produces nothing for ``stall_timeout`` seconds (default
+  :data:`STALL_TIMEOUT_S`, or ``$SIMGRAPH_LOADER_TIMEOUT_S``) fails the consumer
+  (:class:`LoaderStalledError`), naming the split file. FFCV 1.0.2's own iterator waits forever.
 
 FFCV compiles each new Loader with numba (15–45 s here): build it once per worker and reuse
 it across epochs (:meth:`ViewLoader.set_epoch`); ``jit=False`` skips compilation (tests).
@@ -27,6 +36,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
+import queue
+import sys
+import time
+import traceback
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +56,109 @@ from components.errors import SimgraphError
 
 class DatasetError(SimgraphError, ValueError):
     """The dataset dir is missing, incomplete or lacks what the run needs."""
+
+
+class ReaderSettingError(SimgraphError, ValueError):
+    """A bad reader setting: a device that is not ``cpu`` / ``cuda:N`` (or a GPU torch cannot
+    see), a bad stall timeout. Exit 2, as a bad argument."""
+
+    exit_code = 2
+
+
+class LoaderError(SimgraphError, RuntimeError):
+    """FFCV's loader thread failed while reading a split file; the message names the file and
+    holds the thread's traceback (the thread's exception is the ``__cause__``)."""
+
+
+class LoaderStalledError(LoaderError):
+    """FFCV's loader thread produced no batch within the stall timeout."""
+
+
+STALL_TIMEOUT_S = 300.0  # default: generous (a first batch includes numba compiling, 15-45 s)
+STALL_TIMEOUT_ENV = "SIMGRAPH_LOADER_TIMEOUT_S"
+
+
+def stall_timeout_s(value: float | None = None) -> float:
+    """Seconds a consumer waits for FFCV's next batch before it fails: ``value``, else
+    ``$SIMGRAPH_LOADER_TIMEOUT_S``, else :data:`STALL_TIMEOUT_S`.
+
+    Raises:
+        ReaderSettingError: not a finite number of seconds > 0.
+    """
+    if value is not None:
+        where, raw = "stall_timeout", str(value)
+    else:
+        raw = os.environ.get(STALL_TIMEOUT_ENV, "").strip()
+        if not raw:
+            return STALL_TIMEOUT_S
+        where = STALL_TIMEOUT_ENV
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ReaderSettingError(
+            f"{where}={raw} is not a number of seconds > 0: set it to how long a reader may "
+            f"wait for one batch before it fails (default {STALL_TIMEOUT_S:g}), or unset it")
+    return seconds
+
+
+def resolve_device(requested: str | torch.device | None = None) -> torch.device:
+    """The device a stage (``simgraph evaluate``, ``embed``, a sweep's confirmation) reads and
+    computes on: ``cpu`` or ``cuda:N``, never a bare ``cuda`` (see the module docstring).
+
+    ``requested``: ``cpu``, ``cuda`` (= ``cuda:0``) or ``cuda:N`` (a ``--device``). ``None``:
+    from the resources the stage was given. In a Ray task or actor that is the GPUs Ray gave
+    it: ``cuda:0`` when it was given one (Ray sets ``CUDA_VISIBLE_DEVICES`` to them, so the
+    first is index 0), else ``cpu`` — Ray 2.60 no longer hides a node's GPUs from CPU-only
+    tasks, so ``torch.cuda.is_available()`` there says nothing about what the task holds.
+    Elsewhere ``cuda:0`` when torch sees a GPU, else ``cpu``.
+
+    Raises:
+        ReaderSettingError: not ``cpu`` / ``cuda[:N]``, or a GPU that torch does not see.
+    """
+    what = f"--device {requested}"
+    if requested is None:
+        gpus = _ray_task_gpus()
+        if gpus is None:
+            return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        if not gpus:
+            return torch.device("cpu")
+        requested, what = "cuda:0", f"the GPU this Ray task was given (Ray's id {gpus[0]})"
+    try:
+        dev = torch.device(requested)
+    except (RuntimeError, TypeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ReaderSettingError(f"{what!s} is not a device this reader uses: use cpu or cuda:N "
+                                 "(N: the GPU's index, e.g. cuda:0)")
+    if dev.type == "cpu":
+        return torch.device("cpu")
+    index = 0 if dev.index is None else dev.index
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise ReaderSettingError(
+            f"{what} asks for a GPU, but torch sees no CUDA device here (torch "
+            f"{torch.__version__}, CUDA build {torch.version.cuda}); use --device cpu, or run "
+            "where torch sees the GPU")
+    if index >= count:
+        raise ReaderSettingError(
+            f"{what}: torch sees {count} CUDA device{'s' if count != 1 else ''} (cuda:0 to "
+            f"cuda:{count - 1}, numbered within CUDA_VISIBLE_DEVICES); use one of those")
+    return torch.device("cuda", index)
+
+
+def _ray_task_gpus() -> list[Any] | None:
+    """The GPU ids Ray gave the task or actor this process runs; ``None`` outside one (Ray not
+    imported or not started, or the driver: its ``get_gpu_ids()`` is always empty)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    from ray._private.worker import WORKER_MODE
+
+    if ray.get_runtime_context().worker.mode != WORKER_MODE:
+        return None
+    return list(ray.get_gpu_ids())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +288,8 @@ class ViewLoader:
         augment: crop / colour parameters.
         train: random views and a shuffled order; otherwise a centre crop in file order.
         seed, rank, world_size: the order (``rank_order``).
-        device: ``cpu`` or a CUDA device (then the colour ops run batched on the GPU).
+        device: ``cpu`` or an indexed CUDA device, ``cuda:N`` (then the colour ops run batched
+            on the GPU; a bare ``cuda`` is refused: see :func:`resolve_device`).
         num_workers: FFCV decoding threads.
         drop_last: equal step counts on all ranks (training) or every sample once (eval).
         with_captions: read the caption embeddings if the file has them.
@@ -179,6 +298,12 @@ class ViewLoader:
         batched_augment: colour jitter, grayscale and blur as batched torch ops on ``device``
             after the loader (default: on CUDA only; ``True`` on CPU runs the GPU path's
             augmentation there) instead of FFCV's per-sample ops.
+        stall_timeout: seconds to wait for one batch before failing (:func:`stall_timeout_s`).
+
+    Raises:
+        ReaderSettingError: a CUDA device without an index, a bad ``stall_timeout``.
+        DatasetError: the file cannot be read as an FFCV file.
+        LoaderError / LoaderStalledError: while iterating, see the module docstring.
     """
 
     def __init__(
@@ -199,6 +324,7 @@ class ViewLoader:
         with_captions: bool = True,
         max_batches: int | None = None,
         batched_augment: bool | None = None,
+        stall_timeout: float | None = None,
     ) -> None:
         from ffcv.reader import Reader
 
@@ -208,6 +334,13 @@ class ViewLoader:
             raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
         self.augment = augment or AugmentConfig()
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            raise ReaderSettingError(
+                f"device {str(device)!r} has no index: FFCV's loader thread makes the reader's "
+                "device its current CUDA device, which needs one; pass cuda:0 (or cuda:N; "
+                "components.data.reader.resolve_device picks it from a stage's resources)")
+        self.stall_timeout = stall_timeout_s(stall_timeout)
+        self.path = Path(path)
         self.train = train
         self.views = views if train else 1
         drop_last = train if drop_last is None else drop_last
@@ -247,6 +380,9 @@ class ViewLoader:
             os_cache=os_cache, drop_last=drop_last, pipelines=pipelines,
         )
         self.loader.aug_seed = (seed, rank)  # type: ignore[attr-defined]
+        # What the epoch iterator's consumer side names and waits (SeededEpochIterator).
+        self.loader.split_file = str(path)  # type: ignore[attr-defined]
+        self.loader.stall_timeout = self.stall_timeout  # type: ignore[attr-defined]
         # FFCV's pipeline thread makes CUDA calls; the current device is per thread.
         self.loader.thread_device = self.device if on_gpu else None  # type: ignore[attr-defined]
         self._names = list(self.loader.pipeline_specs)
@@ -291,7 +427,8 @@ class ViewLoader:
             yield from self._batches(epoch)
         finally:  # stopped early (close(), break): end the thread, or exit aborts the process
             epoch.close()
-            epoch.join(timeout=5)
+            # A stalled thread cannot be ended (it is stuck in the pipeline); it is a daemon.
+            epoch.join(timeout=0 if epoch.stalled else 5)
 
     def _batches(self, epoch: Iterator[Any]) -> Iterator[Batch]:
         for out in epoch:
@@ -328,7 +465,7 @@ def _seeded_loader_class() -> type:
     parallel workers draw from their own, unseeded generators: views then vary run to run.
     """
     import numba
-    from ffcv.loader import Loader
+    from ffcv.loader import Loader, epoch_iterator
     from ffcv.loader.epoch_iterator import EpochIterator
     from ffcv.pipeline.compiler import Compiler
 
@@ -343,17 +480,80 @@ def _seeded_loader_class() -> type:
     _order_stages_by_id()
 
     class SeededEpochIterator(EpochIterator):
+        """FFCV's iterator, seeded, and safe for its consumer: FFCV 1.0.2's thread dies
+        silently on an exception and its ``__next__`` waits on the output queue without a
+        timeout, so a failure or a stall in the pipeline hung the consumer forever. Here the
+        thread hands its exception (with its traceback text) to the queue, and ``__next__``
+        waits at most ``loader.stall_timeout`` seconds for each batch."""
+
         def __init__(self, loader: Any, order: Any, epoch: int) -> None:
             self.epoch = epoch  # before the thread starts (the base __init__ starts it)
+            self.failure: tuple[BaseException, str] | None = None
+            self.stalled = False
+            self.delivered = 0
             super().__init__(loader, order)
 
         def run(self) -> None:
-            # The current CUDA device is per thread: without this, the streams, events and
-            # copies of every local rank's pipeline thread would open a context on GPU 0.
-            device = getattr(self.loader, "thread_device", None)
-            if device is not None:
-                torch.cuda.set_device(device)
-            super().run()
+            try:
+                # The current CUDA device is per thread: without this, the streams, events and
+                # copies of every local rank's pipeline thread would open a context on GPU 0.
+                device = getattr(self.loader, "thread_device", None)
+                if device is not None:
+                    torch.cuda.set_device(device)
+                super().run()
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer, re-raised there
+                self.failure = (e, "".join(traceback.format_exception(e)))
+                self._hand_over(_FAILED)
+
+        def _hand_over(self, item: Any) -> None:
+            """Put ``item`` in the output queue once the consumer makes room (or closes)."""
+            while not self.terminate_event.is_set():
+                try:
+                    self.output_queue.put(item, timeout=0.5)
+                    return
+                except queue.Full:
+                    pass
+
+        def __next__(self) -> Any:
+            path = getattr(self.loader, "split_file", "the split file")
+            timeout = float(getattr(self.loader, "stall_timeout", STALL_TIMEOUT_S))
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    item = self.output_queue.get(timeout=min(1.0, timeout))
+                    break
+                except queue.Empty:
+                    if not self.is_alive():  # it ended: whatever it put is in the queue now
+                        try:
+                            item = self.output_queue.get_nowait()
+                        except queue.Empty:
+                            item = _FAILED
+                        break
+                    if time.monotonic() >= deadline:
+                        self.stalled = True
+                        raise LoaderStalledError(
+                            f"reading {path}: FFCV's loader thread produced no batch for "
+                            f"{timeout:g} s (batch {self.delivered + 1} of this epoch); it is "
+                            "stuck (a hung read of the file's storage, a deadlocked decoder). "
+                            f"If the storage is only slow, raise {STALL_TIMEOUT_ENV} (seconds; "
+                            f"now {timeout:g})") from None
+            if item is _FAILED:
+                self.close()
+                if self.failure is None:
+                    raise LoaderError(f"reading {path}: FFCV's loader thread ended without a "
+                                      "batch or an error")
+                e, text = self.failure
+                raise LoaderError(
+                    f"reading {path}: FFCV's loader thread failed: {type(e).__name__}: {e}\n"
+                    f"the thread's traceback:\n{text}") from e
+            if item is None:  # the epoch's end (the base __next__'s)
+                self.close()
+                raise StopIteration
+            slot, result = item
+            if epoch_iterator.IS_CUDA:  # wait for the slot's copy (the base __next__'s)
+                self.current_stream.wait_stream(self.cuda_streams[slot])
+            self.delivered += 1
+            return result
 
         def run_pipeline(self, b_ix: int, *args: Any) -> Any:
             seed, rank = self.loader.aug_seed
@@ -366,6 +566,8 @@ def _seeded_loader_class() -> type:
             return super().run_pipeline(b_ix, *args)
 
     class SeededLoader(Loader):
+        iterator_class = SeededEpochIterator  # (tests patch its pipeline)
+
         def __iter__(self) -> Any:  # Loader.__iter__, with the seeded iterator
             Compiler.set_num_threads(self.num_workers)
             epoch = self.next_epoch
@@ -374,13 +576,14 @@ def _seeded_loader_class() -> type:
             self.next_epoch += 1
             if self.code is None or self.recompile:
                 self.generate_code()
-            return SeededEpochIterator(self, selected, epoch)
+            return self.iterator_class(self, selected, epoch)
 
     _LOADER_CLASS = SeededLoader
     return SeededLoader
 
 
 _LOADER_CLASS: type | None = None
+_FAILED = object()  # what a failed loader thread puts in its output queue
 
 
 def _order_stages_by_id() -> None:
@@ -444,9 +647,11 @@ def pipeline_ops(
 
     on_gpu = device.type == "cuda"
     to_dev = [ToDevice(device, non_blocking=True)] if on_gpu else []
+    # [B, 1] -> [B]: only the per-sample dim. A bare Squeeze() also dropped B when a batch held
+    # one image (0-d labels broke torch.cat in feature extraction, and ToDevice's copy).
     out: dict[str, list[Any]] = {
-        "label": [IntDecoder(), ToTensor(), Squeeze(), *to_dev],
-        "sample_id": [IntDecoder(), ToTensor(), Squeeze(), *to_dev],
+        "label": [IntDecoder(), ToTensor(), Squeeze(1), *to_dev],
+        "sample_id": [IntDecoder(), ToTensor(), Squeeze(1), *to_dev],
     }
     if with_captions and "caption" in fields:
         out["caption"] = [NDArrayDecoder(), ToTensor(), *to_dev]

@@ -41,7 +41,10 @@ DUPLICATE = "duplicate-path"
 UNKNOWN_LABEL = "unknown-label"
 MISSING_CAPTION = "missing-caption"
 MISSING_FILE = "missing-file"
-UNSUPPORTED_URI = "unsupported-uri"  # a path with a scheme no reader here handles (http://)
+UNSUPPORTED_URI = "unsupported-uri"
+# A class folder that is a symlink out of the source root (to / it would walk the whole disk):
+# not listed (counted), nor walked.
+SYMLINK_OUT = "symlink-outside-source"  # a path with a scheme no reader here handles (http://)
 # Caption checks: a caption file or value that is not valid UTF-8, or empty / whitespace only.
 # Such an item is treated like one without a caption (``captions.missing`` decides), and
 # counted under this reason instead of missing-caption.
@@ -137,6 +140,17 @@ def list_folder(
     if not base.is_dir():
         raise SourceError(f"source.path={root!r} is not a directory")
     class_dirs = sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
+    skipped: list[Skip] = []
+    # rglob does not follow symlinks below a class folder; a class folder that is one is
+    # followed only if it stays inside the source root.
+    real = base.resolve()
+    for p in [p for p in class_dirs if p.is_symlink()]:
+        target = p.resolve()
+        if target == real or (real not in target.parents):
+            class_dirs.remove(p)
+            _note(skipped, on_bad_input, str(p), SYMLINK_OUT,
+                  f"a symlink to {target} outside source.path (or to it); not followed: "
+                  "copy or link the images themselves under source.path")
     if not class_dirs:
         raise SourceError(f"source.path={root!r} has no class sub-folders (root/<class>/<image>)")
     files: list[tuple[Path, str]] = []  # (file, its class name)
@@ -156,7 +170,6 @@ def list_folder(
                            else [name for _, name in files])
     index = {n: i for i, n in enumerate(names)}
     items: list[Item] = []
-    skipped: list[Skip] = []
     for f, name in files:
         if name not in index:
             _note(skipped, on_bad_input, str(f), UNKNOWN_LABEL,

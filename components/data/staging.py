@@ -7,12 +7,18 @@ reader needs — ``manifest.json``, each non-empty split's file and the ``class_
     <cache_dir>/<dataset dir name>-<first 12 hex of the manifest's params_digest>
 
 where ``cache_dir`` is the argument, else ``$SIMGRAPH_STAGE_DIR``, else
-``<tempdir>/simgraph-stage``. (A manifest without ``params_digest`` uses the sha256 of the
-manifest itself.)
+``<tempdir>/simgraph-stage-<uid>``. (A manifest without ``params_digest`` uses the sha256 of
+the manifest itself.)
 
+* **Per user.** The default folder is created owner-only (0700) and refused when it belongs
+  to another user, is a symlink, or is writable by its group or others: another local user
+  could otherwise plant a dataset there (:func:`default_cache_dir`).
 * **Once per node.** Every worker of a node may call it: an exclusive ``fcntl.flock`` on
   ``<destination>.lock`` lets one process copy while the others wait, then find the copy
-  complete and reuse it.
+  complete and reuse it. The holder writes its host, pid and start time into the lock file;
+  a waiter says who holds it every :data:`LOCK_REPORT_S` seconds and gives up after
+  ``$SIMGRAPH_LOCK_TIMEOUT`` seconds (default :data:`LOCK_TIMEOUT_S`) with one line naming the
+  lock and its holder.
 * **Verified.** Each split file's sha256 is computed while it streams and compared with the
   manifest's; a mismatch removes the partial copy and raises :class:`DatasetError` naming the
   file and both digests.
@@ -33,6 +39,9 @@ import logging
 import os
 import re
 import shutil
+import socket
+import stat
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -46,6 +55,9 @@ from components.files import atomic_open, write_json
 
 STAGE_ENV = "SIMGRAPH_STAGE_DIR"
 MARKER = ".staged"
+LOCK_TIMEOUT_ENV = "SIMGRAPH_LOCK_TIMEOUT"
+LOCK_TIMEOUT_S = 3600.0  # copying a large dataset from an object store takes minutes, not hours
+LOCK_REPORT_S = 60.0
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +74,32 @@ class StageResult:
 
 
 def default_cache_dir() -> Path:
-    """``$SIMGRAPH_STAGE_DIR``, else ``<tempdir>/simgraph-stage``."""
+    """``$SIMGRAPH_STAGE_DIR``, else ``<tempdir>/simgraph-stage-<uid>``, created owner-only.
+
+    Raises:
+        DatasetError: the per-user default is a symlink, belongs to another user, or is
+            writable by its group or others (naming the folder and the fix).
+    """
     env = os.environ.get(STAGE_ENV)
-    return Path(env).expanduser() if env else Path(tempfile.gettempdir()) / "simgraph-stage"
+    if env:
+        return Path(env).expanduser()
+    uid = os.getuid()
+    root = Path(tempfile.gettempdir()) / f"simgraph-stage-{uid}"
+    with contextlib.suppress(FileExistsError):
+        root.mkdir(mode=0o700)
+    st = os.lstat(root)
+    fix = f"remove it, or set {STAGE_ENV} to a folder of your own"
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise DatasetError(f"the staging folder {root} is not a plain folder (a symlink?): {fix}")
+    if st.st_uid != uid:
+        raise DatasetError(f"the staging folder {root} belongs to uid {st.st_uid}, not you (uid "
+                           f"{uid}): another user may have planted datasets there; {fix}")
+    if st.st_mode & 0o022:
+        raise DatasetError(
+            f"the staging folder {root} is writable by its group or others (mode "
+            f"{oct(stat.S_IMODE(st.st_mode))}): another user could plant a dataset there; run "
+            f"`chmod 700 {root}`, or set {STAGE_ENV} to a folder of your own")
+    return root
 
 
 def stage_dataset(src: str | Path, cache_dir: str | Path | None = None) -> Path:
@@ -156,12 +191,55 @@ def _files(manifest: dict[str, Any]) -> dict[str, str | None]:
     return out
 
 
+def lock_timeout() -> float:
+    """Seconds a staging-lock wait lasts: ``$SIMGRAPH_LOCK_TIMEOUT``, else
+    :data:`LOCK_TIMEOUT_S`."""
+    raw = os.environ.get(LOCK_TIMEOUT_ENV, "").strip()
+    try:
+        return float(raw) if raw else LOCK_TIMEOUT_S
+    except ValueError:
+        raise DatasetError(f"{LOCK_TIMEOUT_ENV}={raw[:40]!r} is not a number of seconds") from None
+
+
+def _holder(lock_path: Path) -> str:
+    """Who holds ``lock_path``, as its holder wrote it."""
+    try:
+        h = json.loads(lock_path.read_text()[:1000])
+        return f"pid {h['pid']} on {h['host']} since {h['started']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a process that did not say who it is"
+
+
 @contextlib.contextmanager
 def _locked(lock_path: Path) -> Iterator[None]:
-    """Exclusive ``flock`` for the duration (released if the process dies)."""
-    with open(lock_path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    """Exclusive ``flock`` for the duration (released if the process dies); a wait says who
+    holds it and gives up after :func:`lock_timeout` (module docstring)."""
+    timeout = lock_timeout()
+    with open(lock_path, "a+") as f:
+        start = next_report = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                now = time.monotonic()
+                if now - start >= timeout:
+                    raise DatasetError(
+                        f"gave up after {timeout:g} s waiting for the staging lock {lock_path}, "
+                        f"held by {_holder(lock_path)}: if that process is stuck, stop it; "
+                        f"else wait longer ({LOCK_TIMEOUT_ENV}=SECONDS)") from None
+                if now >= next_report:
+                    print(f"simgraph: waiting for the staging lock {lock_path}, held by "
+                          f"{_holder(lock_path)} ({now - start:.0f} s of {timeout:g} s)",
+                          file=sys.stderr, flush=True)
+                    next_report = now + LOCK_REPORT_S
+                time.sleep(min(0.2, max(0.0, timeout - (now - start))))
         try:
+            f.seek(0)
+            f.truncate()
+            f.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                "started": time.strftime("%Y-%m-%dT%H:%M:%S")}))
+            f.flush()
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)

@@ -17,6 +17,8 @@ import torch
 import yaml
 from torch import Tensor
 
+from components.config.checks import ConfigError
+from components.config.loading import safe_load
 from components.errors import SimgraphError
 
 
@@ -36,8 +38,8 @@ def load_label_map(path: str | Path, classes: Sequence[str]) -> tuple[list[str],
     if spec.startswith(DEPTH_PREFIX):
         return _by_depth(spec, classes)
     try:
-        raw = yaml.safe_load(Path(path).read_text())  # JSON is YAML
-    except (OSError, yaml.YAMLError) as e:
+        raw = safe_load(Path(path).read_text(), str(path))  # JSON is YAML
+    except (OSError, yaml.YAMLError, ConfigError) as e:
         raise LabelMapError(f"cannot read label map {path}: {e}") from None
     if not isinstance(raw, dict) or not all(
         isinstance(k, str) and isinstance(v, str | int) for k, v in raw.items()

@@ -232,7 +232,11 @@ class ContrastiveBatch:
         real NaN / inf)."""
         names = tuple(n for n in _FLOAT_FIELDS if (t := getattr(self, n)) is not None
                       and t.is_floating_point() and t.numel())
-        parts = [getattr(self, n).detach().sum() for n in names]  # 0-dim each
+        # 0-dim each; float16 summed in float32: a sum of finite halves cannot overflow, so a
+        # non-finite sum means a NaN / inf in the field (what fused_global_means tells every
+        # rank, which must all decide alike)
+        parts = [t.sum(dtype=torch.float32) if (t := getattr(self, n).detach()).dtype
+                 == torch.float16 else t.sum() for n in names]
         labels = self.labels is not None and self.labels.numel() > 0
         if labels:
             assert self.labels is not None
@@ -852,9 +856,18 @@ def fused_global_means(terms: Sequence[tuple[Tensor, Tensor]],
     values are global_mean's: the statistics are summed in the terms' common dtype (read
     alongside the checks as Python floats: exact widenings).
 
+    Distributed, the all-reduce also carries the sum of the batch's field sums (its finite
+    check): summed over ranks it is NaN / inf when any rank's batch holds a NaN / inf, and
+    then :class:`NonFiniteError` is raised on **every** rank, after the same collectives:
+    fp16's step skipping (``components.training.SkippedStep``) is decided for all ranks at
+    once, so no rank goes on alone into the next collective (DDP's all-reduce, a memory
+    bank's all-gather) while another skips — a hang on NCCL. It rides in the reduce the step
+    makes anyway: one number more, no collective or device read of its own.
+
     Raises:
         ValueError / NonFiniteError: ``batch``'s checks or one of ``checks`` failed (every
-            rank has taken part in the all-reduce by then).
+            rank has taken part in the all-reduce by then); NonFiniteError also when another
+            rank's batch is not finite (the message names the ranks).
     """
     device = terms[0][0].device
     wide = torch.float32 if device.type == "mps" else torch.float64  # no f64 there
@@ -871,7 +884,13 @@ def fused_global_means(terms: Sequence[tuple[Tensor, Tensor]],
         for local_sum, (_, valid) in zip(local_sums, terms, strict=True):
             stats += [local_sum.detach().to(dtype), valid.sum().to(dtype),
                       torch.full((), valid.numel(), dtype=dtype, device=valid.device)]
-        reduced = distributed.all_reduce_sum(torch.stack(stats))  # [3·T]
+        # + 1: the sum of this rank's field sums, summed over ranks: NaN / inf when any
+        # rank's batch is not finite (one number on every rank, whatever its batch holds:
+        # the all-reduce's shapes must agree)
+        stats.append(pending.values[: len(pending.names)].sum().to(dtype)
+                     if pending is not None and pending.names
+                     else torch.zeros((), dtype=dtype, device=device))
+        reduced = distributed.all_reduce_sum(torch.stack(stats))  # [3·T + 1]
         read = torch.cat([reduced.to(wide), *checked]) if checked else reduced
     else:
         # Nothing to sum over ranks: the statistics are read as they are, in one stack (the
@@ -890,9 +909,17 @@ def fused_global_means(terms: Sequence[tuple[Tensor, Tensor]],
         values = [x for k, (_, valid) in enumerate(terms)
                   for x in (*sums_counts[2 * k : 2 * k + 2], float(valid.numel()))] + rest
     at = 3 * len(terms)
+    everywhere_finite = True
+    if dist:
+        everywhere_finite = math.isfinite(values[at])
+        at += 1
     if pending is not None and batch is not None:
         batch.raise_failed(pending, values[at : at + pending.values.numel()])
         at += pending.values.numel()
+    if not everywhere_finite:  # another rank's batch: every rank stops this step alike
+        raise NonFiniteError(
+            f"a batch on another rank than {distributed.rank()} holds non-finite values (NaN "
+            "or inf): every rank stops this step")
     for check in own:
         check.raise_failed(values[at : at + check.values.numel()])
         at += check.values.numel()

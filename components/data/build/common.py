@@ -24,7 +24,19 @@ def _digest(obj: Any) -> str:
 
 
 def _read_json(path: Path) -> Any:
+    """A state file simgraph wrote (a JSON object), ``None`` when missing or unreadable.
+
+    Raises:
+        PreprocessError: it holds valid JSON that is not an object (not written by simgraph).
+    """
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    if not isinstance(data, dict):
+        kind = {list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
+            type(data), "number")
+        raise PreprocessError(
+            f"{path} holds a JSON {kind}, expected an object (the file simgraph writes there): "
+            "it is not simgraph's; move it aside or choose another output")
+    return data

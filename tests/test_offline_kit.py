@@ -1,0 +1,123 @@
+"""The offline install kit (pipelines/offline_kit.py): what it leaves to the node, how it is cut
+into pieces, and that its install.sh needs nothing but the kit (no index, no network) and
+refuses a damaged kit or another Python. The real build (wheels for the node, FFCV compiled and
+its libraries vendored) runs in ``make gpu-kit`` and on the GPU node (docs/gpu.md)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines import offline_kit as kit
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_have_file_takes_freeze_output_and_bare_names(tmp_path: Path) -> None:
+    f = tmp_path / "have.txt"
+    f.write_text("# node\nTorch==2.11.0+cu130\nopencv_python_headless==5.0.0\nPyYAML\n"
+                 "ray[default] @ file:///x\n\n")
+    assert kit.read_have(f) == {"torch", "opencv-python-headless", "pyyaml", "ray"}
+    (tmp_path / "empty.txt").write_text("# nothing\n")
+    with pytest.raises(kit.KitError, match="no package names"):
+        kit.read_have(tmp_path / "empty.txt")
+
+
+def test_requirements_leave_the_nodes_packages_to_the_node() -> None:
+    have = kit.read_have(ROOT / "examples/offline/gpu-node-packages.txt")
+    assert {"torch", "torchvision", "numpy", "numba", "sentence-transformers"} <= have
+    reqs = kit.project_requirements(have, kit.DEFAULT_WITHOUT, "train,tune,data")
+    names = {kit.requirement_name(r) for r in reqs}
+    # torch cannot be replaced by a kit; ffcv and simgraph are built here, not resolved
+    assert not names & (have | {"ffcv", "simgraph", "openvino"})
+    ray = next(r for r in reqs if r.startswith("ray"))
+    assert ray == "ray[train,tune,data]==2.60.0"  # the project's pin, the kit's extras
+    assert {"ray", "optuna", "tensorboardx"} <= names
+
+
+def _fake_kit(tmp_path: Path, python: str) -> Path:
+    """A kit folder as build() writes it, over a site of stand-in packages."""
+    site = tmp_path / "build/site"
+    for mod in ("ray", "ray/train", "ray/tune", "ffcv", "optuna"):
+        (site / mod).mkdir(parents=True)
+        (site / mod / "__init__.py").write_text("__version__ = '0.test'\n")
+    (site / "bin").mkdir()
+    (site / "bin/tool").write_text("#!/build/venv/bin/python\nprint('ok')\n")
+    out = tmp_path / "kit"
+    out.mkdir()
+    pieces = kit.pack(site, out, piece_mib=1)
+    (out / "install.sh").write_text(kit.INSTALL_SH)
+    (out / "kit.json").write_text(json.dumps({"python": python, "pieces": pieces}))
+    (out / "SHA256SUMS").write_text("".join(f"{kit.sha256(out / p)}  {p}\n" for p in pieces))
+    return out
+
+
+def _install(k: Path, target: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(["bash", str(k / "install.sh"), str(target)], capture_output=True,
+                          text=True, env=env, timeout=120)
+
+
+def test_install_sh_unpacks_verifies_and_imports_offline(tmp_path: Path) -> None:
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    k = _fake_kit(tmp_path, here)
+    target = tmp_path / "site"
+    r = _install(k, target)
+    assert r.returncode == 0, r.stderr
+    assert "ray 0.test, ffcv 0.test, optuna 0.test import" in r.stdout
+    assert (target / "ray/train/__init__.py").is_file()
+    # the scripts' first line names this interpreter, not the build machine's
+    assert (target / "bin/tool").read_text().splitlines()[0] == f"#!{sys.executable}"
+    env = (k / "env.sh").read_text()
+    assert f'export PYTHONPATH="{target}' in env and f"{target}/bin" in env
+    assert not list(tmp_path.glob(".kit-unpack.*"))  # the staging folder is gone
+
+
+def test_install_sh_refuses_a_damaged_kit_and_another_python(tmp_path: Path) -> None:
+    k = _fake_kit(tmp_path, "2.7")
+    r = _install(k, tmp_path / "site")
+    assert r.returncode == 2 and "this kit is for Python 2.7" in r.stderr
+    assert not (tmp_path / "site").exists()
+
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    k2 = _fake_kit(tmp_path / "b", here)
+    piece = next(k2.glob("site.tar.xz.*"))
+    piece.write_bytes(piece.read_bytes()[:-10])  # a transfer cut short
+    target = tmp_path / "b/site"
+    target.mkdir()
+    (target / "keep").write_text("an earlier install")
+    r = _install(k2, target)
+    assert r.returncode == 2 and "missing or damaged" in r.stderr
+    assert (target / "keep").read_text() == "an earlier install"  # nothing replaced
+
+
+def test_pieces_are_cut_at_the_limit_and_join_back(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "blob").write_bytes(os.urandom(int(2.5 * 2**20)))  # incompressible
+    out = tmp_path / "out"
+    out.mkdir()
+    pieces = kit.pack(site, out, piece_mib=1)
+    assert len(pieces) == 3 and all((out / p).stat().st_size <= 2**20 for p in pieces)
+    joined = b"".join((out / p).read_bytes() for p in pieces)
+    import io
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(joined), mode="r:xz") as t:
+        data = t.extractfile("site/blob").read()  # type: ignore[union-attr]
+    assert hashlib.sha256(data).digest() == hashlib.sha256((site / "blob").read_bytes()).digest()
+
+
+def test_a_foreign_output_folder_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    have = tmp_path / "have.txt"
+    have.write_text("torch\n")
+    with pytest.raises(kit.KitError, match="not a kit"):
+        kit.build(sys.executable, have, tmp_path)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
