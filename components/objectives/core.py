@@ -69,6 +69,28 @@ LOGIT_BUDGET_BYTES = 128 << 20
 # classes: masks win up to 2B = 384 for SimCLR, up to 768 for SupCon, which switches at
 # 512: with 100 classes pairs win there; docs/benchmarks.md).
 DENSE_GRAPH_ENTRIES = 3 << 16
+# On an accelerator the sparse path's data-shaped operations (``repeat_interleave`` of the
+# per-anchor pair counts, ``bincount``, ``nonzero``) are host synchronisations: the H100 run
+# (docs/gpu.md) measured 7.8 a step with SupCon at 2B = 1024, two of them per step from this
+# path. There masks are used up to as many entries as one chunk of logits holds
+# (:data:`LOGIT_BUDGET_BYTES` of float32), where their buffers (~2.3 × A·M float32 kept for
+# backward) are a few hundred MiB at most; beyond it, chunked rows as before.
+ACCELERATOR_DENSE_GRAPH_ENTRIES = LOGIT_BUDGET_BYTES // 4
+# Set by tests/test_sync_audit.py to audit, on the CPU, the paths an accelerator takes.
+AUDIT_ACCELERATOR_PATHS = False
+
+
+def accelerator_paths(device: torch.device) -> bool:
+    """Whether the host-sync-free variants are taken: on every device but the CPU."""
+    return device.type != "cpu" or AUDIT_ACCELERATOR_PATHS
+
+
+def dense_graph_limit(objective: object, device: torch.device) -> int:
+    """The most A×M entries for which ``objective``'s hard graphs are masks on ``device``: its
+    ``dense_graph_entries`` (tuned for CPU time) on the CPU, at least
+    :data:`ACCELERATOR_DENSE_GRAPH_ENTRIES` elsewhere (no host sync; module docstring)."""
+    own = int(getattr(objective, "dense_graph_entries", DENSE_GRAPH_ENTRIES))
+    return max(own, ACCELERATOR_DENSE_GRAPH_ENTRIES) if accelerator_paths(device) else own
 
 
 def _check(cond: bool, message: str) -> None:
@@ -761,18 +783,27 @@ class _DenseContrast(torch.autograd.Function):
 
 
 def noise_contrastive(
-    logits: Tensor, positives: Tensor, self_mask: Tensor, margin: float = 0.0
+    logits: Tensor, positives: Tensor, self_mask: Tensor, margin: float = 0.0,
+    dense: bool | None = None,
 ) -> tuple[Tensor, Tensor]:
     """SINCERE / eps-SupInfoNCE: mean over p ∈ P(i) of
     ``−log e^{s_ip} / (e^{s_ip − margin} + Σ_{n∈N(i)} e^{s_in})``, N(i) = not positive, not i.
 
     ``margin`` is in logit units (ε/τ for a cosine margin ε). Buffers: one A×M float32 (the
-    noise-masked logits); the per-pair terms are computed on the positive entries only.
+    noise-masked logits); on the CPU the per-pair terms are computed on the positive entries
+    only. ``dense`` (default: off the CPU) computes them for every entry and masks instead:
+    two more A×M buffers, but no ``nonzero`` / ``bincount``, whose data-dependent sizes are
+    host synchronisations on an accelerator (tests/test_sync_audit.py).
     """
-    rows, values, count = _positive_entries(logits, positives)
     min_value = torch.finfo(logits.dtype).min
     noise = ~(positives | self_mask)
     noise_lse = torch.logsumexp(logits.masked_fill(~noise, min_value), dim=1)  # [A]
+    if accelerator_paths(logits.device) if dense is None else dense:
+        count = positives.sum(1, dtype=logits.dtype)  # [A]
+        per_entry = torch.logaddexp(logits - margin, noise_lse[:, None]) - logits  # [A, M]
+        total = torch.where(positives, per_entry, 0.0).sum(1)
+        return total / count.clamp_min(1), count > 0
+    rows, values, count = _positive_entries(logits, positives)
     per_pair = torch.logaddexp(values - margin, noise_lse[rows]) - values  # [#positives]
     total = logits.new_zeros(logits.shape[0]).index_add(0, rows, per_pair)
     return total / count.clamp_min(1), count > 0
@@ -998,7 +1029,7 @@ class BatchContrastive(Objective):
         sizes = batch.sizes_per_rank()  # every rank's B: one exchange at most, for all gathers
         pairs = pair_up(batch, self.bank, sizes)
         pairs.dense_graphs = (pairs.anchors.shape[0] * pairs.candidates.shape[0]
-                              <= self.dense_graph_entries)
+                              <= dense_graph_limit(self, pairs.anchors.device))
         checks = self.deferred_checks(pairs)  # read with the loss statistics
         names: list[str] = []
 
