@@ -101,6 +101,21 @@ def nonfinite_entries(state: Mapping[str, Any], limit: int = 5) -> list[str]:
     return names[:limit] + (["…"] if len(names) > limit else [])
 
 
+# What meta.json records of a training state's config: what a resume on another shape needs
+# to check before it starts training (components.run_dir.check_resume), without state.pt.
+SHAPE_KEYS = ("scaling.num_workers", "data.batch_size", "optim.lr", "train.epochs")
+
+
+def _shape(config: Any) -> dict[str, Any]:
+    """``{"shape": {key: value}}`` of :data:`SHAPE_KEYS` in a state's config dict."""
+    if not isinstance(config, Mapping):
+        return {}
+    from components.config import flatten
+
+    flat = flatten(config)
+    return {"shape": {k: flat[k] for k in SHAPE_KEYS if k in flat}}
+
+
 def save_state(directory: str | Path, state: dict[str, Any],
                finite: bool | None = None) -> Path:
     """Write ``state`` into ``directory`` (created) atomically; returns the directory.
@@ -123,6 +138,8 @@ def save_state(directory: str | Path, state: dict[str, Any],
             "format": FORMAT,
             "epoch": int(state.get("epoch", 0)),
             "step": int(state.get("step", 0)),
+            **({} if state.get("samples") is None else {"samples": int(state["samples"])}),
+            **_shape(state.get("config")),
             "sha256": sha256_file(current),
             "bytes": current.stat().st_size,
             "finite": bool(finite),
@@ -157,6 +174,11 @@ class TrainingState:
         dataset: the dataset identity the run trained on
             (:func:`components.run_dir.dataset_identity`); ``None`` in checkpoints older than
             it.
+        samples: training samples consumed over all ranks (skipped fp16 steps included) —
+            the schedule's position on any cluster shape (:func:`components.optim.
+            schedule_position`); ``None`` in checkpoints older than it (then ``step`` ×
+            ``data.batch_size`` × ``scaling.num_workers`` of ``config``:
+            :meth:`samples_seen`).
     """
 
     model: dict[str, Any]
@@ -170,6 +192,7 @@ class TrainingState:
     ema: dict[str, Any] | None = None
     scaler: dict[str, Any] | None = None
     dataset: dict[str, Any] | None = None
+    samples: int | None = None
 
     _MAPPINGS = ("model", "optimizer", "scheduler", "config")
 
@@ -196,10 +219,22 @@ class TrainingState:
         wrong += [k for k in ("epoch", "step") if isinstance(d[k], bool)
                   or not isinstance(d[k], int)]
         wrong += [] if isinstance(d["history"], list) else ["history"]
+        samples = d.get("samples")
+        wrong += [] if samples is None or (isinstance(samples, int)
+                                           and not isinstance(samples, bool)) else ["samples"]
         if wrong:
             raise CheckpointError(f"{where} holds {', '.join(wrong)} of the wrong type: not a "
                                   "simgraph training checkpoint")
         return cls(**{k: v for k, v in d.items() if k in names})
+
+    def samples_seen(self) -> int:
+        """Training samples consumed before this checkpoint: :attr:`samples`, or for a
+        checkpoint older than it, ``step`` × the global batch of the config it stores."""
+        if self.samples is not None:
+            return int(self.samples)
+        data, scaling = self.config.get("data") or {}, self.config.get("scaling") or {}
+        return int(self.step) * int(data.get("batch_size", 256)) * int(
+            scaling.get("num_workers", 1))
 
     def nonfinite(self, limit: int = 5) -> list[str]:
         """Where the state to resume from (model incl. BatchNorm statistics and memory bank,
@@ -303,6 +338,20 @@ def load_state(directory: str | Path, map_location: str | torch.device = "cpu") 
     if not isinstance(state, dict):
         raise CheckpointError(f"{f} holds a {type(state).__name__}, not a state dict")
     return state
+
+
+def meta_at(path: str | Path) -> dict[str, Any]:
+    """``meta.json`` of the checkpoint at ``path`` (a dir or URI); ``{}`` when it cannot be
+    read (what needs it falls back to ``state.pt``)."""
+    from components import storage
+
+    try:
+        text = (storage.read_text(storage.join(str(path), META)) if storage.is_uri(str(path))
+                else (Path(path) / META).read_text())
+        meta = json.loads(text)
+    except (OSError, ValueError, storage.StorageError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def is_finite_at(path: str | Path) -> bool:

@@ -106,6 +106,9 @@ class Confirmation:
     spearman: float | None  # None: fewer than 3 settings, or a constant column
     split: str
     images: int
+    # The kNN rule the runs were scored by (components.evaluation.knn.KnnRule.name: the
+    # online monitor's and `simgraph evaluate`'s), named wherever the score is shown.
+    rule: str = "kNN top-1"
 
     @property
     def best(self) -> Confirmed:
@@ -116,9 +119,11 @@ class Confirmation:
 
 
 def summarise(hits: Mapping[int, Sequence[np.ndarray]], chosen: Sequence[Candidate],
-              split: str, curse_comparable: bool) -> Confirmation:
+              split: str, curse_comparable: bool, rule: str = "kNN top-1") -> Confirmation:
     """Summarise the per-image hits (``hits[rank]``: one bool/0-1 array per seed, every
-    array over the same test images in the same order) of the confirmed ``chosen``.
+    array over the same test images in the same order) of the confirmed ``chosen``;
+    ``rule``: the name of the kNN rule they were scored by
+    (:meth:`components.evaluation.knn.KnnRule.name`).
 
     Raises:
         ValueError: a candidate without runs, or runs scored on different numbers of images.
@@ -156,7 +161,7 @@ def summarise(hits: Mapping[int, Sequence[np.ndarray]], chosen: Sequence[Candida
         y = [c.score.value for c in out]
         if len(set(x)) > 1 and len(set(y)) > 1:
             rho = float(spearmanr(x, y).statistic)
-    return Confirmation(out, rho, split, int(next(iter(sizes))))
+    return Confirmation(out, rho, split, int(next(iter(sizes))), rule)
 
 
 def _pct(x: float) -> str:
@@ -167,7 +172,7 @@ def table(conf: Confirmation, metric: str) -> str:
     """The confirmed settings as a Markdown table, best first."""
     keys = sorted({k for c in conf.settings for k in c.candidate.params})
     head = ["confirmed rank", "sweep rank", f"sweep score ({metric})",
-            f"{conf.split} kNN top-1 % [95 % CI]", "per seed %", "vs best (paired) [95 % CI]",
+            f"{conf.split} {conf.rule} % [95 % CI]", "per seed %", "vs best (paired) [95 % CI]",
             "tied with best", "sweep − confirmed", *keys]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, c in enumerate(conf.settings, 1):
@@ -198,7 +203,7 @@ def closing_line(conf: Confirmation, seeds: int) -> str:
     b = conf.best
     params = " ".join(f"{k}={format_value(v)}" for k, v in sorted(b.candidate.params.items()))
     tied = conf.tied()
-    parts = [f"confirmed best (sweep rank {b.candidate.rank}): {conf.split} kNN top-1 "
+    parts = [f"confirmed best (sweep rank {b.candidate.rank}): {conf.split} {conf.rule} "
              f"{_pct(b.score.value)} % [{_pct(b.score.low)}, {_pct(b.score.high)}] over "
              f"{seeds} fresh seed{'s' if seeds != 1 else ''} and {conf.images} images "
              f"({params})",
@@ -220,7 +225,7 @@ def rows(conf: Confirmation) -> list[dict[str, Any]]:
         v = c.versus_best
         out.append({
             "confirmed_rank": i, "sweep_rank": c.candidate.rank,
-            "sweep_score": c.candidate.sweep_score, "split": conf.split,
+            "sweep_score": c.candidate.sweep_score, "split": conf.split, "rule": conf.rule,
             "score": c.score.value, "score_low": c.score.low, "score_high": c.score.high,
             "seed_scores": c.seed_scores, "seed_sd": c.seed_sd,
             "versus_best": None if v is None else v.value,

@@ -23,7 +23,7 @@ Without an initialised process group every function is the single-process identi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -204,3 +204,79 @@ def all_node_ids(node_id: str) -> list[str]:
     out: list[Any] = [None] * world_size()
     dist.all_gather_object(out, node_id)
     return [str(n) for n in out]
+
+
+_M = TypeVar("_M", bound=torch.nn.Module)
+
+
+class GlobalBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
+    """BatchNorm over the batch of every rank, without a host synchronisation.
+
+    ``torch.nn.SyncBatchNorm`` drops empty ranks' statistics with boolean-mask indexing: up
+    to three host syncs per layer and step (docs/gpu.md). Here every rank sums ``x − k``
+    and ``(x − k)²`` per channel and counts its elements, one all-reduce (differentiable:
+    its backward is the all-reduce of the gradients) turns them into the global batch's
+    ``mean = k + S₁/N`` and biased ``var = S₂/N − (S₁/N)²``, and the normalisation is the
+    single-process one of the concatenated batch; running statistics take the unbiased
+    variance, as BatchNorm's. The shift ``k`` is the running mean (the same on every rank:
+    DDP broadcasts buffers), which keeps the sums' cancellation small. An empty rank adds
+    zeros. Not distributed, or in eval mode: plain BatchNorm. Same parameters and buffers as
+    BatchNorm, so state dicts load both ways (:func:`convert_global_batchnorm`).
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not (self.training and is_distributed()):
+            return super().forward(x)
+        from torch.distributed.nn.functional import all_reduce
+
+        c = x.shape[1]
+        dims = [0, *range(2, x.dim())]
+        shape = [1, c] + [1] * (x.dim() - 2)
+        k = (self.running_mean if self.running_mean is not None
+             else x.new_zeros(c)).detach().to(x.dtype)
+        d = x - k.view(shape)
+        n_local = x.new_full((1,), float(x.numel() // max(c, 1)))  # a fill: no host read
+        sums = all_reduce(torch.cat([d.sum(dims), (d * d).sum(dims), n_local]))  # [2C + 1]
+        n = sums[2 * c:].clamp_min(1.0)
+        m1 = sums[:c] / n  # E[x − k]
+        var = (sums[c:2 * c] / n - m1 * m1).clamp_min(0.0)  # biased
+        mean = k + m1
+        y = (x - mean.view(shape)) * torch.rsqrt(var + self.eps).view(shape)
+        if self.affine:
+            y = y * self.weight.view(shape) + self.bias.view(shape)
+        if self.track_running_stats and self.running_mean is not None:
+            assert self.running_var is not None and self.num_batches_tracked is not None
+            with torch.no_grad():
+                self.num_batches_tracked.add_(1)
+                m = (1.0 / float(self.num_batches_tracked) if self.momentum is None
+                     else self.momentum)
+                unbiased = var * (n / (n - 1.0).clamp_min(1.0))
+                self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), m)
+                self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), m)
+        return y
+
+    def _check_input_dim(self, x: Tensor) -> None:
+        if x.dim() < 2:
+            raise ValueError(f"expected at least 2-D input (got {x.dim()}-D)")
+
+
+def convert_global_batchnorm(module: _M) -> _M:
+    """Every BatchNorm layer of ``module`` (1-, 2- or 3-d) as a :class:`GlobalBatchNorm` with
+    the same parameters and buffers (as ``SyncBatchNorm.convert_sync_batchnorm`` does); a
+    container is changed in place and returned."""
+    out: Any = module
+    if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and \
+            not isinstance(module, GlobalBatchNorm):
+        out = GlobalBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
+                              module.track_running_stats)
+        if module.affine:
+            with torch.no_grad():
+                out.weight = module.weight
+                out.bias = module.bias
+        out.running_mean = module.running_mean
+        out.running_var = module.running_var
+        out.num_batches_tracked = module.num_batches_tracked
+        out.training = module.training
+    for name, child in module.named_children():
+        out.add_module(name, convert_global_batchnorm(child))
+    return out  # type: ignore[no-any-return]

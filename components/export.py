@@ -37,7 +37,7 @@ import importlib.util
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -55,8 +55,10 @@ FORMATS = ("safetensors", "torchscript", "onnx")
 CONFIG, CARD, MODEL_PY = "config.json", "model_card.md", "model.py"
 BACKBONE_FILE, PROJECTOR_FILE = "model.safetensors", "projector.safetensors"
 TORCHSCRIPT_FILE, ONNX_FILE = "model.ts", "model.onnx"
-# Every file an export may write: a new export into the same dir removes those it does not
-# write, so the dir always describes one export.
+# Every file an export may write: a new export into the same dir removes those of them the
+# earlier export wrote (its config.json records them with their sha256) and this one does not,
+# so the dir always describes one export; a file of these names it did not write is refused
+# (:func:`claim_export_dir`), never replaced or deleted.
 EXPORT_FILES = (BACKBONE_FILE, PROJECTOR_FILE, MODEL_PY, TORCHSCRIPT_FILE, ONNX_FILE,
                 CONFIG, CARD)
 ONNX_OPSET = 17
@@ -504,11 +506,13 @@ def outputs_spec(arch: Architecture, with_projector: bool) -> list[dict[str, Any
 def export_encoder(encoder: Encoder, model: ModelConfig, augment: AugmentConfig, out: Path, *,
                    fmt: str, with_projector: bool, run: str,
                    describe: dict[str, Any] | None = None,
-                   card_extra: Callable[[dict[str, Any]], str] | None = None) -> dict[str, Any]:
+                   card_extra: Callable[[dict[str, Any]], str] | None = None,
+                   replaceable: Collection[str] = ()) -> dict[str, Any]:
     """Write ``encoder`` (backbone, + projector) in ``fmt`` to the local dir ``out`` with
-    ``config.json`` and ``model_card.md``; check it (:func:`check_export`); remove files an
-    earlier export of another format left there. ``describe``: more ``config.json`` keys
-    (loss, dataset, metrics, provenance). Returns the ``config.json`` content.
+    ``config.json`` and ``model_card.md``; check it (:func:`check_export`); remove the files
+    of ``replaceable`` (what :func:`claim_export_dir` found an earlier export wrote there)
+    that this one does not write. ``describe``: more ``config.json`` keys (loss, dataset,
+    metrics, provenance). Returns the ``config.json`` content.
 
     Raises:
         UnknownFormat: ``fmt`` is not one of :data:`FORMATS`.
@@ -544,9 +548,64 @@ def export_encoder(encoder: Encoder, model: ModelConfig, augment: AugmentConfig,
     }
     write_json(out / CONFIG, config)
     write_text(out / CARD, model_card(config, card_extra(config) if card_extra else ""))
-    for stale in set(EXPORT_FILES) - {*written, CONFIG, CARD}:
+    for stale in (set(EXPORT_FILES) - {*written, CONFIG, CARD}) & set(replaceable):
         (out / stale).unlink(missing_ok=True)
     return config
+
+
+def claim_export_dir(dest: str) -> set[str]:
+    """Check that ``dest`` (a path or URI) may receive an export, and mark a new or empty one
+    as simgraph's (:func:`components.storage.claim_dir`); returns the files of
+    :data:`EXPORT_FILES` there that simgraph wrote (an export may replace or delete them).
+
+    Those are: every one, when the dir holds the mark of an export killed before its
+    ``config.json``; else ``config.json``, ``model_card.md`` and the weight files the earlier
+    export's ``config.json`` records, each only while its sha256 is still the recorded one.
+
+    Raises:
+        ExportError: ``dest`` holds files simgraph did not write (a user's ``model.py`` in
+            ``--out .``), another kind of simgraph output, or a file of an export's names
+            that the earlier export did not write or that changed since (naming them).
+    """
+    import json
+
+    from components import storage
+
+    fix = "give --out a new or empty folder"
+
+    def earlier() -> dict[str, Any] | None:
+        try:
+            data = json.loads(storage.read_text(storage.join(dest, CONFIG)))
+        except (storage.StorageError, ValueError, UnicodeDecodeError):
+            return None
+        return data if isinstance(data, dict) and data.get("format") == FORMAT else None
+
+    prior = earlier()
+    had = storage.claim_dir(dest, "export", lambda _p, _n: prior is not None,
+                            error=ExportError, command="export", fix=fix)
+    if not had:
+        return set()
+    try:
+        names = set(EXPORT_FILES) & set(storage.list_dir(dest))
+    except storage.StorageError as e:
+        raise ExportError(f"cannot use {storage.display(dest)} for an export: {e}") from None
+    if prior is None:  # the mark of an export killed before its config.json: all its own
+        return names
+    files = (prior.get("weights") or {}).get("files") or {}
+    mine, other = {CONFIG, CARD} & names, []
+    for name in sorted(names - {CONFIG, CARD}):
+        try:
+            same = (isinstance(files, dict) and name in files and hashlib.sha256(
+                storage.read_bytes(storage.join(dest, name))).hexdigest() == files[name])
+        except storage.StorageError:
+            same = False
+        (mine.add(name) if same else other.append(name))
+    if other:
+        raise ExportError(
+            f"{storage.display(dest)} holds {', '.join(other)}, which the export there "
+            f"({CONFIG}) did not write or which changed since: simgraph export replaces or "
+            f"deletes only its own files; move them aside, or {fix}")
+    return mine
 
 
 # ---------------------------------------------------------------------------------------------

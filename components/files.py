@@ -107,3 +107,163 @@ def sha256_file(path: str | os.PathLike[str], block: int = _BLOCK) -> str:
         while chunk := f.read(block):
             h.update(chunk)
     return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# One writer per directory: a lock file naming its holder.
+#
+# The lock is an exclusive ``fcntl.flock`` on a small JSON file (released by the kernel when
+# its holder dies; on NFS the client maps it to a POSIX lock the server arbitrates, so it
+# holds across the hosts of a shared filesystem). While held, the file names the holder:
+#
+#   {"host": ..., "pid": ..., "started": "<when it took the lock, local ISO time>",
+#    "process_start": "<the pid's start time in clock ticks since boot (/proc), or null>"}
+#
+# and it is emptied when released. A lock whose flock is free but whose file still names a
+# live process of this host (same pid *and* start time: a reused pid is not the holder) is
+# held too — the lock file was replaced under a live holder, or its holder records itself
+# another way; one naming a dead process (killed before it could empty the file) is taken
+# over, saying so.
+
+
+class LockHeld(RuntimeError):
+    """A directory's lock is held by a live writer (the message names it); callers re-raise
+    it as their command's error."""
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` after ``pid (comm)`` (state first), or ``None``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:].split()  # comm may hold spaces and parentheses
+
+
+def process_start(pid: int) -> str | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field
+    22), or ``None`` when it is not running or there is no ``/proc``: with the pid, it names a
+    process uniquely (a pid is reused, its start time is not)."""
+    fields = _proc_stat(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def lock_record() -> dict[str, Any]:
+    """What this process writes into a lock it takes."""
+    import socket
+    import time
+
+    return {"host": socket.gethostname(), "pid": os.getpid(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "process_start": process_start(os.getpid())}
+
+
+def read_lock(lock_path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The holder record in ``lock_path``; ``None`` when it is empty, missing or not one."""
+    try:
+        data = json.loads(Path(lock_path).read_text()[:2000])
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and "pid" in data else None
+
+
+def describe_holder(record: dict[str, Any] | None) -> str:
+    """``pid 123 on host-a since 2026-11-26T14:03:38``."""
+    if record is None:
+        return "a process that did not say who it is"
+    return (f"pid {str(record.get('pid'))[:20]} on {str(record.get('host'))[:80]} since "
+            f"{str(record.get('started'))[:40]}")
+
+
+def holder_alive(record: dict[str, Any]) -> bool | None:
+    """Whether the process ``record`` names still runs: ``None`` when it ran on another host
+    (not knowable from here), ``False`` when its pid is gone, is a zombie (killed, not yet
+    reaped by its parent) or now belongs to a process that started at another time."""
+    import socket
+
+    if record.get("host") != socket.gethostname():
+        return None
+    try:
+        pid = int(record["pid"])
+        if pid <= 0:
+            return False
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        pass
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return False
+    fields = _proc_stat(pid)
+    if fields is not None and fields[0] in ("Z", "X"):  # exited, not yet reaped by its parent
+        return False
+    want, now = record.get("process_start"), process_start(pid)
+    return not (want is not None and now is not None and str(want) != now)
+
+
+@contextlib.contextmanager
+def holding(lock_path: str | os.PathLike[str], what: str, *, wait_s: float = 0.0,
+            report_s: float = 60.0, refusal: str = "", waiting: str = "",
+            ) -> Iterator[dict[str, Any] | None]:
+    """Hold the lock ``lock_path`` (created if missing) for the block; yields the record of a
+    dead holder it took over (``None`` normally) after saying so on stderr.
+
+    ``what`` names the lock in messages ("the run dir /r/a"). A held lock is waited for
+    ``wait_s`` seconds (0: refused at once), saying who holds it every ``report_s`` seconds.
+
+    Raises:
+        LockHeld: still held after ``wait_s``: one line naming ``what``, the holder (host, pid,
+            since) and ``refusal`` (what to do), or for a wait, ``waiting``.
+    """
+    import fcntl
+    import sys
+    import time
+
+    path = Path(lock_path)
+    with open(path, "a+") as f:
+        start = next_report = time.monotonic()
+        while True:
+            record = None
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                record = read_lock(path)
+                if record is None or holder_alive(record) is not True:
+                    break
+                fcntl.flock(f, fcntl.LOCK_UN)  # a live holder on another copy of the file
+            except BlockingIOError:
+                record = read_lock(path)
+            now = time.monotonic()
+            if now - start >= wait_s:
+                grace = now + 2.0  # a holder that has just taken it writes its record next
+                while record is None and time.monotonic() < grace:
+                    time.sleep(0.02)
+                    record = read_lock(path)
+                who = describe_holder(record)
+                if wait_s > 0:
+                    raise LockHeld(f"gave up after {wait_s:g} s waiting for {what}, held by "
+                                   f"{who}{': ' + waiting if waiting else ''}") from None
+                raise LockHeld(f"{what} is held by {who}"
+                               f"{': ' + refusal if refusal else ''}") from None
+            if now >= next_report:
+                print(f"simgraph: waiting for {what}, held by {describe_holder(record)} "
+                      f"({now - start:.0f} s of {wait_s:g} s)", file=sys.stderr, flush=True)
+                next_report = now + report_s
+            time.sleep(min(0.2, max(0.0, wait_s - (now - start))))
+        if record is not None:
+            alive = holder_alive(record)
+            why = (" (that process is no longer running)" if alive is False else
+                   " (it ran on another host and its lock was released)")
+            print(f"simgraph: taking over {what} from {describe_holder(record)}{why}",
+                  file=sys.stderr, flush=True)
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(json.dumps(lock_record()))
+            f.flush()
+            yield record
+        finally:
+            with contextlib.suppress(OSError):
+                f.seek(0)
+                f.truncate()
+                f.flush()
+            fcntl.flock(f, fcntl.LOCK_UN)

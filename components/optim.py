@@ -10,6 +10,9 @@
   (Loshchilov & Hutter 2017, SGDR; SimCLR uses 10 warm-up epochs then cosine, no restarts),
   or linear warm-up then a constant LR (:func:`warmup_constant`), or linear warm-up then step
   decay at milestones (:func:`warmup_step`, the ``MultiStepLR`` rule of He et al. 2016).
+* :func:`schedule_position` / :func:`continue_schedule`: a restored schedule continued on
+  another cluster shape (or ``optim.lr``) at the LR a fresh run of that shape has after the
+  same number of samples (elastic resume).
 
 The scheduler is stepped once per optimiser step (not per epoch); ``step`` counts optimiser steps
 from 0.
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -463,3 +466,61 @@ def build_for_run(
     return optimizer, build_scheduler(optimizer, total, warmup, cfg.final_lr_fraction,
                                       cfg.schedule, milestones, cfg.step_gamma)
 
+
+
+# --------------------------------------------------------------------------- elastic resume
+
+
+def schedule_position(samples: int, global_batch: int) -> int:
+    """The optimiser step a run of ``global_batch`` samples per step is at after ``samples``
+    training samples: ``round(samples / global_batch)``. What a resume on another cluster
+    shape continues from: the schedule's position is the samples seen, not the steps, so a
+    1 → 8 worker resume after 1 000 steps of 256 continues at step 125 of the 2 048-sample
+    run (the nearest step when the samples are not a whole number of the new batches).
+
+    Raises:
+        ValueError: ``samples`` negative or ``global_batch`` < 1 (or either not an integer).
+    """
+    if not (_is_int(samples) and samples >= 0):
+        raise ValueError(f"samples={samples!r} is not allowed: must be an integer >= 0")
+    if not (_is_int(global_batch) and global_batch >= 1):
+        raise ValueError(f"global_batch={global_batch!r} is not allowed: must be an integer >= 1")
+    return int(round(samples / global_batch))
+
+
+def continue_schedule(optimizer: torch.optim.Optimizer, scheduler: LambdaLR,
+                      base_lrs: Sequence[float], step: int) -> list[float]:
+    """Re-place a restored optimiser and schedule (their ``load_state_dict`` done) where a
+    fresh run of *this* run's shape is after ``step`` optimiser steps; returns the LRs of the
+    next step, one per parameter group.
+
+    A checkpoint's state carries the base LRs of the run that wrote it (``optim.lr`` scaled
+    to its global batch by ``optim.lr_scaling``) and a position counted in its steps. The
+    schedule's function is this run's already (``LambdaLR`` saves nothing of a
+    :func:`functools.partial`'s arguments, see :func:`build_scheduler`); here its base LRs
+    become ``base_lrs`` — this run's, as :func:`build_for_run` computed them, read off the
+    scheduler before the state was loaded — and its position ``step``
+    (:func:`schedule_position` of the samples seen). Every group's ``lr`` is then
+    ``base_lr · multiplier(step)``, the expression ``LambdaLR`` evaluates, so the LR of every
+    later step equals the fresh run's bit for bit. With an unchanged shape and config this
+    rewrites the restored values with themselves. The optimiser's per-parameter state
+    (momentum buffers, Adam moments) is kept as restored.
+
+    Raises:
+        ValueError: ``base_lrs`` not one per parameter group, or ``step`` negative.
+    """
+    groups = optimizer.param_groups
+    if len(base_lrs) != len(groups) or len(scheduler.lr_lambdas) != len(groups):
+        raise ValueError(f"{len(base_lrs)} base LRs and {len(scheduler.lr_lambdas)} schedule "
+                         f"functions for {len(groups)} parameter groups: give one per group")
+    if not (_is_int(step) and step >= 0):
+        raise ValueError(f"step={step!r} is not allowed: must be an integer >= 0")
+    bases = [float(b) for b in base_lrs]
+    scheduler.base_lrs = list(bases)
+    scheduler.last_epoch = step
+    lrs = [base * fn(step) for fn, base in zip(scheduler.lr_lambdas, bases, strict=True)]
+    for group, base, lr in zip(groups, bases, lrs, strict=True):
+        group["initial_lr"] = base
+        group["lr"] = lr
+    scheduler._last_lr = list(lrs)  # what get_last_lr() reports
+    return lrs

@@ -45,7 +45,10 @@ from components.run_dir import (
     RunError,
     RunFacts,
     check_same_dataset,
+    describe_changes,
+    past_the_schedule,
     prepare_run,
+    resume_changes,
 )
 from components.run_host import RunHost, TrainWorker
 
@@ -107,9 +110,12 @@ def _train_on_ray(cfg: PretrainConfig, facts: RunFacts, run_dir: str) -> list[di
     ``RAY_ADDRESS`` cluster; returns the run's history."""
     from components.checkpoint import TrainingState
     from components.errors import SimgraphError, root_cause
-    from components.session import ray_session
+    from components.session import check_placement, ray_session
 
     with ray_session(None):
+        s = cfg.scaling  # a worker no node can hold: the numbers now, not Ray's timeout later
+        check_placement(s.num_workers, s.cpus_per_worker, s.gpus_per_worker if s.use_gpu else 0,
+                        s.placement_strategy)
         trainer = make_trainer(cfg, run_dir, facts)
         try:
             result = trainer.fit()
@@ -331,10 +337,14 @@ class PretrainRecipe:
             None if sim is None else torch.as_tensor(sim, dtype=torch.float32),
             facts.caption_dim,
         )
-        on_gpu, gpu_paths = device.type == "cuda", self.gpu_paths(device)
+        gpu_paths = self.gpu_paths(device)
         model.channels_last = gpu_paths and cfg.model.channels_last
-        if on_gpu and cfg.model.sync_bn and self.world > 1:
-            model.encoder = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model.encoder)
+        if gpu_paths and cfg.model.sync_bn and self.world > 1:
+            # BatchNorm over the global batch without SyncBatchNorm's host syncs (docs/gpu.md);
+            # its running-mean shift stays equal on every rank: each applies the same update
+            from components.distributed import convert_global_batchnorm
+
+            model.encoder = convert_global_batchnorm(model.encoder)
         model.to(device)
         if model.channels_last:
             model.to(memory_format=torch.channels_last)
@@ -350,12 +360,15 @@ class PretrainRecipe:
                                         facts.needs_captions, batched_augment=gpu_paths)
         self.steps_per_epoch = len(self.train_loader)
         self.total_steps = self.steps_per_epoch * cfg.train.epochs
+        self.global_batch = cfg.data.batch_size * self.world
         self.optimizer, self.scheduler = build_for_run(
-            model, cfg.optim, cfg.data.batch_size * self.world, self.steps_per_epoch,
-            cfg.train.epochs)
+            model, cfg.optim, self.global_batch, self.steps_per_epoch, cfg.train.epochs)
         self.scaler = torch.amp.GradScaler("cuda") if self.amp == "fp16" else None
 
         self.start_epoch, self.step = 0, 0
+        # Samples seen at step `start_step` (a resume's): a checkpoint's samples are
+        # these + (step - start_step) x global batch (no per-step bookkeeping)
+        self.start_samples, self.start_step = 0, 0
         self.history: list[dict[str, Any]] = []
         with host.latest_checkpoint() as ckpt_dir:
             self.restore(ckpt_dir)
@@ -376,10 +389,17 @@ class PretrainRecipe:
             )
         self.knn_loaders: tuple[Any, Any] | None = None
         self.log = _RunLog(self.run_dir, self.start_epoch, cfg) if self.rank == 0 else None
+        if self.rank == 0 and facts.knn and cfg.knn.every_epochs:
+            from components.evaluation.knn import KnnRule
+
+            rule = KnnRule.of(cfg.knn)  # the rule `evaluate` and a sweep's confirmation use
+            n = facts.splits.get(cfg.knn.bank_split, rule.k)
+            console.say(f"[simgraph] online {rule.describe(cfg.knn.query_split, rule.k_for(n))}"
+                        f" (knn_top1), every {cfg.knn.every_epochs} epoch(s) and after the last")
 
     def gpu_paths(self, device: Any) -> bool:
         """Whether to take the GPU's code paths (batched augmentation on the device,
-        channels_last): on CUDA. Tests override it to run them on CPU (SyncBN needs CUDA)."""
+        channels_last, global BatchNorm): on CUDA. Tests override it to run them on CPU."""
         return bool(device.type == "cuda")
 
     def restore(self, ckpt_dir: Path | None) -> None:
@@ -398,39 +418,52 @@ class PretrainRecipe:
                 raise CheckpointError(f"checkpoint {ckpt_dir} holds no EMA encoder, which loss "
                                       f"{self.cfg.loss.name!r} needs")
             self.ema.load_state_dict(state.ema)
+        # this run's base LRs (its shape, its optim.lr), before the checkpoint's replace them
+        fresh_lrs = [float(b) for b in self.scheduler.base_lrs]
         self.optimizer.load_state_dict(state.optimizer)
         self.scheduler.load_state_dict(state.scheduler)
-        self._rescale_lr(state.config)
         if self.scaler is not None and state.scaler:
             self.scaler.load_state_dict(state.scaler)
-        self.start_epoch, self.step = state.epoch, state.step
+        self.start_epoch = state.epoch
         self.history = state.history
+        self.step = self._continue_schedule(state, fresh_lrs)
+        self.start_samples, self.start_step = state.samples_seen(), self.step
         if self.rank == 0:
             console.say(f"[simgraph] resumed {self.cfg.name!r} after epoch {self.start_epoch} "
                         f"(step {self.step})")
-        if self.step > self.total_steps:
-            raise RunError(f"the checkpoint is at step {self.step}, past this run's "
-                           f"{self.total_steps}")
 
-    def _rescale_lr(self, stored: dict[str, Any]) -> None:
-        """A resume with another ``optim.lr`` (what a diverged run is told to lower): the
-        restored optimizer and schedule carry the old base LR, so every group's LR, initial LR
-        and the schedule's base LRs are scaled by new / old — the schedule keeps its
-        position, at the LR a run started with the new ``optim.lr`` has there."""
-        old = (stored.get("optim") or {}).get("lr")
-        new = self.cfg.optim.lr
-        if not isinstance(old, int | float) or isinstance(old, bool) or old <= 0 or old == new:
-            return
-        factor = new / old
-        for group in self.optimizer.param_groups:
-            group["lr"] *= factor
-            if "initial_lr" in group:
-                group["initial_lr"] *= factor
-        self.scheduler.base_lrs = [b * factor for b in self.scheduler.base_lrs]
-        self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
-        if self.rank == 0:
-            console.say(f"[simgraph] optim.lr changed from {old:g} to {new:g} on resume: the "
-                        f"schedule continues where it was, scaled by {factor:.4g}")
+    def _continue_schedule(self, state: TrainingState, fresh_lrs: list[float]) -> int:
+        """Elastic resume: re-place the restored optimizer and schedule where a run started
+        with this config and cluster shape is after the samples the checkpoint has seen
+        (:func:`~components.optim.continue_schedule`); returns that step, this run's global
+        step from now on. One mechanism for what may change on a resume and moves the LR:
+        ``scaling.num_workers`` (the global batch: ``optim.lr_scaling``'s base LR, the steps
+        per epoch, warm-up and decay lengths), ``optim.lr`` (a diverged run lowers it),
+        ``train.epochs`` (the decay's length). Unchanged, it rewrites the restored values
+        with themselves.
+
+        Raises:
+            RunError: the samples seen are past the end of this shape's schedule (before any
+                step; names what changed and how to go on).
+        """
+        from components.optim import continue_schedule, schedule_position
+
+        samples = state.samples_seen()
+        step = schedule_position(samples, self.global_batch)
+        changed = resume_changes(state.config, self.cfg)
+        if step > self.total_steps:
+            raise RunError(past_the_schedule(self.cfg, samples, changed, self.global_batch,
+                                             self.total_steps))
+        lrs = continue_schedule(self.optimizer, self.scheduler, fresh_lrs, step)
+        moved = [c for c in changed if c[0] != "train.epochs"]
+        if self.rank == 0 and (moved or step != state.step):
+            console.say(f"[simgraph] resuming with {describe_changes(changed) or 'this shape'}: "
+                        f"{samples} samples seen = step {step} of this run's "
+                        f"{self.total_steps} ({self.steps_per_epoch} per epoch, global batch "
+                        f"{self.global_batch}); LR {lrs[0]:.6g} (base {fresh_lrs[0]:.6g}, "
+                        f"optim.lr_scaling {self.cfg.optim.lr_scaling}), as a run started "
+                        "with this config has there")
+        return step
 
     def way_back(self) -> str:
         """What a run that diverged can go back to (the run dir's newest complete finite
@@ -521,7 +554,7 @@ class PretrainRecipe:
             acc.add(metrics)
             if self.rank == 0 and self.step % cfg.train.log_every_steps == 0:
                 console.say(f"[simgraph] epoch {epoch + 1} step {i + 1}/{n} "
-                            f"loss {metrics['loss']:.4f} lr {last_lr:.4g}")
+                            f"loss {metrics['loss']:.4f} lr {last_lr:.6g}")
             now = time.perf_counter()
             if self.rank == 0 and now - shown >= every and i + 1 < n:
                 shown, done = now, now - t0
@@ -556,7 +589,7 @@ class PretrainRecipe:
         epochs ``knn.every_epochs`` names and the last one, when the dataset allows it
         (:attr:`RunFacts.knn`)."""
         from components.data.reader import ViewLoader
-        from components.evaluation.knn import sharded_knn_correct
+        from components.evaluation.knn import KnnRule
         from components.training import extract_features
 
         cfg, d = self.cfg, self.cfg.data
@@ -564,6 +597,11 @@ class PretrainRecipe:
                                       or epoch + 1 == cfg.train.epochs):
             return
         if self.knn_loaders is None:
+            from components.data.integrity import verify_identity
+
+            # A rebuild swapped in since the run started is refused, never scored on.
+            verify_identity(str(self.info.root), self.facts.dataset, cfg.name,
+                            "the kNN evaluation")
             self.knn_loaders = tuple(  # type: ignore[assignment]
                 ViewLoader(self.info.split_file(s), batch_size=d.batch_size, views=1,
                            augment=d.augment, train=False, rank=self.rank,
@@ -577,9 +615,8 @@ class PretrainRecipe:
         encoder = self.model.encoder
         bank = extract_features(encoder, self.knn_loaders[0], self.device, self.amp)
         queries = extract_features(encoder, self.knn_loaders[1], self.device, self.amp)
-        correct, total = sharded_knn_correct(
-            bank, queries, k=cfg.knn.k, num_classes=self.facts.num_classes,
-            temperature=cfg.knn.temperature)
+        correct, total = KnnRule.of(cfg.knn).sharded_correct(bank, queries,
+                                                             self.facts.num_classes)
         p = correct / total
         row["knn_top1"] = p
         # Its standard error over the query images (binomial): how far apart two epochs'
@@ -610,6 +647,7 @@ class PretrainRecipe:
             cfg, model=self.model, ema=self.ema, optimizer=self.optimizer,
             scheduler=self.scheduler, scaler=self.scaler, epoch=epoch + 1,
             step=self.step, history=self.history, dataset=self.facts.dataset,
+            samples=self.start_samples + (self.step - self.start_step) * self.global_batch,
         )
         self._check_finite(state)
         from components.checkpoint import CheckpointWriteError
@@ -684,9 +722,11 @@ class PretrainRecipe:
 
 def checkpoint_state(cfg: PretrainConfig, *, model: Any, ema: Any, optimizer: Any,
                      scheduler: Any, scaler: Any, epoch: int, step: int,
-                     history: list[dict[str, Any]], dataset: dict[str, Any]) -> TrainingState:
-    """What a checkpoint holds: the full training state after ``epoch`` epochs, the history,
-    the dataset identity and the run's config — without the credentials of any URI in it
+                     history: list[dict[str, Any]], dataset: dict[str, Any],
+                     samples: int | None = None) -> TrainingState:
+    """What a checkpoint holds: the full training state after ``epoch`` epochs (``samples``:
+    the training samples consumed, all ranks), the history, the dataset identity and the
+    run's config — without the credentials of any URI in it
     (:func:`components.storage.redacted`), as in ``config.yaml``."""
     from components.checkpoint import TrainingState
     from components.storage import redacted
@@ -696,7 +736,7 @@ def checkpoint_state(cfg: PretrainConfig, *, model: Any, ema: Any, optimizer: An
         optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
         scaler=None if scaler is None else scaler.state_dict(),
         epoch=epoch, step=step, history=history, seed=cfg.train.seed,
-        config=redacted(to_dict(cfg)), dataset=dataset,
+        config=redacted(to_dict(cfg)), dataset=dataset, samples=samples,
     )
 
 

@@ -32,13 +32,45 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 DASHBOARD_ENV = "SIMGRAPH_RAY_DASHBOARD"
 LOOPBACK = "127.0.0.1"
 _CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
 _YES = ("1", "true", "yes", "on")
+
+
+def placement_problem(workers: int, cpus: float, gpus: float,
+                      nodes: Sequence[Mapping[str, float]], where: str,
+                      strategy: str = "PACK") -> str | None:
+    """``None`` when ``workers`` bundles of ``{CPU: cpus, GPU: gpus}`` fit the ``nodes``' total
+    resources (Ray's resource names; a node holds as many bundles as its scarcest asked
+    resource allows; ``STRICT_SPREAD``: one per node), else one message with the numbers and
+    the fix. ``where`` names the nodes (``the cluster at ...``, ``examples/cluster/aws.yaml``).
+    """
+    ask = {"CPU": cpus, "GPU": gpus}
+    ask = {k: v for k, v in ask.items() if v > 0}
+
+    def holds(node: Mapping[str, float]) -> int:
+        # a little slack: Ray stores resources in 1e-4 units
+        n = min((int(node.get(k, 0.0) / v + 1e-6) for k, v in ask.items()), default=workers)
+        return min(n, 1) if strategy == "STRICT_SPREAD" else n
+
+    fit = sum(holds(n) for n in nodes)
+    if fit >= workers:
+        return None
+    asked = f"{cpus:g} CPU" + (f" + {gpus:g} GPU" if gpus > 0 else "")
+    with_gpus = [n for n in nodes if gpus <= 0 or n.get("GPU", 0.0) >= gpus]
+    most_cpus = max((n.get("CPU", 0.0) for n in with_gpus), default=0.0)
+    fix = (f"set scaling.cpus_per_worker <= {most_cpus:g} (and data.num_workers with it), "
+           "or add nodes with more CPUs" if with_gpus and most_cpus < cpus else
+           "lower scaling.num_workers, or add nodes")
+    shape = ", ".join(sorted({f"{n.get('CPU', 0.0):g} CPU / {n.get('GPU', 0.0):g} GPU"
+                              for n in nodes})) or "no nodes"
+    return (f"scaling asks {workers} worker(s) of {asked} each, but {where} holds at most "
+            f"{fit} (its nodes: {shape}): the run could never start. {fix[0].upper()}"
+            f"{fix[1:]}.")
 
 
 def dashboard_wanted(env: Mapping[str, str] | None = None, needed: bool = False) -> bool:
@@ -105,3 +137,30 @@ def ray_session(num_cpus: int | None, needs_dashboard: bool = False) -> Iterator
         yield
     finally:
         ray.shutdown()
+
+
+def check_placement(workers: int, cpus: float, gpus: float, strategy: str = "PACK") -> None:
+    """Before a Train worker group is asked for: can the connected Ray's alive nodes hold
+    it (:func:`placement_problem`, on their total resources)? A local Ray simgraph started
+    cannot grow: refused (``ConfigError``, exit 2). A cluster (``RAY_ADDRESS``) may have an
+    autoscaler that adds a larger node type later: one warning line with the numbers, since
+    otherwise Ray Train only fails after its start timeout without saying why."""
+    import ray
+
+    from components import console
+    from components.config.checks import ConfigError
+
+    if not ray.is_initialized():  # nothing to ask (a caller that manages Ray itself)
+        return
+    nodes = [{k: float(v) for k, v in n.get("Resources", {}).items()}
+             for n in ray.nodes() if n.get("Alive")]
+    address = os.environ.get("RAY_ADDRESS")
+    problem = placement_problem(workers, cpus, gpus, nodes,
+                                f"the cluster at {address}" if address else "this machine's Ray",
+                                strategy)
+    if problem is None:
+        return
+    if not address:
+        raise ConfigError(problem)
+    console.say(f"warning: {problem} (unless the cluster's autoscaler adds a node type that "
+                "holds one; Ray Train gives up after its start timeout)")

@@ -428,3 +428,110 @@ class LocalMirror:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Directories simgraph owns: it writes (and replaces, and deletes) only in those.
+
+OWNER_MARK = ".simgraph-owner.json"
+"""Written into a new or empty output dir before anything else (``{"owner": "simgraph",
+"kind": ...}``): the dir is simgraph's while its own record of what it holds (a dataset's
+``manifest.json``, an export's ``config.json``) does not exist yet — a killed first build or
+export is resumed, not refused. Removed once that record is written (:func:`release_dir`)."""
+
+
+def _names(shown: list[str], limit: int = 6) -> str:
+    head = ", ".join(n[:60] for n in shown[:limit])
+    return head + (f" and {len(shown) - limit} more" if len(shown) > limit else "")
+
+
+def claim_dir(path: str | Path, kind: str, recognise: Any = None, *,
+              error: type[Exception], command: str, fix: str, mark: bool = True) -> bool:
+    """Make ``path`` an output dir of ``kind`` ("dataset", "export") that simgraph may write
+    in, or refuse it; returns whether it holds simgraph's output already (``False``: new or
+    empty, now marked with :data:`OWNER_MARK`).
+
+    It is simgraph's when it holds :data:`OWNER_MARK` of the same ``kind``, or when
+    ``recognise(path, names)`` says its files are simgraph's (a dataset's manifest, an export's
+    ``config.json``). A missing or empty dir is claimed (``mark=False``: created, not marked —
+    for a run dir, whose ``config.yaml`` is written at once).
+
+    Raises:
+        ``error``: ``path`` holds files simgraph did not write (the message names them and
+            ``fix``), another kind of simgraph output, or is a file.
+    """
+    import json
+
+    shown = display(str(path))
+    try:
+        names = list_dir(path)
+        if OWNER_MARK in names:
+            try:
+                owner = json.loads(read_text(join(path, OWNER_MARK)))
+            except (StorageError, ValueError):
+                owner = None
+            other = owner.get("kind") if isinstance(owner, dict) else None
+            if other == kind:
+                return True
+            raise error(f"{shown} is a simgraph {str(other)[:40]} folder ({OWNER_MARK}): "
+                        f"simgraph {command} refuses to write there; {fix}")
+        if names and not (recognise is not None and recognise(str(path), names)):
+            raise error(f"{shown} is not empty and simgraph did not write it ({_names(names)}): "
+                        f"simgraph {command} writes only into a new or empty folder or one it "
+                        f"wrote, so nothing there is replaced or deleted; {fix}")
+        if names:
+            return True
+        makedirs(path)
+        if mark:
+            write_text(join(path, OWNER_MARK),
+                       json.dumps({"owner": "simgraph", "kind": kind}) + "\n")
+    except StorageError as e:
+        raise error(f"cannot use {shown} for a {kind}: {e}") from None
+    return False
+
+
+def release_dir(path: str | Path) -> None:
+    """Remove :data:`OWNER_MARK` from ``path`` once its own record is written."""
+    fs, p = resolve(join(path, OWNER_MARK))
+    with contextlib.suppress(FileNotFoundError, OSError):
+        fs.delete_file(p)
+
+
+def lock_path(directory: str | Path) -> Path:
+    """Where the one-writer lock of the run or sweep dir ``directory`` lives: beside it,
+    ``<parent>/.<name>.lock`` (the dir's own listing stays as it was). For an object-store URI,
+    which has no locks, a file in this user's staging folder keyed on the URI: it keeps out a
+    second writer on the same machine only (docs/reliability.md)."""
+    fs, p = resolve(directory)
+    if _is_local(fs):
+        local = Path(p)
+        return local.parent / f".{local.name}.lock"
+    from components.data.staging import default_cache_dir
+
+    key = hashlib.sha256(redact(str(directory)).encode()).hexdigest()[:16]
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", basename(directory))[:40]
+    return default_cache_dir() / "locks" / f"{name}-{key}.lock"
+
+
+@contextlib.contextmanager
+def writer_lock(directory: str | Path, what: str, *, error: type[Exception],
+                refusal: str) -> Iterator[None]:
+    """Hold the one-writer lock of ``directory`` (:func:`lock_path`) for the block: a second
+    writer is refused in one line naming the holder (host, pid, since) and ``refusal``; a dead
+    holder's lock is taken over, saying so (:func:`components.files.holding`).
+
+    Raises:
+        ``error``: the lock is held, or cannot be created.
+    """
+    from components.files import LockHeld, holding
+
+    try:
+        path = lock_path(directory)
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (OSError, StorageError) as e:
+        raise error(f"cannot lock {display(str(directory))}: {e}") from None
+    try:
+        with holding(path, f"{what} {display(str(directory))}", refusal=refusal):
+            yield
+    except LockHeld as e:
+        raise error(str(e)) from None

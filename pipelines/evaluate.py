@@ -100,6 +100,28 @@ class RunEval:
     embedding_map: EmbeddingMap | None = None
     neighbours: NeighbourGrid | None = None
     baseline: Baseline | None = None  # the random-init encoder; None with --no-baseline
+    # The one kNN rule (components.evaluation.knn.KnnRule, from the run's knn section) as
+    # used here (its k capped at the bank): every kNN number above is scored with its τ and
+    # bank; `knn_top1` is the rule's own (its k), the number the online monitor and a sweep's
+    # confirmation report.
+    knn_rule: dict[str, Any] = dataclasses.field(default_factory=dict)
+    knn_top1: float | None = None
+
+    @property
+    def knn_k(self) -> int | None:
+        """The rule's k as used (``None``: no rule recorded)."""
+        k = self.knn_rule.get("k")
+        return int(k) if k is not None else None
+
+    def knn_headline(self) -> str:
+        """``kNN top-1 (k=200, τ=0.07, weighted) of the test images against the train bank:
+        71.3 % [69.0, 73.5]``."""
+        if self.knn_top1 is None or self.knn_k is None:
+            return ""
+        iv = mean_interval(self.knn_hits[self.knn_k])
+        return (f"{self.knn_rule['name']} of the {self.query_split} images against the "
+                f"{self.knn_rule['bank_split']} bank: {100 * self.knn_top1:.1f} % "
+                f"[{100 * iv.low:.1f}, {100 * iv.high:.1f}]")
 
     def intervals(self) -> dict[str, Interval]:
         """95 % bootstrap intervals over the query images: ``knn@k`` (top-1), ``probe``
@@ -114,6 +136,9 @@ class RunEval:
         out: dict[str, Any] = {
             "run": self.name, "loss": self.loss, "params": self.params, "epoch": self.epoch,
             "feature": self.feature, "labels": self.label_set or "dataset classes",
+            "knn_rule": self.knn_rule,
+            "knn_top1": {"value": self.knn_top1, "rule": self.knn_rule.get("name"),
+                         "split": self.query_split},
             "knn": {str(k): v for k, v in self.knn.items()},
             "probe": self.probe, "separation": self.separation, "graph": self.graph,
             "intervals": {k: iv.as_dict() for k, iv in self.intervals().items()},
@@ -221,7 +246,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
         graph_metrics,
         target_noise_separation,
     )
-    from components.evaluation.knn import knn_accuracy, knn_hits, weighted_knn_predict
+    from components.evaluation.knn import KnnRule, knn_accuracy, knn_hits
     from components.evaluation.labels import LabelMapError, load_label_map
     from components.evaluation.probe import linear_probe
     from components.evaluation.visuals import (
@@ -251,19 +276,22 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
     model.load_state_dict(state.model)
     encoder = model.encoder.to(dev)
     query_split = "test" if info.splits.get("test", 0) else "val"
+    rule = KnnRule.of(cfg.knn)  # the one kNN rule: the online monitor's and confirmation's
+    bank_split = rule.bank_split
     # One loader per split for everything below (trained and random-init features, the
     # neighbour grid's images): FFCV compiles each new loader (15-45 s with data.jit).
-    loaders = {s: eval_loader(cfg, info, s, dev) for s in ("train", query_split)}
+    loaders = {s: eval_loader(cfg, info, s, dev) for s in (bank_split, query_split)}
 
     def features(enc: Any, split: str, desc: str) -> tuple[torch.Tensor, torch.Tensor]:
         f, y = split_features(cfg, info, enc, split, dev, projector, desc, loader=loaders[split])
         return f, index.to(y.device)[y]  # the class, or its group under --labels
 
-    bank_f, bank_y = features(encoder, "train", name)
+    bank_f, bank_y = features(encoder, bank_split, name)
     query_f, query_y = features(encoder, query_split, name)
     c = len(classes)
-    ks = [k for k in KS if k <= len(bank_f)]
-    scores = weighted_knn_predict(bank_f, bank_y, query_f, ks, c, temperature=0.07)
+    rule_k = rule.k_for(len(bank_f))
+    scores = rule.scores(bank_f, bank_y, query_f, c, [k for k in KS if k <= len(bank_f)])
+    ks = sorted(scores)
     knn, hits = {}, {}
     for k in ks:
         acc = knn_accuracy(scores[k], query_y.to(scores[k].device), topk=(1, 5))
@@ -278,15 +306,17 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
     k_head = _headline(ks)
     grid = nearest_neighbours(bank_f, bank_y, query_f, query_y, pick_queries(query_labels))
     a = cfg.data.augment
-    grid = with_images(grid, loaders[query_split], loaders["train"], a.mean, a.std)
+    grid = with_images(grid, loaders[query_split], loaders[bank_split], a.mean, a.std)
     base = None
-    if baseline and k_head is not None:  # the same loaders, labels, k and probe
+    if baseline and k_head is not None:  # the same loaders, labels, rule, k and probe
         rand = random_init_model(cfg, len(info.classes), sim_t, info.caption_dim).encoder.to(dev)
-        rand_bank_f, _ = features(rand, "train", f"{name} ({BASELINE})")
+        rand_bank_f, _ = features(rand, bank_split, f"{name} ({BASELINE})")
         rand_query_f, _ = features(rand, query_split, f"{name} ({BASELINE})")
         base = score_baseline(rand_bank_f, bank_y, rand_query_f, query_y, c, k=k_head,
-                              seed=cfg.train.seed, key=_baseline_key(cfg, info, projector, labels),
-                              probe_epochs=probe_epochs, device=dev)
+                              seed=cfg.train.seed,
+                              key=_baseline_key(cfg, info, projector, labels),
+                              probe_epochs=probe_epochs, device=dev,
+                              temperature=rule.temperature)
     return RunEval(
         name=name, run_dir=str(run_dir), loss=cfg.loss.name, params=params,
         epoch=state.epoch, knn=knn,
@@ -303,6 +333,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
         per_class=[] if k_head is None else per_class_recall(hits[k_head], query_labels,
                                                              classes),
         embedding_map=embedding_map(query_f, query_y), neighbours=grid, baseline=base,
+        knn_rule=rule.as_dict(rule_k), knn_top1=float(hits[rule_k].mean()),
     )
 
 
@@ -314,6 +345,7 @@ def _baseline_key(cfg: PretrainConfig, info: Any, projector: bool,
 
     return json.dumps({"model": to_dict(cfg.model), "seed": cfg.train.seed,
                        "projector": projector, "data": info.manifest.get("params_digest"),
+                       "knn": [cfg.knn.temperature, cfg.knn.bank_split],
                        "labels": None if labels is None else str(labels)}, sort_keys=True,
                       default=str)
 
@@ -345,8 +377,8 @@ def split_features(cfg: PretrainConfig, info: Any, encoder: Any, split: str, dev
 def split_knn_hits(run_dir: str, split: str, *, device: str | None = None,
                    jit: bool | None = None) -> np.ndarray:
     """[N] bool per image of ``split``: whether the run's newest checkpoint classifies it right
-    by the online monitor's rule (the run's ``knn.k`` and ``knn.temperature``, its
-    ``knn.bank_split`` as the bank, backbone features) — what a sweep's confirmation stage
+    by the one kNN rule (:class:`~components.evaluation.knn.KnnRule` of the run's ``knn``
+    section: the online monitor's and ``evaluate``'s) — what a sweep's confirmation stage
     scores on a split no trial was chosen on. ``device``: ``None`` (what the sweep passes) is
     the device of the resources the calling Ray task was given — ``cuda:0`` when it holds a
     GPU, else the CPU, whatever GPUs the node has (:func:`~components.data.reader.resolve_device`).
@@ -358,7 +390,7 @@ def split_knn_hits(run_dir: str, split: str, *, device: str | None = None,
     import torch
 
     from components.data.reader import resolve_device, set_jit
-    from components.evaluation.knn import knn_hits, weighted_knn_predict
+    from components.evaluation.knn import KnnRule
     from components.training import build_model
 
     dev = resolve_device(device)
@@ -374,12 +406,10 @@ def split_knn_hits(run_dir: str, split: str, *, device: str | None = None,
                            info.caption_dim)
     model.load_state_dict(state.model)
     encoder = model.encoder.to(dev)
-    bank_f, bank_y = split_features(cfg, info, encoder, cfg.knn.bank_split, dev)
+    rule = KnnRule.of(cfg.knn)
+    bank_f, bank_y = split_features(cfg, info, encoder, rule.bank_split, dev)
     query_f, query_y = split_features(cfg, info, encoder, split, dev)
-    k = min(cfg.knn.k, len(bank_f))
-    scores = weighted_knn_predict(bank_f, bank_y, query_f, k, len(info.classes),
-                                  temperature=cfg.knn.temperature)
-    return knn_hits(scores[k], query_y, 1).cpu().numpy()
+    return rule.hits(bank_f, bank_y, query_f, query_y, len(info.classes)).cpu().numpy()
 
 
 def _progress(loader: Any, desc: str) -> Any:
@@ -591,6 +621,7 @@ def _visual_sections(e: RunEval, out: Path) -> str:
     from components.evaluation.visuals import plot_map, plot_neighbours, write_map_csv
 
     text = ""
+    bank = e.knn_rule.get("bank_split", "train")  # the kNN's bank: the neighbours' split
     labels = "group" if e.label_set else "class"
     labels_plural = "groups" if e.label_set else "classes"
     if e.embedding_map is not None:
@@ -614,14 +645,14 @@ distances between clusters. Coordinates: `{MAP_CSV}`.
     g = e.neighbours
     if g is not None and len(g.queries) and g.query_images is not None:
         plot_neighbours(g, e.classes, out / "neighbours.png",
-                        f"{e.name}: nearest train images ({e.feature} features, cosine)")
+                        f"{e.name}: nearest {bank} images ({e.feature} features, cosine)")
         text += f"""
 ## Nearest neighbours
 
 ![nearest neighbours](neighbours.png)
 
 Each row: a {e.query_split} image (spread over the {labels_plural}, seed 0), then its
-{g.neighbours.shape[1]} nearest train images by the cosine of the features the kNN uses
+{g.neighbours.shape[1]} nearest {bank} images by the cosine of the features the kNN uses
 (similarity under each {labels} name); a red frame marks a neighbour of another {labels}
 ({int(g.wrong.sum())} of {g.wrong.size} here).
 """
@@ -649,17 +680,24 @@ k = {e.baseline.k}, probe); the gain is this run minus it, paired over the same 
                          for k, v in sorted(e.knn.items()))
     labels = (f"the groups of `{e.label_set}` ({', '.join(e.classes)})" if e.label_set
               else "the dataset's classes")
+    headline = e.knn_headline()
+    headline = f"\n**{headline}** (95 % CI; the rule of the online monitor and of a sweep's " \
+               "confirmation: the run's `knn` section)\n" if headline else ""
+    tau = e.knn_rule.get("temperature", 0.07)
+    bank = e.knn_rule.get("bank_split", "train")
     text = f"""# Evaluation of `{e.name}`
 
 Loss **{e.loss}** ({", ".join(f"{k}={v}" for k, v in e.params.items())}), checkpoint after
 epoch {e.epoch}; {e.feature} features of one centre view per image; labels:
 {labels}.
-
+{headline}
 {comparison_table([e])}
 
 {interval_table([e])}
 {baseline}{per_class}{visuals}
-## Weighted kNN (Wu et al. 2018; votes exp(cos / 0.07))
+## Weighted kNN (Wu et al. 2018; votes exp(cos / {tau:g}), the {bank} bank)
+
+τ = {tau:g} and the bank are the run's `knn.temperature` and `knn.bank_split`, as online.
 
 | k | top-1 % | top-5 % |
 |---:|---:|---:|
@@ -706,7 +744,12 @@ def write_comparison(evals: Sequence[RunEval], dest: str) -> str:
 def _write_comparison(evals: Sequence[RunEval], out: Path) -> None:
     plot_knn(evals, out / "knn_vs_k.png")
     plot_separation(evals, out / "separation.png")
-    text = (f"# Comparison of {len(evals)} runs\n\n{comparison_table(evals)}\n\n"
+    rules = sorted({e.knn_rule["name"] for e in evals if e.knn_rule.get("name")})
+    named = ("" if not rules else "kNN rule (each run's `knn` section; kNN@k: the same votes at "
+             "that k): " + "; ".join(f"{e.name}: {e.knn_rule['name']}" for e in evals
+                                     if e.knn_rule.get("name"))
+             + (" — the runs' rules differ" if len(rules) > 1 else "") + ".\n\n")
+    text = (f"# Comparison of {len(evals)} runs\n\n{comparison_table(evals)}\n\n{named}"
             "kNN@k and probe: top-1 %; margin: SINCERE median target − noise similarity; "
             "overlap: % of test images at least as close to another class; label error %: "
             "share of 10-NN edges across classes.\n\n"

@@ -15,7 +15,10 @@ Top to bottom:
    the run trained on, else from the checkpoint's record of it), ``<run>/eval/metrics.json``
    when the run was evaluated (with its intervals), simgraph's version and git commit.
 
-Everything goes to ``--out`` (default ``<run>/export/``; a path or URI).
+Everything goes to ``--out`` (default ``<run>/export/``; a path or URI): a new or empty folder,
+or one an earlier export wrote; a folder holding other files is refused naming them, and of
+an earlier export only the files its ``config.json`` records (unchanged since) are replaced or
+removed (:func:`components.export.claim_export_dir`).
 """
 
 from __future__ import annotations
@@ -205,7 +208,7 @@ def export_run(run_dir: str, checkpoint: str | None = None, fmt: str = "safetens
         ExportError: not a run dir, no complete checkpoint, a checkpoint of another config.
     """
     from components import storage
-    from components.export import encoder_from_state, export_encoder
+    from components.export import claim_export_dir, encoder_from_state, export_encoder
 
     check_format(fmt)
     cfg, state, ckpt = load_run(run_dir, checkpoint)
@@ -225,10 +228,14 @@ def export_run(run_dir: str, checkpoint: str | None = None, fmt: str = "safetens
     if metrics is not None:
         describe["metrics"] = metrics
     dest = out or storage.join(run_dir, "export")
+    # Before anything is written: a folder of someone else's files is refused, and only the
+    # files an earlier export wrote there may be replaced or removed (components/export.py).
+    replaceable = claim_export_dir(dest)
     with storage.LocalMirror(dest) as mirror:
         export_encoder(encoder, cfg.model, cfg.data.augment, mirror.local, fmt=fmt,
                        with_projector=projector, run=name, describe=describe,
-                       card_extra=card_sections)
+                       card_extra=card_sections, replaceable=replaceable)
+    storage.release_dir(dest)  # its config.json says it is an export from now on
     return dest
 
 

@@ -287,7 +287,33 @@ def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
     """Run (or resume) a sweep, then its confirmation stage when ``confirm.top`` > 0; returns
     one row per trial (see :func:`trial_rows`). ``trust``: resume without checking who could
     have written Tune's state in the sweep dir (:func:`check_sweep_state`). ``confirm_only``:
-    only the confirmation stage, on a finished sweep (:func:`confirm_finished`)."""
+    only the confirmation stage, on a finished sweep (:func:`confirm_finished`).
+
+    One writer per sweep dir: all of it runs holding the sweep dir's lock
+    (``<storage>/.<name>.lock``, :func:`components.storage.writer_lock`), so a second sweep of
+    the same name — started together, or a ``--resume`` / ``--confirm`` beside a live one —
+    is refused in one line naming the first (host, pid, since); a killed sweep's lock is taken
+    over, saying so.
+
+    Raises:
+        SweepError: another process holds the sweep dir, or what the sweep raises.
+    """
+    from components import storage
+    from components.search_space import load_sweep
+
+    sweep = load_sweep(sweep_path, overrides)
+    if not confirm_only:
+        check_sweep_dataset(sweep)  # a read: a missing dataset leaves nothing, not even a lock
+    where = sweep_dir(sweep)
+    with storage.writer_lock(where, "the sweep dir", error=SweepError,
+                             refusal="another simgraph sweep is writing it; wait for it, stop "
+                                     "it, or choose another name="):
+        return _run(sweep_path, overrides, resume, echo, trust, confirm_only)
+
+
+def _run(sweep_path: str, overrides: Sequence[str], resume: bool, echo: bool, trust: bool,
+         confirm_only: bool) -> list[dict[str, Any]]:
+    """:func:`run` under the sweep dir's lock."""
     from components.search_space import load_sweep, sweep_identity
     from components.session import ray_session
     from components.storage import display, join
@@ -417,8 +443,11 @@ def confirm(sweep: Any, rows: Sequence[dict[str, Any]], sweep_path: str,
                 raise SweepError(
                     f"confirmation run {CONFIRM_DIR}/{run_name(chosen[rank - 1], j)} failed: "
                     f"{describe(e)}; re-run with --confirm to resume the confirmation") from None
+    from components.evaluation.knn import KnnRule
+
     conf = summarise(hits, chosen, sweep.confirm.split,
-                     curse_comparable=sweep.metric == "knn_top1")
+                     curse_comparable=sweep.metric == "knn_top1",
+                     rule=KnnRule.of(_base_config(sweep).knn).name())  # split_knn_hits' rule
     write_confirmation(sweep, rows, conf)
     record_sweep_state(sweep)
     if echo:

@@ -171,6 +171,12 @@ def _strict_worker(rank: int, world: int, port: int, cfg: dict[str, Any], out: s
                            for m in (self.model, self.ema) if m is not None
                            for p in m.parameters() if p.dim() == 4}
                 assert layouts == {True}  # model and EMA copy: channels_last
+                from components.distributed import GlobalBatchNorm
+
+                norms = [m for m in self.ddp.module.encoder.modules()
+                         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+                # model.sync_bn: BatchNorm over both ranks' batch, without host syncs
+                assert norms and all(isinstance(m, GlobalBatchNorm) for m in norms)
 
             def train_epoch(self, epoch: int) -> dict[str, Any]:
                 with strict_device() as mode:

@@ -259,6 +259,24 @@ def test_stopping_early_ends_the_thread(betons: _Betons) -> None:
 # Defect 1 (a): devices are always indexed and follow the stage's resources.
 
 
+def test_evaluation_loaders_drain_the_device_between_batches(
+        betons: _Betons, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 40 defect 5: an evaluation loop has no host read per batch, so on CUDA the
+    consumer's stream is drained before each next batch (FFCV would otherwise refill a pinned
+    or device slot that a pending copy or kernel still reads). Training loaders are not
+    (the step's one read per step keeps the GPU within a step). On CPU: the flag, and the
+    drain called after each batch's work, before the next batch is taken."""
+    calls: list[int] = []
+    monkeypatch.setattr(ViewLoader, "_drain", lambda self: calls.append(1))
+    ev = ViewLoader(betons(10), batch_size=3, train=False, augment=AUG, num_workers=1)
+    tr = ViewLoader(betons(10), batch_size=3, views=2, train=True, augment=AUG, num_workers=1)
+    assert not ev._drain_between_batches and not tr._drain_between_batches  # CPU: nothing
+    ev._drain_between_batches = True  # what a cuda:N evaluation loader sets
+    assert len(list(ev)) == 4 and len(calls) == 4  # after each batch, before the next pull
+    calls.clear()
+    assert len(list(tr)) == 3 and calls == []
+
+
 @pytest.mark.parametrize("device", ["cuda", torch.device("cuda")])
 def test_an_unindexed_cuda_device_is_refused_by_the_reader(betons: _Betons, device: Any) -> None:
     with pytest.raises(ReaderSettingError, match=r"'cuda'.*cuda:0"):

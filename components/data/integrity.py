@@ -225,3 +225,42 @@ def groups_from_roots(root: np.ndarray) -> list[list[int]]:
     for i, r in enumerate(root.tolist()):
         out.setdefault(r, []).append(i)
     return [g for _, g in sorted(out.items()) if len(g) > 1]
+
+
+def verify_identity(root: str, expected: dict[str, object] | None, run: str,
+                    use: str) -> None:
+    """Check, before the split files of the dataset dir ``root`` are opened for ``use``, that
+    it is still the dataset run ``run`` started on: its ``manifest.json`` gives the same
+    :func:`components.run_dir.dataset_identity` (build parameters, split sha256s, classes) as
+    ``expected``. A ``simgraph preprocess --overwrite`` that swapped a rebuild in since would
+    otherwise have the run read the new files (the kNN loaders open them only at the first
+    kNN epoch). Cheap: one small JSON read; ``expected`` ``None`` checks nothing.
+
+    Raises:
+        DatasetError: no manifest now (a rebuild being swapped in), or a different identity
+            (naming what changed and what to do).
+    """
+    import json
+    from pathlib import Path
+
+    from components.data.reader import DatasetError
+    from components.data.shards import MANIFEST
+    from components.run_dir import dataset_identity, identity_diff
+
+    if expected is None:
+        return
+    path = Path(root) / MANIFEST
+    fix = ("restore the dataset the run started on, or start a new run (a new name=) on the "
+           "new one; the run's checkpoints stay in its run dir")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise DatasetError(f"run {run!r}: {path} cannot be read before {use} ({e}); the dataset "
+                           f"is being rebuilt or was removed: {fix}") from None
+    now = dataset_identity(manifest) if isinstance(manifest, dict) else {}
+    diff = identity_diff(dict(expected), now)
+    if diff:
+        raise DatasetError(
+            f"run {run!r}: the dataset {root} changed since the run started "
+            f"({', '.join(diff)} differ: rebuilt or replaced, e.g. by `simgraph preprocess "
+            f"--overwrite`); {use} would read other data than the run trained on: {fix}")

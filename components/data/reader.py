@@ -390,6 +390,17 @@ class ViewLoader:
         std = torch.tensor(self.augment.std, device=self.device).view(1, 3, 1, 1) * 255
         self._mean, self._std = mean, std
         self._gpu_aug = self._gpu_augment() if (batched and train) else None
+        # FFCV reuses a few slots of pinned host buffers and device buffers. It makes the next
+        # copy into a slot wait (on the GPU) for an event recorded on the consumer's stream when
+        # a later batch is handed over, but (a) the host may record it before the consumer has
+        # enqueued its work on the earlier batch, and (b) its CPU pipeline writes the next
+        # batch into the pinned slot without waiting for the GPU copy out of it. With the GPU
+        # several batches behind, a batch can then be read after it was overwritten. Training
+        # is safe: each step reads its loss statistics back (a host sync), so the GPU is never
+        # a step behind. Evaluation loops (feature extraction, the online kNN) have no read per
+        # batch: there the consumer's stream is drained before the next batch is taken, which
+        # keeps FFCV's thread prefetching on the CPU while the GPU finishes the last batch.
+        self._drain_between_batches = on_gpu and not train
         self._cpu_blur = self._blur_only() if (train and not batched and self.augment.blur_p > 0) \
             else None
 
@@ -448,7 +459,13 @@ class ViewLoader:
                 sample_ids=got["sample_id"].long().clone(),
                 captions=self._captions(caps) if caps is not None else None,
             )
+            if self._drain_between_batches:  # the consumer's work on it is enqueued by now
+                self._drain()
 
+
+    def _drain(self) -> None:
+        """Wait until the device has finished what the consumer enqueued on its batches."""
+        torch.cuda.current_stream(self.device).synchronize()
 
     def _captions(self, caps: torch.Tensor) -> torch.Tensor:
         if self._f16_bits:  # [B, E] int16 bit patterns -> float16 -> float32 (a new tensor)

@@ -32,16 +32,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import logging
 import os
 import re
 import shutil
-import socket
 import stat
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -51,7 +48,7 @@ from typing import Any
 
 from components import storage
 from components.data.reader import FORMAT, MANIFEST, DatasetError
-from components.files import atomic_open, write_json
+from components.files import LockHeld, atomic_open, holding, write_json
 
 STAGE_ENV = "SIMGRAPH_STAGE_DIR"
 MARKER = ".staged"
@@ -201,48 +198,20 @@ def lock_timeout() -> float:
         raise DatasetError(f"{LOCK_TIMEOUT_ENV}={raw[:40]!r} is not a number of seconds") from None
 
 
-def _holder(lock_path: Path) -> str:
-    """Who holds ``lock_path``, as its holder wrote it."""
-    try:
-        h = json.loads(lock_path.read_text()[:1000])
-        return f"pid {h['pid']} on {h['host']} since {h['started']}"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "a process that did not say who it is"
-
-
 @contextlib.contextmanager
 def _locked(lock_path: Path) -> Iterator[None]:
-    """Exclusive ``flock`` for the duration (released if the process dies); a wait says who
-    holds it and gives up after :func:`lock_timeout` (module docstring)."""
+    """Exclusive lock for the duration (:func:`components.files.holding`: released if the
+    process dies, names its holder); a wait says who holds it and gives up after
+    :func:`lock_timeout` (module docstring)."""
     timeout = lock_timeout()
-    with open(lock_path, "a+") as f:
-        start = next_report = time.monotonic()
-        while True:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                now = time.monotonic()
-                if now - start >= timeout:
-                    raise DatasetError(
-                        f"gave up after {timeout:g} s waiting for the staging lock {lock_path}, "
-                        f"held by {_holder(lock_path)}: if that process is stuck, stop it; "
-                        f"else wait longer ({LOCK_TIMEOUT_ENV}=SECONDS)") from None
-                if now >= next_report:
-                    print(f"simgraph: waiting for the staging lock {lock_path}, held by "
-                          f"{_holder(lock_path)} ({now - start:.0f} s of {timeout:g} s)",
-                          file=sys.stderr, flush=True)
-                    next_report = now + LOCK_REPORT_S
-                time.sleep(min(0.2, max(0.0, timeout - (now - start))))
-        try:
-            f.seek(0)
-            f.truncate()
-            f.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                                "started": time.strftime("%Y-%m-%dT%H:%M:%S")}))
-            f.flush()
+    try:
+        with holding(lock_path, f"the staging lock {lock_path}", wait_s=timeout,
+                     report_s=LOCK_REPORT_S,
+                     waiting=f"if that process is stuck, stop it; else wait longer "
+                             f"({LOCK_TIMEOUT_ENV}=SECONDS)"):
             yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    except LockHeld as e:
+        raise DatasetError(str(e)) from None
 
 
 def _complete(dest: Path, raw: bytes, manifest_sha: str) -> bool:

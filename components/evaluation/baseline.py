@@ -94,16 +94,18 @@ def random_init_model(cfg: PretrainConfig, num_classes: int, class_similarity: T
 
 def score_baseline(bank_features: Tensor, bank_labels: Tensor, query_features: Tensor,
                    query_labels: Tensor, num_classes: int, *, k: int, seed: int, key: str,
-                   probe_epochs: int = 100, device: torch.device | None = None) -> Baseline:
-    """Weighted kNN top-1 at ``k`` (votes exp(cos / 0.07), as the run's) and the linear probe's
-    top-1 of the random-init encoder's features: bank ``[N, D]`` with labels ``[N]``, queries
-    ``[Q, D]`` with labels ``[Q]``."""
+                   probe_epochs: int = 100, device: torch.device | None = None,
+                   temperature: float = 0.07) -> Baseline:
+    """Weighted kNN top-1 at ``k`` (votes exp(cos / ``temperature``): the run's kNN rule,
+    :class:`~components.evaluation.knn.KnnRule`) and the linear probe's top-1 of the
+    random-init encoder's features: bank ``[N, D]`` with labels ``[N]``, queries ``[Q, D]``
+    with labels ``[Q]``."""
     from components.evaluation.knn import knn_hits, weighted_knn_predict
     from components.evaluation.probe import linear_probe
 
     k = min(k, len(bank_features))
     scores = weighted_knn_predict(bank_features, bank_labels, query_features, k, num_classes,
-                                  temperature=0.07)
+                                  temperature=temperature)
     hits = knn_hits(scores[k], query_labels.to(scores[k].device), 1).cpu().numpy()
     pr = linear_probe(bank_features, bank_labels, query_features, query_labels, num_classes,
                       epochs=probe_epochs, device=device)

@@ -36,8 +36,10 @@ of ``chunk_size`` rows, so the similarity buffer is [chunk_size, N] float32 plus
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -45,11 +47,87 @@ from torch import Tensor
 
 from components.evaluation import checks
 
-__all__ = ["knn_accuracy", "knn_correct", "knn_hits", "knn_top1", "nearest", "sharded_knn_correct",
-           "sharded_knn_top1",
-           "weighted_knn_predict"]
+__all__ = ["KnnRule", "knn_accuracy", "knn_correct", "knn_hits", "knn_top1", "nearest",
+           "sharded_knn_correct", "sharded_knn_top1", "weighted_knn_predict"]
 
 _LOG_F32_MAX = math.log(torch.finfo(torch.float32).max)  # ≈ 88.7228
+
+
+@dataclasses.dataclass(frozen=True)
+class KnnRule:
+    """What "kNN top-1" means in simgraph: one definition, from a run's ``knn`` section
+    (:meth:`of`), used by the online monitor (:func:`sharded_knn_correct`), ``simgraph
+    evaluate`` and a sweep's confirmation (:meth:`scores` / :meth:`hits`) alike, and named in
+    every report (:meth:`name`: ``kNN top-1 (k=200, τ=0.07, weighted)``).
+
+    The ``k`` nearest ``bank_split`` images by cosine of the backbone features (the
+    unaugmented evaluation view) vote for each query with weight ``exp(cos / temperature)``
+    (Wu et al. 2018); the prediction is the class with the largest vote. ``k`` is capped at
+    the bank's size. What the queries are (the online monitor's ``knn.query_split``, the
+    evaluation's test split, a confirmation's ``confirm.split``) is said beside the number
+    (:meth:`describe`).
+
+    Raises:
+        ValueError: ``k`` < 1 or ``temperature`` not a finite number > 0.
+    """
+
+    k: int = 200
+    temperature: float = 0.07
+    bank_split: str = "train"
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.k, int) and not isinstance(self.k, bool) and self.k >= 1):
+            raise ValueError(f"k={self.k!r} is not allowed: the kNN rule needs k >= 1")
+        t = self.temperature
+        if not (isinstance(t, int | float) and math.isfinite(t) and t > 0):
+            raise ValueError(f"temperature={t!r} is not allowed: it must be a finite number > 0")
+
+    @classmethod
+    def of(cls, knn: Any) -> KnnRule:
+        """The rule of a run's ``knn`` section (:class:`~components.config.KNNConfig`)."""
+        return cls(k=int(knn.k), temperature=float(knn.temperature),
+                   bank_split=str(knn.bank_split))
+
+    def name(self, k: int | None = None) -> str:
+        """``kNN top-1 (k=200, τ=0.07, weighted)`` (``k``: the k actually used, when the bank
+        is smaller than the rule's)."""
+        return f"kNN top-1 (k={self.k if k is None else k}, τ={self.temperature:g}, weighted)"
+
+    def describe(self, query_split: str, k: int | None = None) -> str:
+        """:meth:`name` with what it is measured on."""
+        return f"{self.name(k)} of the {query_split} images against the {self.bank_split} bank"
+
+    def as_dict(self, k: int | None = None) -> dict[str, Any]:
+        """The rule as reports record it (``metrics.json``)."""
+        return {"k": self.k if k is None else k, "temperature": self.temperature,
+                "votes": "weighted", "bank_split": self.bank_split, "name": self.name(k)}
+
+    def k_for(self, bank_size: int) -> int:
+        """The k used against a bank of ``bank_size`` rows: ``min(k, bank_size)``."""
+        return min(self.k, bank_size)
+
+    def scores(self, bank_features: Tensor, bank_labels: Tensor, query_features: Tensor,
+               num_classes: int, ks: Sequence[int] = ()) -> dict[int, Tensor]:
+        """:func:`weighted_knn_predict` at this rule's temperature, for the rule's k (capped
+        at the bank) and any further ``ks`` (a curve of k scored the same way)."""
+        k = self.k_for(bank_features.shape[0])
+        return weighted_knn_predict(bank_features, bank_labels, query_features,
+                                    sorted({k, *ks}), num_classes,
+                                    temperature=self.temperature)
+
+    def hits(self, bank_features: Tensor, bank_labels: Tensor, query_features: Tensor,
+             query_labels: Tensor, num_classes: int) -> Tensor:
+        """[Q] bool: whether the rule classifies each query right (its mean is the rule's kNN
+        top-1)."""
+        k = self.k_for(bank_features.shape[0])
+        scores = self.scores(bank_features, bank_labels, query_features, num_classes)[k]
+        return knn_hits(scores, query_labels.to(scores.device), 1)
+
+    def sharded_correct(self, bank: tuple[Tensor, Tensor], queries: tuple[Tensor, Tensor],
+                        num_classes: int) -> tuple[int, int]:
+        """:func:`sharded_knn_correct` under this rule (the online monitor, every rank)."""
+        return sharded_knn_correct(bank, queries, k=self.k, num_classes=num_classes,
+                                   temperature=self.temperature)
 
 
 def _ks(k: int | Sequence[int]) -> list[int]:

@@ -48,7 +48,11 @@ Output directory::
     captions.npz   (the embedded caption table; a re-run reuses it)
     captions.json  caption_index.npy   (caption texts and token counts; sample id -> caption id)
     content.npz    (every item's content hashes; a resumed run reuses them)
-    .lock          (held by the one preprocess writing here; everything below happens under it)
+    .lock          (held by the one preprocess writing here, naming it: host, pid, since;
+                    everything below happens under it)
+    .simgraph-owner.json  (only until the first manifest: the folder was new or empty, so a
+                    killed first build is resumed; a non-empty folder without a manifest or
+                    this mark is refused, nothing in it touched)
     .next/         (an --overwrite build: the same layout, plus .staging.json naming its
                     params digest; gone once swapped in)
     .swap.json  .previous/   (only while a swap runs: the journal, the replaced entries; a run

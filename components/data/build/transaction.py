@@ -1,5 +1,8 @@
 """Where a build runs and what a failure leaves behind. :func:`run` is the entry point: the
-output's lock (one preprocess per dir, :func:`_exclusive`), the refusal of an output holding a
+refusal of a non-empty output folder that is not simgraph's (no manifest of its format, no swap
+journal, no ``.simgraph-owner.json`` of a build killed before its manifest:
+:func:`components.storage.claim_dir`, before anything is written), the output's lock (one
+preprocess per dir, naming its holder, :func:`_exclusive`), the refusal of an output holding a
 dataset built with other parameters, the in-place (resumable) build, the ``--overwrite`` build
 staged in ``.next/`` (:func:`_open_stage`) and swapped in with a journal (``.swap.json``) once
 it verifies (:func:`_swap`), the recovery of a swap a killed run left half done
@@ -56,6 +59,44 @@ def run(cfg: PreprocessConfig, overwrite: bool = False, echo: bool = True) -> di
     if storage.is_uri(cfg.output):
         return _run_uri(cfg, overwrite, echo)
     out = Path(resolve_path(cfg.output))
+    # A folder of someone else's files is refused before anything is written to it: the build
+    # would replace files with its names (classes.json, ...), and --overwrite delete them.
+    storage.claim_dir(out, "dataset", _is_dataset_dir, error=PreprocessError,
+                      command="preprocess", fix=_CLAIM_FIX)
+    manifest = _run_local(cfg, out, overwrite, echo)
+    storage.release_dir(out)  # its manifest says it is a dataset dir from now on
+    return manifest
+
+
+_CLAIM_FIX = "give output= a new or empty folder"
+
+
+def _is_dataset_dir(path: str, names: Sequence[str]) -> bool:
+    """Whether the dir ``path`` (whose entries are ``names``) holds simgraph's dataset: a
+    manifest of its format, or a swap journal (a killed ``--overwrite`` swap, whose manifest
+    may be aside for the moment)."""
+    from components import storage
+    from components.data.shards import FORMAT
+
+    for name, key, want in ((MANIFEST, "format", FORMAT), (SWAP_JOURNAL, "new", None)):
+        if name not in names:
+            continue
+        if not storage.is_uri(path):
+            data = _read_json(Path(path) / name)  # a JSON list there: one line naming it
+        else:
+            try:
+                data = json.loads(storage.read_text(storage.join(path, name)))
+            except (storage.StorageError, ValueError, UnicodeDecodeError):
+                continue
+        if isinstance(data, dict) and key in data and (want is None or data[key] == want):
+            return True
+    return False
+
+
+def _run_local(cfg: PreprocessConfig, out: Path, overwrite: bool,
+               echo: bool) -> dict[str, Any]:
+    """:func:`run` into the local dir ``out`` (the user's output, or a URI output's build
+    cache), under its lock."""
     params = _params(cfg)
     params_digest = _digest(params)
     out.mkdir(parents=True, exist_ok=True)  # for the lock file; nothing else before the lock
@@ -90,6 +131,10 @@ def _run_uri(cfg: PreprocessConfig, overwrite: bool, echo: bool) -> dict[str, An
     uri = cfg.output
     params_digest = _digest(_params(cfg))
     remote = _remote_manifest(uri)
+    # No lock on an object store (docs/reliability.md): the remote dir is only refused when it
+    # holds files that are not simgraph's; two builds uploading at once are not detected.
+    storage.claim_dir(uri, "dataset", _is_dataset_dir, error=PreprocessError,
+                      command="preprocess", fix=_CLAIM_FIX)
     if remote is not None and remote.get("params_digest") != params_digest and not overwrite:
         raise PreprocessError(
             f"{storage.display(uri)} holds a dataset built with other parameters; choose "
@@ -100,7 +145,8 @@ def _run_uri(cfg: PreprocessConfig, overwrite: bool, echo: bool) -> dict[str, An
     # The cache holding other parameters than asked for is not the user's dataset (the remote
     # one, checked above, is): rebuild it (beside it, swapped in when complete).
     stale = isinstance(cached, dict) and cached.get("params_digest") != params_digest
-    manifest = run(dataclasses.replace(cfg, output=str(local)), overwrite or stale, echo)
+    manifest = _run_local(dataclasses.replace(cfg, output=str(local)), local,
+                          overwrite or stale, echo)
     try:
         names = [n for n in sorted(os.listdir(local))
                  if n not in (MANIFEST, "shards") and not n.startswith(".")
@@ -112,6 +158,7 @@ def _run_uri(cfg: PreprocessConfig, overwrite: bool, echo: bool) -> dict[str, An
         if cfg.keep_shards:
             storage.upload_dir(local / "shards", storage.join(uri, "shards"))
         storage.upload_file(local / MANIFEST, storage.join(uri, MANIFEST))
+        storage.release_dir(uri)
         # Files of a dataset this one replaced (or of an upload that stopped half-way) that
         # the new manifest does not name: a split file it lacks, shards it did not keep.
         sent = {*names, MANIFEST, *(("shards",) if cfg.keep_shards else ())}
@@ -171,17 +218,18 @@ def _delete_remote(path: str) -> None:
 
 @contextlib.contextmanager
 def _exclusive(out: Path) -> Iterator[None]:
-    """One preprocess per output dir at a time (two would overwrite each other's shards)."""
-    import fcntl
+    """One preprocess per output dir at a time (two would overwrite each other's shards):
+    ``out/.lock`` names its holder (:func:`components.files.holding`); a second one is refused
+    naming it, a dead holder's lock taken over."""
+    from components.files import LockHeld, holding
 
-    with open(out / ".lock", "w") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise PreprocessError(
-                f"another simgraph preprocess is writing {out}; wait for it or stop it"
-            ) from None
-        yield
+    try:
+        with holding(out / ".lock", f"the dataset dir {out}",
+                     refusal="another simgraph preprocess is writing it; wait for it or "
+                             "stop it"):
+            yield
+    except LockHeld as e:
+        raise PreprocessError(str(e)) from None
 
 
 def _run_locked(
