@@ -100,6 +100,14 @@ def write_json(target: str | os.PathLike[str], data: Any, indent: int | None = 1
     write_text(target, json.dumps(data, indent=indent) + "\n")
 
 
+def stat_key(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What a cache keyed on a file's metadata compares: size, mtime_ns, inode and ctime_ns.
+    ``rsync -t`` / ``tar`` / ``cp -p`` restore size and mtime over new content; the inode (a
+    replaced file) and the ctime (set by the kernel on every write or rename, never restorable
+    by a user) change with it."""
+    return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+
+
 def sha256_file(path: str | os.PathLike[str], block: int = _BLOCK) -> str:
     """The sha256 (hex) of a local file's bytes, read in ``block``-byte pieces."""
     h = hashlib.sha256()

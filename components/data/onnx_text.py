@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from components.errors import SimgraphError
-from components.files import replacing, write_json
+from components.files import replacing, stat_key, write_json
 
 VARIANTS = ("onnx", "onnx-int8", "openvino", "openvino-bf16")
 MODEL_FILE, TOKENIZER_FILE, ENCODER_FILE = "model.onnx", "tokenizer.json", "encoder.json"
@@ -70,8 +70,10 @@ def _model_digest(path: Path, variant: str) -> str:
 
     h = hashlib.sha256(f"{variant}|{md.version('torch')}|{md.version('onnxruntime')}".encode())
     for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        st = f.stat()
-        h.update(f"{f.relative_to(path)}|{st.st_size}|{int(st.st_mtime)}".encode())
+        # size, mtime_ns, inode, ctime_ns: a model replaced in place with its mtime kept
+        # (rsync -t, tar) is another model
+        key = "|".join(map(str, stat_key(f.stat())))
+        h.update(f"{f.relative_to(path)}|{key}".encode())
     return h.hexdigest()[:16]
 
 

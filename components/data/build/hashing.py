@@ -21,7 +21,7 @@ from components.data.build.common import _digest
 from components.data.build.tasks import _task_count, map_tasks
 from components.data.images import ImageError, decode_image
 from components.data.sources import FASHION_SCHEME, Item, read_item
-from components.files import replacing
+from components.files import replacing, stat_key
 
 
 def dedupe_enabled(cfg: PreprocessConfig) -> bool:
@@ -92,14 +92,15 @@ def _content_key(cfg: PreprocessConfig, items: Sequence[Item]) -> str:
             st = os.stat(local) if "://" not in local else None
         except OSError:
             st = None
-        stats.append((it.path, st.st_size if st else None, st.st_mtime_ns if st else None))
+        stats.append((it.path, *(stat_key(st) if st else (None,) * 4)))
     return _digest({"items": stats, "image": [cfg.image.max_side, cfg.image.min_side],
                     "hash": "sha256+phash64+thumb16/1"})
 
 
 def hash_with_ray(cfg: PreprocessConfig, items: Sequence[Item], out: Path) -> Content:
     """The content pass as Ray tasks of about ``ITEMS_PER_TASK`` items (:func:`map_tasks`);
-    cached in ``content.npz`` (keyed by the items' paths, sizes and mtimes), so a resumed run
+    cached in ``content.npz`` (keyed by the items' paths and :func:`~components.files.stat_key`:
+    size, mtime_ns, inode, ctime_ns), so a resumed run
     does not hash again."""
     cache = out / "content.npz"
     key = _content_key(cfg, items)
