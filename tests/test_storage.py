@@ -314,6 +314,28 @@ def test_stage_redoes_incomplete_copy(dataset: Path, tmp_path: Path) -> None:
     _check_staged(path, dataset)
 
 
+def test_stage_recopies_a_staged_file_rewritten_with_its_size_and_mtime(
+        dataset: Path, tmp_path: Path) -> None:
+    """Issue 39 item 4: a staged train.beton changed in place with the same size (and its mtime
+    put back, as rsync -t / tar do) is not trained on: the copy is redone and verified."""
+    import os
+    import time
+
+    cache = tmp_path / "cache"
+    path = staging.stage_dataset(dataset, cache)
+    f = path / "train.beton"
+    st, data = f.stat(), bytearray(f.read_bytes())
+    data[-1] ^= 0xFF
+    time.sleep(0.01)
+    f.write_bytes(bytes(data))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (f.stat().st_size, f.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    r = staging.stage_dataset_report(dataset, cache)
+    assert r.copied and r.path == path
+    _check_staged(path, dataset)  # the source's bytes again
+    assert not staging.stage_dataset_report(dataset, cache).copied  # and reused from then on
+
+
 def test_stage_recopies_when_source_manifest_changes(src_copy: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     first = staging.stage_dataset(src_copy, cache)

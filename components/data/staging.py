@@ -22,10 +22,12 @@ the manifest itself.)
 * **Verified.** Each split file's sha256 is computed while it streams and compared with the
   manifest's; a mismatch removes the partial copy and raises :class:`DatasetError` naming the
   file and both digests.
-* **Complete or redone.** ``.staged`` (JSON: the manifest's sha256 and every file's size) is
-  written last. A destination is reused only when the marker matches the source manifest
-  byte-for-byte and every file still has its size; otherwise (a killed copy, a truncated file,
-  a re-preprocessed source) it is deleted and copied again.
+* **Complete or redone.** ``.staged`` (JSON: the manifest's sha256, every file's size and its
+  size / mtime_ns / inode / ctime_ns right after its verified copy) is written last. A
+  destination is reused only when the marker matches the source manifest byte-for-byte and
+  every file is still the one verified (a stat per file: any write since changes the ctime,
+  even one that keeps the size and mtime); otherwise (a killed copy, a truncated or rewritten
+  file, a re-preprocessed source) it is deleted and copied again.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from typing import Any
 
 from components import storage
 from components.data.reader import FORMAT, MANIFEST, DatasetError
-from components.files import LockHeld, atomic_open, holding, write_json
+from components.files import LockHeld, atomic_open, holding, stat_key, write_json
 
 STAGE_ENV = "SIMGRAPH_STAGE_DIR"
 MARKER = ".staged"
@@ -136,7 +138,7 @@ def stage_dataset_report(src: str | Path, cache_dir: str | Path | None = None) -
             (dest / MANIFEST).write_bytes(raw)
             sizes[MANIFEST] = len(raw)
             _write_marker(dest, {"manifest_sha256": manifest_sha, "source": storage.display(src),
-                                 "files": sizes})
+                                 "files": sizes, "stat": _stats(dest, sizes)})
         except BaseException:
             shutil.rmtree(dest, ignore_errors=True)
             raise
@@ -214,13 +216,24 @@ def _locked(lock_path: Path) -> Iterator[None]:
         raise DatasetError(str(e)) from None
 
 
+def _stats(dest: Path, files: dict[str, int]) -> dict[str, list[int]]:
+    """Each staged file's :func:`~components.files.stat_key` right after its verified copy."""
+    return {n: list(stat_key((dest / n).stat())) for n in files}
+
+
 def _complete(dest: Path, raw: bytes, manifest_sha: str) -> bool:
-    """A finished copy of exactly this manifest whose files all still have their sizes."""
+    """A finished copy of exactly this manifest whose files are still the ones copied and
+    verified: each file's size, mtime_ns, inode and ctime_ns as recorded right after its
+    sha256 was checked (a file written since, even with its size and mtime kept, has another
+    ctime; checking this costs a stat per file, not a hash). A marker without them (an older
+    simgraph's) is not trusted: the copy is redone once."""
     try:
         marker = json.loads((dest / MARKER).read_text())
         if marker.get("manifest_sha256") != manifest_sha or (dest / MANIFEST).read_bytes() != raw:
             return False
-        return all((dest / n).stat().st_size == size for n, size in marker["files"].items())
+        stats = marker["stat"]
+        return set(stats) == set(marker["files"]) and all(
+            list(stat_key((dest / n).stat())) == key for n, key in stats.items())
     except (OSError, ValueError, KeyError, AttributeError, TypeError):
         return False
 
