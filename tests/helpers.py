@@ -1,4 +1,5 @@
-"""Small builders shared by the objective tests; a TensorBoard events reader."""
+"""Small builders shared by the objective tests; a TensorBoard events reader; the
+folder digests and one-line-error check of the ownership / one-writer tests."""
 
 from __future__ import annotations
 
@@ -70,3 +71,18 @@ def tensorboard_events(folder: Path) -> list[tuple[str, int, Any]]:
                          else round(v.simple_value, 6))
                 out.append((v.tag, event.step, value))
     return out
+
+
+def tree_digests(root: Path) -> dict[str, str]:
+    """Relative path → sha256 of every file under ``root`` (what "nothing was lost" compares)."""
+    from components.files import sha256_file
+
+    return {str(p.relative_to(root)): sha256_file(p) for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def one_line_error(capsys: Any) -> str:
+    """What the command printed on stderr, asserted to be one line."""
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return str(err)

@@ -29,9 +29,11 @@ from typing import Any
 import pytest
 import yaml
 
-from components.files import LockHeld, holding, process_start, read_lock, sha256_file
+from components.files import LockHeld, holding, process_start, read_lock
 from pipelines.cli import main
 from tests.datasets import run_with_checkpoint, synthetic_dataset, tiny_run_config
+from tests.helpers import one_line_error as _one_line
+from tests.helpers import tree_digests as _tree
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = socket.gethostname()
@@ -84,15 +86,6 @@ def _free(lock: Path) -> bool:
         return True
 
 
-def _tree(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): sha256_file(p) for p in sorted(root.rglob("*"))
-            if p.is_file()}
-
-
-def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    return err
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,20 +21,10 @@ import pytest
 import yaml
 
 from components import storage
-from components.files import sha256_file
 from pipelines.cli import main
 from tests.datasets import run_with_checkpoint, synthetic_dataset, tiny_run_config
-
-
-def _tree(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): sha256_file(p) for p in sorted(root.rglob("*"))
-            if p.is_file()}
-
-
-def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    return err
+from tests.helpers import one_line_error as _one_line
+from tests.helpers import tree_digests as _tree
 
 
 @pytest.fixture(scope="module")
