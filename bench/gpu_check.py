@@ -144,18 +144,20 @@ class Check:
         st.status = "PASS" if rc == 0 else "FAIL"
         st.detail = "timed out" if rc is None else _tail(out, 2)
 
+    def cone(self, epochs: int) -> list[str]:
+        """``simgraph pretrain`` of the CoNe run (memory bank, EMA, online kNN every epoch);
+        the resume stage is the same run with more epochs."""
+        return ["pretrain", R18, *self.common("cone", epochs, 30), "loss.name=cone",
+                "loss.bank_size=4096", "loss.top_n=32", "loss.lambda_sup=0.7",
+                "loss.lambda_dc=0.4", "loss.tau_sup=0.1", "loss.tau_dc=0.07",
+                "loss.ema_momentum=0.996", "knn.every_epochs=1", "knn.k=20"]
+
     def s_pretrain(self, st: Stage) -> None:
-        self.cli(st, ["pretrain", R18, *self.common("cone", 2, 30), "loss.name=cone",
-                      "loss.bank_size=4096", "loss.top_n=32", "loss.lambda_sup=0.7",
-                      "loss.lambda_dc=0.4", "loss.tau_sup=0.1", "loss.tau_dc=0.07",
-                      "loss.ema_momentum=0.996", "knn.every_epochs=1", "knn.k=20"],
+        self.cli(st, self.cone(2),
                  lambda out: None if (self.runs / "cone").is_dir() else "no run dir")
 
     def s_resume(self, st: Stage) -> None:
-        self.cli(st, ["pretrain", R18, *self.common("cone", 3, 30), "loss.name=cone",
-                      "loss.bank_size=4096", "loss.top_n=32", "loss.lambda_sup=0.7",
-                      "loss.lambda_dc=0.4", "loss.tau_sup=0.1", "loss.tau_dc=0.07",
-                      "loss.ema_momentum=0.996", "knn.every_epochs=1", "knn.k=20"],
+        self.cli(st, self.cone(3),
                  lambda out: None if "resum" in out.lower() else "no resume was reported")
 
     def s_evaluate(self, st: Stage) -> None:

@@ -358,14 +358,7 @@ def is_finite_at(path: str | Path) -> bool:
     """Whether the checkpoint at ``path`` (a dir or URI) is not marked non-finite in its
     ``meta.json`` (one written before the mark counts as finite; an unreadable one is left to
     :func:`is_complete_at`)."""
-    from components import storage
-
-    try:
-        text = (storage.read_text(storage.join(str(path), META)) if storage.is_uri(str(path))
-                else (Path(path) / META).read_text())
-        return json.loads(text).get("finite", True) is not False
-    except (OSError, ValueError, AttributeError, storage.StorageError):
-        return True
+    return meta_at(path).get("finite", True) is not False
 
 
 def is_complete_at(path: str | Path) -> bool:

@@ -118,9 +118,12 @@ class RunEval:
         71.3 % [69.0, 73.5]``."""
         if self.knn_top1 is None or self.knn_k is None:
             return ""
+        from components.evaluation.knn import KnnRule
+
         iv = mean_interval(self.knn_hits[self.knn_k])
-        return (f"{self.knn_rule['name']} of the {self.query_split} images against the "
-                f"{self.knn_rule['bank_split']} bank: {100 * self.knn_top1:.1f} % "
+        rule = KnnRule(k=self.knn_k, temperature=float(self.knn_rule["temperature"]),
+                       bank_split=str(self.knn_rule["bank_split"]))  # as recorded (k as used)
+        return (f"{rule.describe(self.query_split)}: {100 * self.knn_top1:.1f} % "
                 f"[{100 * iv.low:.1f}, {100 * iv.high:.1f}]")
 
     def intervals(self) -> dict[str, Interval]:

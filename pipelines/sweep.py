@@ -308,19 +308,19 @@ def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
     with storage.writer_lock(where, "the sweep dir", error=SweepError,
                              refusal="another simgraph sweep is writing it; wait for it, stop "
                                      "it, or choose another name="):
-        return _run(sweep_path, overrides, resume, echo, trust, confirm_only)
+        return _run(sweep, sweep_path, overrides, resume, echo, trust, confirm_only)
 
 
-def _run(sweep_path: str, overrides: Sequence[str], resume: bool, echo: bool, trust: bool,
-         confirm_only: bool) -> list[dict[str, Any]]:
-    """:func:`run` under the sweep dir's lock."""
-    from components.search_space import load_sweep, sweep_identity
+def _run(sweep: Any, sweep_path: str, overrides: Sequence[str], resume: bool, echo: bool,
+         trust: bool, confirm_only: bool) -> list[dict[str, Any]]:
+    """:func:`run` under the sweep dir's lock, on the ``sweep`` it loaded (and whose dataset
+    it checked) from ``sweep_path`` and ``overrides``."""
+    from components.search_space import sweep_identity
     from components.session import ray_session
     from components.storage import display, join
 
     if confirm_only:
         return confirm_finished(sweep_path, overrides, echo=echo)
-    sweep = load_sweep(sweep_path, overrides)
     # Tune snapshots the experiment at most every 10 s by default ("auto"); a trial that starts
     # and ends between two snapshots is unknown to a resumed sweep, which re-suggests its
     # parameters under a new id and trains them again. One-worker trials can take seconds.
@@ -331,7 +331,6 @@ def _run(sweep_path: str, overrides: Sequence[str], resume: bool, echo: bool, tr
         if not trust:
             check_sweep_state(sweep)
     check_study_storage(sweep)
-    check_sweep_dataset(sweep)
     if echo:
         for line in start_notes(sweep):
             print(line, flush=True)

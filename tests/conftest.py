@@ -1,5 +1,5 @@
 """Shared fixtures: deterministic seeds, the float64 default used by exactness tests, a local
-Ray for preprocessing tests and the S3 stand-in."""
+Ray for preprocessing tests, FFCV's JIT off (``no_jit``) and the S3 stand-in."""
 
 from __future__ import annotations
 
@@ -19,6 +19,17 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def no_jit() -> Iterator[None]:
+    """FFCV's pipelines without numba compiling (15-45 s a loader): a module opts in with
+    ``pytestmark = pytest.mark.usefixtures("no_jit")``."""
+    from components.data.reader import set_jit
+
+    set_jit(False)
+    yield
+    set_jit(True)
 
 
 @pytest.fixture(scope="module")

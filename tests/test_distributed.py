@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from components.objectives import (
     SupCon,
 )
 from components.objectives.core import hot_path
+from tests.gloo import free_port
 
 N, V, D_IN, D, C, E = 7, 2, 6, 5, 4, 3
 LABELS = torch.tensor([0, 0, 1, 2, 2, 1, 3])  # class 3 is a singleton, on the last rank only
@@ -207,12 +207,6 @@ def _even_slices(world: int) -> list[slice]:
     return [slice(r * share, (r + 1) * share) for r in range(world)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def single() -> dict:
     return {name: _run(name, [slice(0, N)], 0) for name in CASES}
@@ -221,7 +215,7 @@ def single() -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_matches_single_process(world: int, single: dict, tmp_path: Path) -> None:
-    mp.spawn(_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
     _assert_same(ranks, single, world)
     # Uneven batches: every objective exchanges sizes once per step (CE gathers nothing),
@@ -241,7 +235,7 @@ def test_equal_batches_skip_the_size_exchange_and_match(tmp_path: Path) -> None:
     uneven runs of :func:`test_matches_single_process` show that the counter counts)."""
     world = 2
     single = {name: _run(name, [slice(0, EVEN_N)], 0, equal=True) for name in CASES}
-    mp.spawn(_equal_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True)
+    mp.spawn(_equal_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
     _assert_same(ranks, single, world)
     for name in CASES:

@@ -20,7 +20,7 @@ from PIL import Image
 from components.checkpoint import load_state
 from components.config import AugmentConfig, PretrainConfig, from_dict
 from components.data.images import decode_image
-from components.data.reader import DatasetInfo, ViewLoader, set_jit
+from components.data.reader import DatasetInfo, ViewLoader
 from components.data.shards import page_size_for, write_shard
 from components.embed import (
     FORMAT,
@@ -43,11 +43,7 @@ from tests.datasets import run_with_checkpoint, synthetic_dataset
 FOLDER_VS_BETON = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def _no_jit() -> Any:
-    set_jit(False)
-    yield
-    set_jit(True)
+pytestmark = pytest.mark.usefixtures("no_jit")
 
 
 @pytest.fixture(scope="module")

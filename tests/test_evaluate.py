@@ -12,19 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from components.data.reader import set_jit
 from components.evaluation.graph import graph_metrics, target_noise_separation
 from components.evaluation.knn import knn_top1
 from components.evaluation.probe import linear_probe
 from pipelines.evaluate import EvaluateError, evaluate_run, load_run, main, paired_differences
 from tests.datasets import run_with_checkpoint, synthetic_dataset
 
-
-@pytest.fixture(autouse=True)
-def _no_jit() -> Any:
-    set_jit(False)
-    yield
-    set_jit(True)
+pytestmark = pytest.mark.usefixtures("no_jit")
 
 
 @pytest.fixture(scope="module")

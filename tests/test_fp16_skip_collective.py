@@ -13,10 +13,7 @@ timeout and the test waits a bounded time: a hang fails it.
 
 from __future__ import annotations
 
-import datetime
 import json
-import os
-import socket
 import time
 import types
 from pathlib import Path
@@ -24,17 +21,12 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from tests.gloo import free_port, gloo_group
 
 WAIT_S = 240.0  # the whole 2-rank run (spawn and imports included); a hang fails after it
 B, V, SIZE = 4, 2, 16
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _batch(rank: int, step: int) -> Any:
@@ -49,10 +41,7 @@ def _batch(rank: int, step: int) -> Any:
 
 def _worker(rank: int, world: int, port: int, out: str, loss: dict[str, Any],
             poison: str) -> None:
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # see tests/test_distributed.py
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=30))
-    try:
+    with gloo_group(rank, world, port, timeout_s=30):
         from components.config import PretrainConfig, from_dict
         from components.training import SkippedStep, build_model, train_step, uses_projector
         from tests.datasets import tiny_run_config
@@ -94,15 +83,12 @@ def _worker(rank: int, world: int, port: int, out: str, loss: dict[str, Any],
                 if v.is_floating_point()}
         (Path(out) / f"rank{rank}.json").write_text(json.dumps({"steps": results,
                                                                  "bank": bank}))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 def _spawn_bounded(args: tuple[Any, ...], world: int = 2) -> None:
     """``mp.spawn`` that fails the test (killing the ranks) when they are not done within
     :data:`WAIT_S`."""
-    ctx = mp.spawn(_worker, args=(world, _free_port(), *args), nprocs=world, join=False)
+    ctx = mp.spawn(_worker, args=(world, free_port(), *args), nprocs=world, join=False)
     deadline = time.monotonic() + WAIT_S
     while not ctx.join(timeout=1.0):
         if time.monotonic() > deadline:

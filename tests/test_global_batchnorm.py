@@ -6,17 +6,15 @@ BatchNorm's on the concatenated batch; it reads nothing back from the device."""
 
 from __future__ import annotations
 
-import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
 from components.distributed import GlobalBatchNorm, convert_global_batchnorm
+from tests.gloo import free_port, gloo_group
 
 N, C = 10, 3
 SHARES = {"unequal": [slice(0, 7), slice(7, 10)], "empty_rank": [slice(0, 10), slice(10, 10)]}
@@ -48,10 +46,7 @@ def _step(model: nn.Module, x: torch.Tensor, w: torch.Tensor) -> dict[str, torch
 
 
 def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         x, w = _data()
         sl = SHARES[case][rank]
         model = _model(True)
@@ -61,15 +56,6 @@ def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
             got = _step(model, x[sl], w[sl])
         got["reads"] = torch.tensor([counter.count + counter.implicit])
         torch.save(got, Path(out) / f"rank{rank}.pt")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.slow
@@ -77,7 +63,7 @@ def _port() -> int:
 def test_two_ranks_equal_batchnorm_on_the_whole_batch(case: str, tmp_path: Path) -> None:
     x, w = _data()
     single = _step(_model(False), x, w)
-    mp.spawn(_worker, args=(2, _port(), str(tmp_path), case), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), str(tmp_path), case), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     assert all(int(r["reads"]) == 0 for r in ranks)  # no host read, no data-shaped op
     for key in ("out", "x_grad"):

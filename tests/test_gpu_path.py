@@ -14,9 +14,7 @@
 from __future__ import annotations
 
 import os
-import socket
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +25,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from components.config import AugmentConfig, ConfigError, PretrainConfig, from_dict
-from components.data.reader import ViewLoader, pipeline_ops, set_jit
+from components.data.reader import ViewLoader, pipeline_ops
 from tests.datasets import synthetic_dataset, tiny_run_config
+from tests.gloo import free_port
 from tests.strict_device import DeviceRuleError, strict_device
 
 CUDA = torch.device("cuda", 1)
@@ -198,12 +197,6 @@ def _strict_worker(rank: int, world: int, port: int, cfg: dict[str, Any], out: s
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("loss", [
     {"name": "supcon", "tau": 0.2},
@@ -215,7 +208,7 @@ def test_strict_device_run_of_the_recipe(loss: dict[str, Any], tmp_path: Path) -
     cfg = tiny_run_config(data, tmp_path / "runs", loss=loss, train__epochs=2,
                           train__steps_per_epoch=2, train__amp="bf16",
                           data__augment={"resolution": 16, "blur_p": 0.5})
-    mp.spawn(_strict_worker, args=(2, _free_port(), cfg, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_strict_worker, args=(2, free_port(), cfg, str(tmp_path)), nprocs=2, join=True)
     for r in range(2):
         got = torch.load(tmp_path / f"r{r}.pt", weights_only=False)
         assert [row["epoch"] for row in got["rows"]] == [1, 2]
@@ -261,14 +254,7 @@ def test_sweep_resources_refuse_fractional_gpus_for_multi_worker_trials() -> Non
 # -- FFCV's loader thread on the rank's GPU ----------------------------------------------------
 
 
-@pytest.fixture
-def _no_jit() -> Iterator[None]:
-    set_jit(False)
-    yield
-    set_jit(True)
-
-
-def test_loader_thread_selects_the_rank_device(_no_jit: None, tmp_path: Path,
+def test_loader_thread_selects_the_rank_device(no_jit: None, tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """FFCV's pipeline thread makes CUDA calls (streams, events, copies); the current device
     is per thread, so without a ``set_device`` there every local rank >= 1 opens a context on

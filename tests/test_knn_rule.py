@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 from components.config import PretrainConfig, from_dict
-from components.data.reader import set_jit
 from components.recipe import run_pretraining
 from tests.datasets import synthetic_dataset, tiny_run_config
 
@@ -32,11 +30,7 @@ K, TAU = 40, 0.02  # k not among evaluate's curve of k: the rule's k is scored a
 RULE = f"kNN top-1 (k={K}, τ={TAU:g}, weighted)"
 
 
-@pytest.fixture(autouse=True)
-def _no_jit() -> Any:
-    set_jit(False)
-    yield
-    set_jit(True)
+pytestmark = pytest.mark.usefixtures("no_jit")
 
 
 @pytest.fixture(scope="module")

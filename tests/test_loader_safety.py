@@ -28,7 +28,6 @@ from components.data.reader import (
     ReaderSettingError,
     ViewLoader,
     resolve_device,
-    set_jit,
 )
 from components.data.shards import page_size_for, write_shard
 
@@ -36,11 +35,7 @@ AUG = AugmentConfig(resolution=8, jitter_p=0.0, grayscale_p=0.0, blur_p=0.0)
 FIRST_ID = 1000
 
 
-@pytest.fixture(autouse=True)
-def _no_jit() -> Iterator[None]:
-    set_jit(False)
-    yield
-    set_jit(True)
+pytestmark = pytest.mark.usefixtures("no_jit")
 
 
 class _Betons:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -10,18 +9,14 @@ import pytest
 import torch
 
 from components.config import AugmentConfig
-from components.data.reader import ViewLoader, rank_order, set_jit
+from components.data.reader import ViewLoader, rank_order
 from components.data.shards import page_size_for, write_shard
 
 N = 37
 PLAIN = AugmentConfig(resolution=12, jitter_p=0.0, grayscale_p=0.0)  # crop + flip only
 
 
-@pytest.fixture(autouse=True)
-def _no_jit() -> Iterator[None]:
-    set_jit(False)
-    yield
-    set_jit(True)
+pytestmark = pytest.mark.usefixtures("no_jit")
 
 
 @pytest.fixture(scope="module")

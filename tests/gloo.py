@@ -1,0 +1,40 @@
+"""Multi-process tests on gloo: a free loopback port and a process group that tears down
+safely."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import socket
+from collections.abc import Iterator
+
+import torch.distributed as dist
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on (for the group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def gloo_group(rank: int, world: int, port: int,
+               timeout_s: float | None = None) -> Iterator[None]:
+    """This process as ``rank`` of a ``world``-rank gloo group on 127.0.0.1:``port``
+    (``timeout_s``: gloo's collective timeout, so a hang fails the test). After the block,
+    a barrier (no rank tears its pairs down while a peer may still read from them: rank 0
+    also hosts the TCP store, and leaving first aborted a process once in CI), then the
+    group is destroyed — also when the block raised (without the barrier)."""
+    # Loopback by name: gloo otherwise resolves the machine's hostname, which fails (or
+    # names an unreachable address) inside the suite's network namespace.
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    extra = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, **extra)
+    try:
+        yield
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
