@@ -48,6 +48,9 @@ Output directory::
     captions.npz   (the embedded caption table; a re-run reuses it)
     captions.json  caption_index.npy   (caption texts and token counts; sample id -> caption id)
     content.npz    (every item's content hashes; a resumed run reuses them)
+    source.json.gz (the source as listed: every item's path, label, caption and file
+                    metadata; a re-run refuses a complete dataset whose source changed since,
+                    naming what changed: ``source_record.py``)
     .lock          (held by the one preprocess writing here, naming it: host, pid, since;
                     everything below happens under it)
     .simgraph-owner.json  (only until the first manifest: the folder was new or empty, so a

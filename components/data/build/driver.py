@@ -28,6 +28,7 @@ from components.data.build.listing import Listed
 from components.data.build.manifest import _assemble, _cleanup, summary
 from components.data.build.merging import merge_splits
 from components.data.build.planning import Planned, _fields, plan
+from components.data.build.source_record import SourceRecord
 from components.data.build.tasks import map_tasks
 from components.data.build.writing import ShardSettings, _shard_done, shard_specs, write_shard
 from components.data.caption_backend import AUTO, choose, reference_or
@@ -60,9 +61,13 @@ def _build(
         by_shard: dict[str, list[Planned]] = collections.defaultdict(list)
         for r in rows:
             by_shard[r.shard].append(r)
+        record = SourceRecord.of(listed)
         for name, members in by_shard.items():
-            # Field tuples as dataclasses.astuple gives them (same digest), without its deep copy.
-            digests[name] = _digest([params_digest, [_fields(m) for m in members]])
+            # Field tuples as dataclasses.astuple gives them (same digest), without its deep
+            # copy; each item's file metadata too: a shard of a killed build is reused only
+            # while the files it was decoded from are unchanged.
+            digests[name] = _digest([params_digest, [_fields(m) for m in members],
+                                     [record.stat(m.path) for m in members]])
         done = {n: s for n in by_shard if (s := _shard_done(out, n, digests[n])) is not None}
         todo = {n: members for n, members in by_shard.items() if n not in done}
         n_todo = sum(len(members) for members in todo.values())
@@ -122,8 +127,10 @@ def _build(
                   f"{len(merged)} split files in {time.perf_counter() - t0:.1f} s", flush=True)
         dim = int(table.shape[1]) if table is not None else _stored_dim(out, by_shard)
 
+    record.write(out)  # before the manifest that names its digest
     manifest = _assemble(cfg, out, params, params_digest, p, sides, merged, class_files, dim,
-                         checks, None if choice is None else choice.as_dict())
+                         checks, None if choice is None else choice.as_dict(),
+                         source=record.summary())
     _cleanup(out, cfg, manifest)
     if echo:
         print(summary(manifest))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,11 @@ import numpy as np
 from components.config import PreprocessConfig
 from components.data import integrity
 from components.data.build.common import _digest
+from components.data.build.source_record import Stat, item_stat
 from components.data.build.tasks import _task_count, map_tasks
 from components.data.images import ImageError, decode_image
-from components.data.sources import FASHION_SCHEME, Item, read_item
-from components.files import replacing, stat_key
+from components.data.sources import Item, read_item
+from components.files import replacing
 
 
 def dedupe_enabled(cfg: PreprocessConfig) -> bool:
@@ -85,14 +85,8 @@ def hash_local(cfg: PreprocessConfig, items: Sequence[Item]) -> Content:
 
 
 def _content_key(cfg: PreprocessConfig, items: Sequence[Item]) -> str:
-    stats = []
-    for it in items:
-        local = it.path.partition("#")[0].removeprefix(FASHION_SCHEME)
-        try:
-            st = os.stat(local) if "://" not in local else None
-        except OSError:
-            st = None
-        stats.append((it.path, *(stat_key(st) if st else (None,) * 4)))
+    cache: dict[str, Stat] = {}
+    stats = [(it.path, *(item_stat(it.path, cache) or (None,) * 4)) for it in items]
     return _digest({"items": stats, "image": [cfg.image.max_side, cfg.image.min_side],
                     "hash": "sha256+phash64+thumb16/1"})
 

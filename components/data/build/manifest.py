@@ -51,10 +51,12 @@ def _assemble(
     cfg: PreprocessConfig, out: Path, params: dict[str, Any], params_digest: str, p: Plan,
     sides: dict[str, dict[str, Any]], merged: dict[str, str | None], class_files: dict[str, str],
     dim: int, caption_checks: dict[str, Any] | None,
-    backend_check: dict[str, Any] | None = None,
+    backend_check: dict[str, Any] | None = None, source: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The manifest of a finished build; ``backend_check``: what ``captions.backend: auto``
-    chose and why (``components.data.caption_backend.BackendChoice``), when it ran."""
+    chose and why (``components.data.caption_backend.BackendChoice``), when it ran;
+    ``source``: the source it was built from (``SourceRecord.summary``: its file, item count
+    and digest)."""
     classes, texts = p.classes, p.texts
     splits: dict[str, Any] = {}
     for split in SPLITS:
@@ -116,6 +118,7 @@ def _assemble(
         "near_duplicates": p.near_duplicates,
         "split_groups": p.split_groups,
         "caption_checks": caption_checks,
+        "source": source,
         "versions": versions(),
     }
     write_json(out / MANIFEST, manifest)

@@ -28,6 +28,7 @@ from components.data.build.driver import _build
 from components.data.build.listing import list_items
 from components.data.build.manifest import _cleanup, _verified_manifest
 from components.data.build.planning import _params
+from components.data.build.source_record import SOURCE_FILE, SourceRecord, check_unchanged
 from components.data.shards import MANIFEST
 from components.data.splits import SPLITS
 from components.files import remove_temporaries, sha256_file, write_json
@@ -108,6 +109,7 @@ def _run_local(cfg: PreprocessConfig, out: Path, overwrite: bool,
 # the dir (``inspect/``, a user's notes) is left alone.
 OWNED = ("shards", MANIFEST, "captions.npz", "classes.json", "class_embeddings.npy",
          "class_similarity.npy", "captions.json", "caption_index.npy", "content.npz",
+         SOURCE_FILE,
          *(f"{s}.beton" for s in SPLITS))
 NEXT = ".next"  # an --overwrite build in progress (same filesystem: renames are atomic)
 PREVIOUS = ".previous"  # the replaced dataset's entries while a swap runs
@@ -251,19 +253,28 @@ def _run_locked(
             )
         done_manifest = _verified_manifest(out, params_digest)
         if done_manifest is not None:
+            note = _complete_for_source(cfg, out, done_manifest)
             _cleanup(out, cfg, done_manifest)
             if echo:
-                print(f"simgraph preprocess: {out} is already complete and verified")
+                print(f"simgraph preprocess: {out} is already complete and verified{note}")
             return done_manifest
         listed = list_items(cfg)
         (out / "shards").mkdir(exist_ok=True)
         return _build(cfg, out, params, params_digest, listed, echo, out)
 
+    # List first: a mistyped source fails here, before the staging dir (which may hold a
+    # resumable build with the right source) or the dataset is touched.
+    listed = list_items(cfg)
     manifest = _verified_manifest(stage, params_digest)
+    if manifest is not None and _source_digest(manifest) != SourceRecord.of(listed).digest():
+        # Complete, but from the source as it was when it was built (a run killed before
+        # the swap, the source changed since): built again, from the source as it is now.
+        if echo:
+            print(f"simgraph preprocess: the complete build in {stage} was made from another "
+                  "version of the source; building it again")
+        _remove(stage)
+        manifest = None
     if manifest is None:
-        # List first: a mistyped source fails here, before the staging dir (which may hold a
-        # resumable build with the right source) or the dataset is touched.
-        listed = list_items(cfg)
         _open_stage(stage, params_digest, echo)
         _build(cfg, stage, params, params_digest, listed, echo, out)
         manifest = _verified_manifest(stage, params_digest)
@@ -277,6 +288,32 @@ def _run_locked(
     if echo:
         print(f"simgraph preprocess: swapped the new build into {out}")
     return manifest
+
+
+def _source_digest(manifest: dict[str, Any]) -> str | None:
+    source = manifest.get("source")
+    return source.get("digest") if isinstance(source, dict) else None
+
+
+def _complete_for_source(cfg: PreprocessConfig, out: Path, manifest: dict[str, Any]) -> str:
+    """Check the complete dataset in ``out`` against its source listed again; return a note
+    for the "already complete" line when the source could not be compared (it cannot be
+    listed here — a dataset copied without it — or the dataset predates source records).
+
+    Raises:
+        PreprocessError: the source changed since the build, naming what changed and the fix
+            (:func:`~components.data.build.source_record.check_unchanged`).
+    """
+    try:
+        listed = list_items(cfg)
+    except PreprocessError as e:
+        # The dataset is whole without its source (its files verified above): usable, but
+        # not known to match a source that is not here.
+        return f" (its source was not compared: {e})"
+    if not check_unchanged(out, manifest, SourceRecord.of(listed)):
+        return (" (built before simgraph recorded its source: not compared with it; "
+                "--overwrite rebuilds it)")
+    return " (its source is unchanged)"
 
 
 def _open_stage(stage: Path, params_digest: str, echo: bool) -> None:
