@@ -105,3 +105,21 @@ KIT_TRAIN_IMAGES ?= 40000
 gpu-kit: setup
 	$(PY) -m pipelines.offline_kit --python $(KIT_PYTHON) --have $(KIT_HAVE) --out .kit \
 	  --fashion-mnist --train-images $(KIT_TRAIN_IMAGES)
+
+# The offline install proved on this machine (slow, ~20 min on 2 cores; not part of `make
+# test`): a kit for this machine's Python (the venv's base interpreter) with nothing left to a
+# node, so torch is carried too: the project's pins from the index, i.e. the CUDA build with
+# its nvidia-* libraries (~3 GB of wheels; no CPU-only torchvision is reachable here, and the
+# index's torchvision needs the CUDA torch), in 60 MiB pieces as for a transfer, packed at xz
+# level OFFLINE_XZ (`make gpu-kit`'s format at level 9, ~4x faster to pack). Then a venv of that
+# Python with no packages, install.sh in a network namespace without network, and simgraph run
+# from the kit alone: imports, validate, preprocess (Ray Data), a 1-epoch pretrain
+# (pipelines/offline_kit.py: check_install; docs/gpu.md has a run). OFFLINE_KIT_ARGS: more
+# builder options, e.g. `--wheel torch-X+cpu-....whl --require torchvision==Y+cpu`.
+.PHONY: offline-install-check
+OFFLINE_PYTHON ?= $(shell $(PY) -c 'import sys; print(sys._base_executable)')
+OFFLINE_XZ ?= 1
+OFFLINE_KIT_ARGS ?=
+offline-install-check: setup
+	$(PY) -m pipelines.offline_kit --python $(OFFLINE_PYTHON) --out .kit-local \
+	  --xz-preset $(OFFLINE_XZ) $(OFFLINE_KIT_ARGS) --check

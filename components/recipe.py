@@ -6,10 +6,11 @@ same run name + storage resumes); each worker runs :func:`train_loop`, i.e.
 optimiser and schedule, restore) → per epoch train_epoch → evaluate_epoch (online kNN) → save
 (``metrics.csv`` / TensorBoard by rank 0, full-state checkpoints every
 ``checkpoint.every_epochs`` and at the end, metrics reported to Ray, which Tune/ASHA read).
-:func:`run_pretraining` is the driver (``simgraph pretrain`` and ``simgraph run``): check the
-dataset, prepare or resume the run dir, fit, read back the history; each ``simgraph sweep`` trial
-builds its own trainer; ``simgraph preview`` draws batches from :func:`train_views`, the
-workers' own loader.
+:func:`run_pretraining` is the driver (``simgraph pretrain`` and ``simgraph run``): hold the run
+dir's lock (:func:`components.run_dir.writing_run`), check the dataset, prepare or resume the
+run dir, fit, read back the history; each ``simgraph sweep`` trial holds its own run dir's lock
+the same way and builds its own trainer; ``simgraph preview`` draws batches from
+:func:`train_views`, the workers' own loader.
 
 Fault injection for the resume tests: :data:`PAUSE_ENV` (``SIMGRAPH_PAUSE_AT_STEP=N``) in the
 environment of the process that builds the trainer makes every rank sleep once before global
@@ -47,8 +48,8 @@ from components.run_dir import (
     check_same_dataset,
     describe_changes,
     past_the_schedule,
-    prepare_run,
     resume_changes,
+    writing_run,
 )
 from components.run_host import RunHost, TrainWorker
 
@@ -68,10 +69,14 @@ class PretrainError(RunError):
     checkpoint stays in the run dir."""
 
 
-def run_pretraining(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, Any]]:
-    """Train (or resume) the run; returns its per-epoch metrics history.
+def run_pretraining(cfg: PretrainConfig, echo: bool = True,
+                    command: str = "pretrain") -> list[dict[str, Any]]:
+    """Train (or resume) the run; returns its per-epoch metrics history. The driver of
+    ``simgraph pretrain`` and ``simgraph run`` (``command``: which, for a refusal's words).
 
-    1.-2. :func:`components.run_dir.prepare_run` (as every sweep trial): check the dataset dir
+    1.-2. :func:`components.run_dir.writing_run` (as every sweep trial): the run dir's
+       one-writer lock, held until training ends (a second writer is refused in one line
+       naming the first), a folder of someone else's files refused; then check the dataset dir
        against what the loss needs (labels, a class graph, captions) before any Ray work, and
        prepare the run dir ``storage/name``: a re-run with the same name must match
        ``config.yaml`` (except keys that may change on a resume) and the data it started on,
@@ -82,23 +87,24 @@ def run_pretraining(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, An
        latest checkpoint.
 
     Raises:
-        RunError: bad dataset or run dir (checked before Ray starts).
+        RunError: another process holds the run dir, bad dataset or run dir (checked before
+            Ray starts).
         PretrainError: training failed (the message says where; the last good checkpoint
             stays in the run dir).
     """
     from components.storage import display
 
-    run = prepare_run(cfg)
-    cfg, facts, run_dir, history = run.cfg, run.facts, run.run_dir, run.finished
-    if history is not None:
+    with writing_run(cfg, command=command) as run:
+        cfg, facts, run_dir, history = run.cfg, run.facts, run.run_dir, run.finished
+        if history is not None:
+            if echo:
+                print(f"simgraph: run {cfg.name!r} is already complete ({len(history)} epochs)")
+                print(history_table(history))
+            return history
         if echo:
-            print(f"simgraph: run {cfg.name!r} is already complete ({len(history)} epochs)")
-            print(history_table(history))
-        return history
-    if echo:
-        print(console.run_summary(cfg, facts, display(run_dir)), flush=True)
-    history = (_train_in_process if trains_in_process(cfg) else _train_on_ray)(
-        cfg, facts, run_dir)
+            print(console.run_summary(cfg, facts, display(run_dir)), flush=True)
+        history = (_train_in_process if trains_in_process(cfg) else _train_on_ray)(
+            cfg, facts, run_dir)
     if echo:
         print(history_table(history))
         print(f"run dir: {display(run_dir)}")
@@ -322,14 +328,18 @@ class PretrainRecipe:
         # The step, the kNN and the reader's torch ops run on the worker's CPUs (FFCV no longer
         # resets this process-wide count to data.num_workers: components.data.ffcv_import).
         torch.set_num_threads(max(1, math.floor(cfg.scaling.cpus_per_worker)))
+
+        # A URI, or data.stage: read a node-local copy (made once per node, verified).
+        self.info = DatasetInfo.load(local_dataset(cfg.data.dataset, cfg.data.stage,
+                                                   cfg.data.stage_dir))
+        gpu_paths = self.gpu_paths(device)
+        # First, before this worker writes anything into the run dir (its worker record).
+        self.train_loader = self._open_train_split(gpu_paths)
         # train.amp as this worker's device takes it (`auto` resolved once, not per step)
         self.amp = _worker_info(self.run_dir, self.rank, self.world, device,
                                 host.ray_node_ranks(), cfg.train.amp)["amp"]
         self.train_cfg = dataclasses.replace(cfg.train, amp=self.amp)
 
-        # A URI, or data.stage: read a node-local copy (made once per node, verified).
-        self.info = DatasetInfo.load(local_dataset(cfg.data.dataset, cfg.data.stage,
-                                                   cfg.data.stage_dir))
         sim = self.info.class_similarity()
         torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
         model, ema = build_model(
@@ -337,7 +347,6 @@ class PretrainRecipe:
             None if sim is None else torch.as_tensor(sim, dtype=torch.float32),
             facts.caption_dim,
         )
-        gpu_paths = self.gpu_paths(device)
         model.channels_last = gpu_paths and cfg.model.channels_last
         if gpu_paths and cfg.model.sync_bn and self.world > 1:
             # BatchNorm over the global batch without SyncBatchNorm's host syncs (docs/gpu.md);
@@ -356,8 +365,6 @@ class PretrainRecipe:
                 ema.to(memory_format=torch.channels_last)
         self.model, self.ema = model, ema
 
-        self.train_loader = train_views(cfg, self.info, self.rank, self.world, device,
-                                        facts.needs_captions, batched_augment=gpu_paths)
         self.steps_per_epoch = len(self.train_loader)
         self.total_steps = self.steps_per_epoch * cfg.train.epochs
         self.global_batch = cfg.data.batch_size * self.world
@@ -396,6 +403,27 @@ class PretrainRecipe:
             n = facts.splits.get(cfg.knn.bank_split, rule.k)
             console.say(f"[simgraph] online {rule.describe(cfg.knn.query_split, rule.k_for(n))}"
                         f" (knn_top1), every {cfg.knn.every_epochs} epoch(s) and after the last")
+
+    def _open_train_split(self, gpu_paths: bool) -> Any:
+        """This rank's training loader (:func:`train_views`), opened only once the dataset dir
+        is still the one the run started on (:func:`components.data.integrity.verify_identity`
+        against :attr:`RunFacts.dataset`, which the driver took at the run's start).
+
+        The loader opens (maps) its split file here, at every start of a worker — the first,
+        a Ray Train restart after a worker failure, a resume — and keeps that file for the
+        run; a ``simgraph preprocess --overwrite`` swapped in since the run started would
+        otherwise be trained on while the checkpoints record the old dataset.
+
+        Raises:
+            DatasetError: no manifest now, or another dataset (one line: what changed and
+                what to do).
+        """
+        from components.data.integrity import verify_identity
+
+        verify_identity(str(self.info.root), self.facts.dataset, self.cfg.name,
+                        "the training loader")
+        return train_views(self.cfg, self.info, self.rank, self.world, self.device,
+                           self.facts.needs_captions, batched_augment=gpu_paths)
 
     def gpu_paths(self, device: Any) -> bool:
         """Whether to take the GPU's code paths (batched augmentation on the device,

@@ -15,17 +15,22 @@
   trackers' run ids (:data:`MLFLOW_RUN_ID`, :data:`WANDB_RUN_ID`: a resume continues the same
   tracker run).
 
-A run is prepared through one function, :func:`prepare_run` (``simgraph pretrain`` and every
-sweep trial): the driver-side checks before any Ray work (:func:`check_dataset` →
-:class:`RunFacts`), the run dir created or checked, and whether it has already finished.
-Read back by ``evaluate`` / ``export`` / ``embed`` through :func:`load_run`."""
+A run is prepared through one function, :func:`prepare_run`: the driver-side checks before any
+Ray work (:func:`check_dataset` → :class:`RunFacts`), the run dir created or checked, and
+whether it has already finished. Whatever trains in a run dir — ``simgraph pretrain`` and
+``simgraph run`` (``components.recipe.run_pretraining``), each sweep trial and confirmation run
+— calls it only through :func:`writing_run`, which holds the run dir's one-writer lock and
+claims the folder around it for as long as the run trains. Read back by ``evaluate`` /
+``export`` / ``embed`` through :func:`load_run`."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -608,8 +613,9 @@ class PreparedRun:
 
 
 def prepare_run(cfg: PretrainConfig, base: str | Path | None = None) -> PreparedRun:
-    """Everything before training, for ``simgraph pretrain`` and each sweep trial alike:
-    local paths made absolute (against ``base``, default :func:`components.paths.base_dir`),
+    """Everything before training, for ``simgraph pretrain`` and each sweep trial alike —
+    called through :func:`writing_run`, which holds the run dir's lock around it: local paths
+    made absolute (against ``base``, default :func:`components.paths.base_dir`),
     the dataset checked against the loss (:func:`check_dataset`), a configured tracker's
     package present, the run dir created or checked against the config and data it started
     with (:func:`prepare_run_dir`), and whether it already finished.
@@ -632,6 +638,49 @@ def prepare_run(cfg: PretrainConfig, base: str | Path | None = None) -> Prepared
     if finished is None:
         check_resume(cfg, facts, run_dir)
     return PreparedRun(cfg, facts, run_dir, finished)
+
+
+RUN_REFUSAL = ("another simgraph pretrain, run or sweep trial is training this run; wait for "
+               "it, stop it, or choose another name=")
+
+
+def _is_run_dir(_path: str, names: list[str]) -> bool:
+    """Whether a non-empty folder's entries make it a run dir (``config.yaml``,
+    ``dataset.json`` or a checkpoint, complete or being published)."""
+    return bool({RUN_CONFIG, RUN_DATASET} & set(names)) or any(
+        n.lstrip(".").startswith(CHECKPOINT_PREFIX) for n in names)
+
+
+@contextlib.contextmanager
+def writing_run(cfg: PretrainConfig, base: str | Path | None = None, *,
+                command: str = "pretrain", wait_s: float = 0.0,
+                waiting: str = "") -> Iterator[PreparedRun]:
+    """:func:`prepare_run` holding the run dir's one-writer lock for the whole block: the one
+    way into a run dir for whatever trains in it (``simgraph pretrain`` and ``simgraph run``
+    through :func:`components.recipe.run_pretraining`, each sweep trial and confirmation run).
+
+    The lock (:func:`components.storage.writer_lock`: ``<storage>/.<name>.lock``, a file in
+    this user's staging folder for a URI) is taken before ``config.yaml`` is read and released
+    when the block ends — or by the kernel when this process dies — so a second writer can
+    neither resume the same checkpoints, prune the first one's and take over its worker
+    records, nor pass the config check beside it. Then a folder of someone else's files is
+    refused (:func:`components.storage.claim_dir`): ``config.yaml``, checkpoints and worker
+    records are never written among them. ``command`` names the caller in that refusal;
+    ``wait_s`` > 0 waits that long for a held lock (a sweep trial whose previous process is
+    still going), then gives up saying ``waiting``.
+
+    Raises:
+        RunError: another process holds the run dir (naming it), the folder holds files
+            simgraph did not write, or what :func:`prepare_run` raises.
+    """
+    from components import storage
+
+    run_dir = storage.join(absolute_paths(cfg, base).storage, cfg.name)
+    with storage.writer_lock(run_dir, "the run dir", error=RunError, refusal=RUN_REFUSAL,
+                             wait_s=wait_s, waiting=waiting):
+        storage.claim_dir(run_dir, "run", _is_run_dir, error=RunError, command=command,
+                          fix="choose another name= or storage=", mark=False)
+        yield prepare_run(cfg, base)
 
 
 def check_resume(cfg: PretrainConfig, facts: RunFacts, run_dir: str) -> None:

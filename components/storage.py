@@ -515,13 +515,15 @@ def lock_path(directory: str | Path) -> Path:
 
 @contextlib.contextmanager
 def writer_lock(directory: str | Path, what: str, *, error: type[Exception],
-                refusal: str) -> Iterator[None]:
+                refusal: str, wait_s: float = 0.0, waiting: str = "") -> Iterator[None]:
     """Hold the one-writer lock of ``directory`` (:func:`lock_path`) for the block: a second
     writer is refused in one line naming the holder (host, pid, since) and ``refusal``; a dead
-    holder's lock is taken over, saying so (:func:`components.files.holding`).
+    holder's lock is taken over, saying so (:func:`components.files.holding`). ``wait_s`` > 0:
+    a held lock is waited for that long first (then one line naming the holder and
+    ``waiting``).
 
     Raises:
-        ``error``: the lock is held, or cannot be created.
+        ``error``: the lock is held (after ``wait_s``), or cannot be created.
     """
     from components.files import LockHeld, holding
 
@@ -531,7 +533,8 @@ def writer_lock(directory: str | Path, what: str, *, error: type[Exception],
     except (OSError, StorageError) as e:
         raise error(f"cannot lock {display(str(directory))}: {e}") from None
     try:
-        with holding(path, f"{what} {display(str(directory))}", refusal=refusal):
+        with holding(path, f"{what} {display(str(directory))}", refusal=refusal,
+                     wait_s=wait_s, waiting=waiting):
             yield
     except LockHeld as e:
         raise error(str(e)) from None

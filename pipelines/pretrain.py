@@ -1,22 +1,23 @@
 """``simgraph pretrain CONFIG [key=value ...]``: pretrain an encoder with Ray Train.
 
-Loads and validates the config, then runs :func:`components.recipe.run_pretraining` holding
-the run dir's one-writer lock (:func:`run`): the dataset dir is checked against what the loss
-needs before any Ray work; the run dir ``storage/name`` is prepared (``config.yaml`` written on
-the first run; a re-run with the same name must match it, except keys that may change on a
-resume such as ``train.epochs``, and resumes from the latest complete checkpoint); Ray Train V2
-runs the recipe (:class:`components.recipe.PretrainRecipe`) on ``scaling.num_workers`` workers;
-the per-epoch metrics table is printed at the end.
+Loads and validates the config, then runs :func:`components.recipe.run_pretraining`: it holds
+the run dir's one-writer lock (``components.run_dir.writing_run``, the one way into a run dir
+for ``simgraph pretrain``, ``simgraph run`` and every sweep trial); the dataset dir is checked
+against what the loss needs before any Ray work; the run dir ``storage/name`` is prepared
+(``config.yaml`` written on the first run; a re-run with the same name must match it, except
+keys that may change on a resume such as ``train.epochs``, and resumes from the latest
+complete checkpoint); Ray Train V2 runs the recipe (:class:`components.recipe.PretrainRecipe`)
+on ``scaling.num_workers`` workers; the per-epoch metrics table is printed at the end.
 
 **One writer per run dir.** The lock ``<storage>/.<name>.lock`` (beside the run dir) is held
-from before ``config.yaml`` is read until training ends: a second ``simgraph pretrain`` of the
-same run while the first trains is refused in one line naming the first (host, pid, since) —
-it would otherwise resume the same checkpoints, prune the first one's and take over its
-worker records — and two runs started together with different configs cannot both pass the
-config check (it reads, compares and writes ``config.yaml`` under the lock). A lock left by a
-killed run is taken over, saying so. For an object-store ``storage`` the lock is a file in
-this user's staging folder: it keeps out a second run on the same machine only
-(docs/reliability.md).
+from before ``config.yaml`` is read until training ends: a second ``simgraph pretrain`` (or
+``simgraph run``, or a sweep trial) of the same run while the first trains is refused in one
+line naming the first (host, pid, since) — it would otherwise resume the same checkpoints,
+prune the first one's and take over its worker records — and two runs started together with
+different configs cannot both pass the config check (it reads, compares and writes
+``config.yaml`` under the lock). A lock left by a killed run is taken over, saying so. For an
+object-store ``storage`` the lock is a file in this user's staging folder: it keeps out a
+second run on the same machine only (docs/reliability.md).
 
 A run dir that exists is used only when it is one (``config.yaml``, ``dataset.json`` or a
 checkpoint in it); a non-empty folder of other files is refused naming them.
@@ -35,32 +36,13 @@ table = history_table
 
 
 def run(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, Any]]:
-    """:func:`components.recipe.run_pretraining` under the run dir's lock (module docstring).
+    """:func:`components.recipe.run_pretraining`, which holds the run dir's lock (module
+    docstring).
 
     Raises:
         RunError: another process holds the run dir, or what ``run_pretraining`` raises.
     """
-    from components import storage
-    from components.run_dir import (
-        CHECKPOINT_PREFIX,
-        RUN_CONFIG,
-        RUN_DATASET,
-        RunError,
-        absolute_paths,
-    )
-
-    run_dir = storage.join(absolute_paths(cfg).storage, cfg.name)
-    with storage.writer_lock(run_dir, "the run dir", error=RunError,
-                             refusal="another simgraph pretrain is training this run; wait "
-                                     "for it, stop it, or choose another name="):
-        # A folder of someone else's files is not made a run dir (config.yaml, checkpoints
-        # and worker records would be written among them).
-        storage.claim_dir(
-            run_dir, "run", lambda _p, names: bool({RUN_CONFIG, RUN_DATASET} & set(names)) or any(
-                n.lstrip(".").startswith(CHECKPOINT_PREFIX) for n in names),
-            error=RunError, command="pretrain", fix="choose another name= or storage=",
-            mark=False)
-        return run_pretraining(cfg, echo)
+    return run_pretraining(cfg, echo, command="pretrain")
 
 
 def main(config: str, overrides: Sequence[str]) -> int:

@@ -4,7 +4,10 @@ comparison table — the demo (``make demo``) and any "same data, several losses
 1. Load the pipeline config and every config it names, with every run's overrides, so a typo
    in the last run fails before any work starts.
 2. Preprocess (skipped when the dataset dir is already complete and unchanged).
-3. Pretrain each run in turn (each resumes if it was interrupted; a finished one is reused).
+3. Pretrain each run in turn (each resumes if it was interrupted; a finished one is reused),
+   each holding its run dir's one-writer lock as ``simgraph pretrain`` does
+   (:func:`components.recipe.run_pretraining`): a run another process is training is refused
+   in one line naming it.
 4. Print one row per run: loss, epochs, final loss, online kNN top-1, wall time.
 """
 
@@ -33,7 +36,7 @@ def run(config: str, overrides: Sequence[str] = (), echo: bool = True) -> list[d
                 print(f"\n=== {cfg.name}: {cfg.loss.name}, {cfg.train.epochs} epochs, "
                       f"{cfg.scaling.num_workers} workers ===")
             t0 = time.perf_counter()
-            history = run_pretraining(cfg, echo=echo)
+            history = run_pretraining(cfg, echo=echo, command="run")
             last = history[-1]
             rows.append({"run": name, "loss": cfg.loss.name, "epochs": last["epoch"],
                          "final_loss": last["loss"], "knn_top1": last.get("knn_top1"),

@@ -47,7 +47,7 @@ import time
 import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -55,6 +55,10 @@ from components.config import ConfigError
 from components.config.loading import safe_load
 from components.errors import SimgraphError
 from components.paths import BASE_ENV, is_relative, is_uri, project_root
+from components.session import placement_problem
+
+if TYPE_CHECKING:
+    from components.config import PretrainConfig
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 # Never shipped: the venv, git history, outputs and datasets (Ray also honours .gitignore).
@@ -80,6 +84,12 @@ SHOW_REFUSED = 20
 CLUSTER_PROVIDED = ("ray", "ffcv")
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 SUBMITTABLE = ("validate", "preprocess", "pretrain", "run", "evaluate", "sweep")
+# ``warn``: a worker group the cluster's nodes cannot hold now is sent anyway, with a warning
+# (a cluster whose autoscaler adds the node type later); anything else: refused.
+UNPLACED_ENV = "SIMGRAPH_SUBMIT_UNPLACED"
+# The State API's own ceiling on one listing (RAY_MAX_LIMIT_FROM_API_SERVER): every node.
+NODES_LIMIT = 10_000
+NODES_TIMEOUT_S = 10
 
 
 class SubmitError(SimgraphError, RuntimeError):
@@ -132,9 +142,35 @@ def ship_path(path: str, root: Path) -> str:
             "copy it under the project (e.g. pipelines/configs/)") from None
 
 
-def data_paths(ns: argparse.Namespace) -> list[tuple[str, str]]:
-    """(key, value) of every data / storage / output path the command will use, read from its
-    configs — which are loaded and validated on the way.
+@dataclasses.dataclass(frozen=True)
+class WorkerShape:
+    """One group of workers the job will ask the cluster for: ``workers`` bundles of ``cpus``
+    CPUs and ``gpus`` GPUs under Ray's placement ``strategy``; ``what`` names where they come
+    from (``pretrain``, ``run simclr``, ``sweep trials``)."""
+
+    what: str
+    workers: int
+    cpus: float
+    gpus: float
+    strategy: str = "PACK"
+
+
+def _shape(what: str, cfg: PretrainConfig) -> WorkerShape | None:
+    """The worker group a pretrain config asks for on a cluster, ``None`` for one that trains
+    in the job's own process (``scaling.host: in_process``: nothing is placed). ``auto`` means a
+    worker group there, since inside a job Ray sets ``RAY_ADDRESS``
+    (``components.recipe.trains_in_process``)."""
+    s = cfg.scaling
+    if s.host == "in_process":
+        return None
+    return WorkerShape(what, s.num_workers, s.cpus_per_worker,
+                       s.gpus_per_worker if s.use_gpu else 0.0, s.placement_strategy)
+
+
+def job_configs(ns: argparse.Namespace) -> tuple[list[tuple[str, str]], list[WorkerShape]]:
+    """What the command's configs say, read here as the job will read them (and validated on
+    the way): (key, value) of every data / storage / output path it will use, and the worker
+    groups it will ask the cluster for (:class:`WorkerShape`; a sweep: one trial's).
 
     Raises:
         SubmitError: a config does not load (the message names the file and key).
@@ -142,6 +178,7 @@ def data_paths(ns: argparse.Namespace) -> list[tuple[str, str]]:
     from components.config import PreprocessConfig, PretrainConfig, load_config
 
     out: list[tuple[str, str]] = []
+    shapes: list[WorkerShape | None] = []
     try:
         if ns.command == "preprocess":
             pre = load_config(ns.config, PreprocessConfig, ns.overrides)
@@ -149,12 +186,14 @@ def data_paths(ns: argparse.Namespace) -> list[tuple[str, str]]:
         elif ns.command == "pretrain":
             cfg = load_config(ns.config, PretrainConfig, ns.overrides)
             out += [("storage", cfg.storage), ("data.dataset", cfg.data.dataset)]
+            shapes.append(_shape("pretrain", cfg))
         elif ns.command == "run":
             from components.config import load_pipeline
 
             pre, runs = load_pipeline(ns.config, ns.overrides)
             out += [("output", pre.output), ("source.path", pre.source.path or "")]
             out += [(f"{name}: storage", cfg.storage) for name, cfg in runs.items()]
+            shapes += [_shape(f"run {name}", cfg) for name, cfg in runs.items()]
         elif ns.command == "sweep":
             from components.search_space import load_sweep, trial_config
 
@@ -162,18 +201,40 @@ def data_paths(ns: argparse.Namespace) -> list[tuple[str, str]]:
             ship_path(str(sweep.base_path), project_root())  # the trials load it on the cluster
             base = trial_config(sweep, {}, name="probe", storage=sweep.storage)
             out += [("storage", sweep.storage), ("data.dataset", base.data.dataset)]
+            # The sweep's resources are the trials' scaling.*: one trial's workers (its Tune
+            # actor holds them itself when it trains in the trial: the same bundle).
+            shapes.append(_shape("sweep trials (the sweep's resources.* are their scaling.*)",
+                                 base))
         elif ns.command == "evaluate":
             out += [("RUN_DIR", d) for d in ns.run_dirs]
             out += [(k, v) for k, v in (("--out", ns.out), ("--checkpoint", ns.checkpoint)) if v]
     except (ConfigError, OSError) as e:
         raise SubmitError(f"invalid config: {e}") from None
-    return [(k, v) for k, v in out if v]
+    return [(k, v) for k, v in out if v], [s for s in shapes if s is not None]
 
 
-def prepare_command(job: Sequence[str], base_dir: str | None, parser: argparse.ArgumentParser,
-                    root: Path | None = None) -> list[str]:
-    """The command line the job runs, checked (see the module docstring); ``parser``: the
-    CLI's (:func:`parse_job`).
+def data_paths(ns: argparse.Namespace) -> list[tuple[str, str]]:
+    """(key, value) of every data / storage / output path the command will use
+    (:func:`job_configs`).
+
+    Raises:
+        SubmitError: a config does not load (the message names the file and key).
+    """
+    return job_configs(ns)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedJob:
+    """The checked command line the job runs, and the worker groups it will ask for."""
+
+    argv: list[str]
+    shapes: list[WorkerShape]
+
+
+def prepare_job(job: Sequence[str], base_dir: str | None, parser: argparse.ArgumentParser,
+                root: Path | None = None) -> PreparedJob:
+    """The command line the job runs, checked (see the module docstring), with the worker
+    groups its configs ask for; ``parser``: the CLI's (:func:`parse_job`).
 
     Raises:
         SubmitError: bad command or config, a config outside the project, or relative data
@@ -190,14 +251,26 @@ def prepare_command(job: Sequence[str], base_dir: str | None, parser: argparse.A
     if file_arg is not None:
         given = getattr(ns, file_arg)
         argv[argv.index(given)] = ship_path(given, root)
-    relative = [(k, v) for k, v in data_paths(ns) if is_relative(v)]
+    paths, shapes = job_configs(ns)
+    relative = [(k, v) for k, v in paths if is_relative(v)]
     if relative and base_dir is None:
         listed = ", ".join(f"{k}={v}" for k, v in relative)
         raise SubmitError(
             f"relative paths ({listed}) would be written inside the job's temporary copy of "
             "the project and lost when it ends: pass --base-dir /a/shared/dir (they then mean "
             "that directory), or set them to absolute shared paths or s3:// / gs:// URIs")
-    return argv
+    return PreparedJob(argv, shapes)
+
+
+def prepare_command(job: Sequence[str], base_dir: str | None, parser: argparse.ArgumentParser,
+                    root: Path | None = None) -> list[str]:
+    """The command line the job runs, checked (:func:`prepare_job`).
+
+    Raises:
+        SubmitError: bad command or config, a config outside the project, or relative data
+            paths without ``base_dir``.
+    """
+    return prepare_job(job, base_dir, parser, root).argv
 
 
 # ---------------------------------------------------------------------------------------------
@@ -474,8 +547,72 @@ def use_token_if_present() -> bool:
     return True
 
 
+def cluster_nodes(address: str) -> list[dict[str, float]]:
+    """The total resources (Ray's names: ``CPU``, ``GPU``, ...) of each alive node of the
+    cluster whose dashboard is at ``address``, from its State API (``GET /api/v0/nodes``, what
+    ``ray list nodes`` reads). Ray resolves ``address`` as ``JobSubmissionClient`` does
+    (``RAY_API_SERVER_ADDRESS`` / ``RAY_ADDRESS`` win) and sends the same token, so this asks
+    the dashboard the job goes to.
+
+    Raises:
+        Exception: the query failed: a dashboard without the State API (Ray < 2.0, or a
+            404), a timeout, an incomplete listing (``raise_on_missing_output``: a partial
+            answer could refuse a job that fits), or an answer of another schema.
+    """
+    from ray.util.state import list_nodes
+
+    nodes = list_nodes(address=address, limit=NODES_LIMIT, timeout=NODES_TIMEOUT_S,
+                       raise_on_missing_output=True)
+    return [{str(k): float(v) for k, v in (n.resources_total or {}).items()}
+            for n in nodes if n.state == "ALIVE"]
+
+
+def check_shapes(shapes: Sequence[WorkerShape], address: str) -> None:
+    """Before the job leaves: can the cluster's alive nodes hold each worker group the command
+    asks for (:func:`components.session.placement_problem`, the check a run's start makes)?
+    A group they cannot hold is refused with the numbers and the fix: Ray would wait for
+    resources that never come, and Ray Train fails only after its start timeout, without
+    saying why. With ``SIMGRAPH_SUBMIT_UNPLACED=warn`` (a cluster whose autoscaler adds a
+    larger node type, e.g. GPU workers scaled to zero) it is a warning and the job goes.
+    A cluster that cannot be asked: one warning line, and the job goes (its start checks).
+
+    Raises:
+        SubmitError: a worker group the alive nodes cannot hold.
+    """
+    if not shapes:
+        return
+    try:
+        nodes = cluster_nodes(address)
+    except Exception as e:  # noqa: BLE001 - HTTP, schema and State API errors of several kinds
+        why = (str(e).strip().splitlines() or [""])[0][:200]
+        print(f"simgraph submit: warning: cannot list the nodes of the cluster at {address} "
+              f"({type(e).__name__}: {why}); the workers' shape is checked when the run starts",
+              file=sys.stderr)
+        return
+    warn = os.environ.get(UNPLACED_ENV, "").strip().lower() == "warn"
+    for shape in shapes:
+        problem = placement_problem(shape.workers, shape.cpus, shape.gpus, nodes,
+                                    f"the cluster at {address}", shape.strategy)
+        if problem is None:
+            continue
+        if warn:
+            print(f"simgraph submit: warning: {shape.what}: {problem} Sent anyway "
+                  f"({UNPLACED_ENV}=warn): it waits for a node that holds a worker",
+                  file=sys.stderr)
+            continue
+        raise SubmitError(f"{shape.what}: {problem} Nothing was sent (if the cluster's "
+                          f"autoscaler adds a node type that holds one, set {UNPLACED_ENV}=warn)")
+
+
 def submit(argv: Sequence[str], env: dict[str, Any], address: str, job_id: str | None = None,
-           wait: bool = True) -> int:
+           wait: bool = True, shapes: Sequence[WorkerShape] = ()) -> int:
+    """Send the job (after :func:`check_shapes`) and, with ``wait``, follow it to its end;
+    the exit status: 0 when it succeeded (or was sent, without ``wait``).
+
+    Raises:
+        SubmitError: the cluster cannot be reached, cannot hold a worker group of ``shapes``,
+            or refused the job.
+    """
     from components.storage import has_credentials, redact
 
     use_token_if_present()
@@ -485,6 +622,7 @@ def submit(argv: Sequence[str], env: dict[str, Any], address: str, job_id: str |
         client = JobSubmissionClient(address)
     except Exception as e:  # noqa: BLE001 - connection / auth errors of several kinds
         raise SubmitError(f"cannot reach the Ray cluster at {address}: {e}") from None
+    check_shapes(shapes, address)
     job_id = job_id or f"simgraph-{argv[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
     if has_credentials(list(argv)):
         # The job needs them, so its entrypoint carries them; the metadata (what `ray job list`
@@ -520,8 +658,8 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """``simgraph submit``; ``parser``: the CLI's, to check the job's command with."""
     root = project_root()
     try:
-        argv = (prepare_command(args.job, args.base_dir, parser, root) if not args.skip_check
-                else parse_job(args.job, parser)[0])
+        job = (prepare_job(args.job, args.base_dir, parser, root) if not args.skip_check
+               else PreparedJob(parse_job(args.job, parser)[0], []))
         extra = None
         if args.runtime_env:
             extra = safe_load(Path(args.runtime_env).read_text(), args.runtime_env)
@@ -530,13 +668,14 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         env, pkg = checked_env(env, getattr(args, "include", None) or ())
         for line in describe_package(pkg):
             print(f"simgraph submit: {line}" if not line.startswith(" ") else line)
-        return submit(argv, env, resolve_address(args.address), args.job_id,
-                      wait=not args.no_wait)
+        return submit(job.argv, env, resolve_address(args.address), args.job_id,
+                      wait=not args.no_wait, shapes=job.shapes)
     except (SubmitError, OSError, yaml.YAMLError) as e:
         print(f"simgraph submit: {e}", file=sys.stderr)
         return 2
 
 
-__all__ = ["Package", "SubmitError", "checked_env", "describe_package", "entrypoint",
-           "looks_secret", "main", "package", "parse_job", "prepare_command",
+__all__ = ["Package", "PreparedJob", "SubmitError", "WorkerShape", "check_shapes",
+           "checked_env", "cluster_nodes", "describe_package", "entrypoint", "job_configs",
+           "looks_secret", "main", "package", "parse_job", "prepare_command", "prepare_job",
            "project_requirements", "runtime_env", "submit"]

@@ -40,7 +40,7 @@ import sys
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import yaml
 
@@ -50,6 +50,9 @@ from components.files import atomic_open, write_text
 from components.paths import base_dir, portable
 from components.run_host import metric_first
 
+if TYPE_CHECKING:
+    from components.run_dir import PreparedRun
+
 
 class SweepError(SimgraphError, RuntimeError):
     """The sweep cannot start or its results cannot be read."""
@@ -57,6 +60,13 @@ class SweepError(SimgraphError, RuntimeError):
 
 TRIALS_JSON = "trials.json"  # the trial rows (typed parameters): what --confirm reads back
 CONFIRM_DIR = "confirm"  # <sweep dir>/confirm/<rank>-seed<j>: the confirmation runs
+# How long a trial (or confirmation run) waits for its run dir's lock before it fails: the
+# process of the same trial's earlier start may still be going (a driver killed and resumed
+# at once, a restart on another node while Ray ends the old actor); the kernel releases its
+# lock when it dies.
+TRIAL_LOCK_WAIT_S = 60.0
+TRIAL_LOCK_WAITING = ("another simgraph pretrain, run or sweep trial is training this trial's "
+                      "run dir; stop it, then resume the sweep with --resume")
 
 
 def sweep_dir(sweep: Any, base: str | Path | None = None) -> str:
@@ -74,22 +84,42 @@ def sweep_dir(sweep: Any, base: str | Path | None = None) -> str:
 
 def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str],
              cwd: str) -> None:
-    """Tune function trainable: pretrain one configuration; Train resumes it if it ran before."""
+    """Tune function trainable: pretrain one configuration; Train resumes it if it ran before.
+
+    The trial's run dir has one writer: this process holds its lock
+    (:func:`components.run_dir.writing_run`) while the trial trains, so a ``simgraph
+    pretrain`` pointed at it is refused. The lock goes when the trial ends, fails, or is
+    stopped — Tune stops a function trainable (ASHA, a reused actor's next trial, the sweep's
+    end) by ``sys.exit`` inside its ``report``, which unwinds this ``with`` — and with the
+    process when it dies.
+    """
     from ray import tune
 
     from components.paths import localize
-    from components.recipe import make_trainer, train_in_trial
-    from components.run_dir import prepare_run
-    from components.search_space import SCORE, load_sweep, score_history, score_spec, trial_config
+    from components.run_dir import writing_run
+    from components.search_space import load_sweep, trial_config
     from components.storage import join
 
     sweep = load_sweep(localize(sweep_path), sweep_overrides)
-    score = score_spec(sweep)
     trial_id = tune.get_context().get_trial_id()
     # Relative paths mean what they meant where `simgraph sweep` was started (or
     # $SIMGRAPH_BASE_DIR): Tune runs each trial in its own working directory.
-    run = prepare_run(trial_config(sweep, params, name=trial_id,
-                                   storage=join(sweep_dir(sweep, cwd), "trials")), base=cwd)
+    cfg = trial_config(sweep, params, name=trial_id,
+                       storage=join(sweep_dir(sweep, cwd), "trials"))
+    with writing_run(cfg, base=cwd, command="sweep", wait_s=TRIAL_LOCK_WAIT_S,
+                     waiting=TRIAL_LOCK_WAITING) as run:
+        _train_trial(sweep, run)
+
+
+def _train_trial(sweep: Any, run: PreparedRun) -> None:
+    """:func:`trial_fn`'s training, under the trial's run dir lock: replay a finished trial's
+    results, or train it (in this actor, or with its own Train worker group)."""
+    from ray import tune
+
+    from components.recipe import make_trainer, train_in_trial
+    from components.search_space import SCORE, score_history, score_spec
+
+    score = score_spec(sweep)
     cfg, facts, run_dir, history = run.cfg, run.facts, run.run_dir, run.finished
     if history is not None:
         # Trained to the end before the sweep driver died, but Tune never recorded it: replay
@@ -381,7 +411,7 @@ def confirm_fn(params: dict[str, Any], seed_index: int, name: str, sweep_path: s
     from components.confirmation import SEED_OFFSET
     from components.paths import localize
     from components.recipe import PretrainRecipe, loop_config, make_trainer
-    from components.run_dir import prepare_run
+    from components.run_dir import writing_run
     from components.run_host import InProcess
     from components.search_space import load_sweep, trial_config
     from components.storage import join
@@ -392,14 +422,16 @@ def confirm_fn(params: dict[str, Any], seed_index: int, name: str, sweep_path: s
                        storage=join(sweep_dir(sweep, cwd), CONFIRM_DIR))
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(
         cfg.train, seed=cfg.train.seed + SEED_OFFSET + seed_index))
-    run = prepare_run(cfg, base=cwd)
-    if run.finished is None:
-        if sweep.resources.in_trial:
-            PretrainRecipe(loop_config(run.cfg, run.run_dir, run.facts),
-                           host=InProcess(run.run_dir, run.cfg.checkpoint.keep)).run()
-        else:
-            make_trainer(run.cfg, run.run_dir, run.facts).fit()
-    return split_knn_hits(run.run_dir, sweep.confirm.split)
+    # One writer, as a trial's: this task holds the run dir's lock while it trains and scores.
+    with writing_run(cfg, base=cwd, command="sweep", wait_s=TRIAL_LOCK_WAIT_S,
+                     waiting=TRIAL_LOCK_WAITING) as run:
+        if run.finished is None:
+            if sweep.resources.in_trial:
+                PretrainRecipe(loop_config(run.cfg, run.run_dir, run.facts),
+                               host=InProcess(run.run_dir, run.cfg.checkpoint.keep)).run()
+            else:
+                make_trainer(run.cfg, run.run_dir, run.facts).fit()
+        return split_knn_hits(run.run_dir, sweep.confirm.split)
 
 
 def confirm(sweep: Any, rows: Sequence[dict[str, Any]], sweep_path: str,

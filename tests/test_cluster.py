@@ -112,7 +112,8 @@ def test_submit_sweep_over_both_nodes(cluster: LoopbackCluster, shared: Path) ->
         rows = list(csv.DictReader(f))
     assert [r["status"] for r in rows] == ["finished", "finished"], rows
     alive = {n["node_id"] for n in cluster.nodes()}
-    for trial in (sweep_dir / "trials").iterdir():
+    for trial in (t for t in (sweep_dir / "trials").iterdir()
+                  if t.is_dir()):  # beside each: its run dir's lock, .<trial>.lock
         assert {x["node_id"] for x in workers(trial)} == alive
         done = latest_complete(trial)
         assert done is not None and done[0] == 2

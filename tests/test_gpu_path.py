@@ -272,6 +272,83 @@ def test_loader_thread_selects_the_rank_device(no_jit: None, tmp_path: Path,
     assert threading.current_thread().name not in threads  # set in the pipeline thread
 
 
+class _FakeCuda:
+    """What a faked CUDA call returns: a stream / event / context manager that does nothing."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> _FakeCuda:
+        return self
+
+    def __getattr__(self, name: str) -> _FakeCuda:  # wait_stream, record, wait, synchronize
+        return self
+
+    def __enter__(self) -> _FakeCuda:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+# Every CUDA entry FFCV's loader and the reader use: each opens a CUDA context on a GPU
+# machine (on GPU 0 unless the thread selected another device).
+CUDA_ENTRIES = ("set_device", "current_stream", "Stream", "Event", "stream", "synchronize",
+                "current_device", "init", "_lazy_init")
+
+
+def _record_cuda(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """FFCV as it runs on a GPU machine (``IS_CUDA``, decided at its import), with every CUDA
+    entry of :data:`CUDA_ENTRIES` and ``Tensor.pin_memory`` recording its call (and doing
+    nothing): the names called, in order."""
+    from ffcv.loader import epoch_iterator
+
+    calls: list[str] = []
+
+    def record(name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> _FakeCuda:
+            calls.append(name)
+            return _FakeCuda()
+        return call
+
+    def pin(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append("pin_memory")
+        return self
+
+    monkeypatch.setattr(epoch_iterator, "IS_CUDA", True)
+    for name in CUDA_ENTRIES:
+        monkeypatch.setattr(torch.cuda, name, record(name))
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
+    return calls
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_a_cpu_reader_never_calls_into_cuda(no_jit: None, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch, train: bool) -> None:
+    """Issue 40: FFCV uses CUDA whenever torch sees a GPU, whatever the loader's device: its
+    iterator took the current stream, made streams and events and pinned every host buffer,
+    each opening a CUDA context on GPU 0 in CPU-only processes (preprocess tasks, CPU sweep
+    trials, ``evaluate --device cpu``). A CPU reader on a machine where FFCV sees a GPU makes
+    no CUDA call; a CUDA reader's loader (its thread device set) still makes FFCV's calls
+    (the net catches them), and both read the same batches."""
+    data = synthetic_dataset(tmp_path / "ds", size=16, train_per_class=4)
+    split = data / ("train.beton" if train else "val.beton")
+    calls = _record_cuda(monkeypatch)
+
+    def read(thread_device: torch.device | None) -> list[Any]:
+        loader = ViewLoader(split, batch_size=4, views=2, num_workers=1, train=train, seed=3,
+                            augment=AugmentConfig(resolution=RES), device="cpu")
+        if thread_device is not None:
+            loader.loader.thread_device = thread_device  # as a cuda:N reader sets it
+        return list(loader)
+
+    on_cpu = read(None)
+    assert on_cpu and calls == [], calls
+    on_cuda = read(CUDA)
+    assert {"set_device", "current_stream", "Stream", "stream", "pin_memory"} <= set(calls)
+    assert len(on_cuda) == len(on_cpu)
+    for a, b in zip(on_cpu, on_cuda, strict=True):  # FFCV's own code and the host copy agree
+        assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels)
+        assert torch.equal(a.sample_ids, b.sample_ids)
+
+
 def test_cuda_sync_debug_mode_is_read_once_and_checked(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from components.recipe import SYNC_DEBUG_ENV, loop_config

@@ -121,3 +121,52 @@ def test_a_foreign_output_folder_is_refused(tmp_path: Path) -> None:
     with pytest.raises(kit.KitError, match="not a kit"):
         kit.build(sys.executable, have, tmp_path)
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_kit_for_a_clean_venv_carries_torch_ffcvs_imports_and_replaced_pins(
+        tmp_path: Path) -> None:
+    """Without ``--have`` the node has nothing: torch is carried (as the wheel given with
+    ``--wheel``: its pin leaves the resolve), ``--require`` replaces a pin or adds one, and
+    FFCV's run-time imports (cv2, tqdm: FFCV is installed without its declared dependencies)
+    are carried unless the node has a distribution that provides them."""
+    reqs = kit.project_requirements(set(), kit.DEFAULT_WITHOUT, "train,tune,data",
+                                    require=["torchvision==0.28.0"])
+    by_name = {kit.requirement_name(r): r for r in reqs}
+    assert by_name["torch"] == "torch==2.14.1" and by_name["torchvision"] == "torchvision==0.28.0"
+    assert {"opencv-python-headless", "tqdm"} <= set(by_name)
+    assert len(reqs) == len(by_name)  # one requirement per distribution
+    # A node with any OpenCV build has cv2.
+    node = kit.project_requirements({"opencv-python", "tqdm"}, (), "train")
+    assert not {kit.requirement_name(r) for r in node} & {"opencv-python-headless", "tqdm"}
+    with pytest.raises(kit.KitError, match=r"--require '==1' names no distribution"):
+        kit.project_requirements(set(), (), "train", require=["==1"])
+    # pip takes --platform tags literally: every glibc from 2.5 to the node's 2.35, no gap
+    # (nvidia-nccl-cu13's wheel is manylinux_2_18: the index's torch was not resolvable).
+    tags = set(kit.Target("python3", "3.11").pip_cross())
+    assert {f"manylinux_2_{v}_x86_64" for v in range(5, 36)} <= tags
+    wheel = tmp_path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    wheel.write_bytes(b"PK")
+    assert kit.wheel_name(wheel) == "torch"
+    for bad in (tmp_path / "torch.tar.gz", tmp_path / "missing-1-py3-none-any.whl"):
+        with pytest.raises(kit.KitError, match=r"--wheel .*not a wheel file"):
+            kit.wheel_name(bad)
+
+
+def test_the_pack_level_is_free_and_bad_options_are_refused(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "a.txt").write_text("x" * 100_000)
+    for preset in (0, 9):
+        out = tmp_path / f"out{preset}"
+        out.mkdir()
+        pieces = kit.pack(site, out, piece_mib=1, xz_preset=preset)
+        import tarfile
+
+        with tarfile.open(out / pieces[0], mode="r:xz") as t:  # the same format either way
+            assert t.extractfile("site/a.txt").read() == b"x" * 100_000  # type: ignore[union-attr]
+    with pytest.raises(kit.KitError, match="--xz-preset 12"):
+        kit.build(sys.executable, None, tmp_path / "k", xz_preset=12)
+    assert kit.main(["--python", sys.executable, "--out", str(tmp_path / "k"),
+                     "--no-build"]) == 2
+    assert kit.main(["--python", sys.executable, "--out", str(tmp_path / "none"), "--no-build",
+                     "--check"]) == 2  # no kit there: said in one line, nothing run

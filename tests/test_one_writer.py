@@ -4,8 +4,11 @@ preprocess``) are locked while written. The lock names its owner (host, pid, sta
 second writer is refused in one line naming it, and nothing of the first's is touched; a lock
 whose owner is dead (pid gone, or reused by a process that started at another time) is taken
 over, saying so. Two runs started together with different configs cannot both pass the config
-check. A run that reads a dataset refuses it when a rebuild was swapped in since it started
-(checked before the kNN loaders open the split files).
+check. Every writer of a run dir goes through one library function
+(``components.run_dir.writing_run``): ``simgraph pretrain``, ``simgraph run``, each sweep trial
+and confirmation run. A run that reads a dataset refuses it when a rebuild was swapped in since
+it started (checked before the training loader — at every worker start, restart or resume —
+and the kNN loaders open the split files).
 
 The second writer is a real process: a subprocess holding the lock (``holding`` below), a lock
 file naming a live process, or two ``simgraph pretrain`` commands started at once. No Ray:
@@ -208,8 +211,69 @@ def test_a_second_pretrain_on_a_live_run_is_refused_and_its_checkpoints_survive(
         assert main(["pretrain", str(cfg)]) == 1
         err = _one_line(capsys)
     assert f"the run dir {run_dir} is held by pid {first.pid} on {HOST} since " in err
-    assert "another simgraph pretrain is training this run" in err
+    assert "another simgraph pretrain, run or sweep trial is training this run" in err
     assert _tree(run_dir) == before  # no checkpoint pruned, no config or worker record
+
+
+def test_simgraph_run_on_a_live_run_is_refused_and_its_checkpoints_survive(
+        data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``simgraph run`` calls the recipe's driver as ``simgraph pretrain`` does, so it takes
+    the same lock: a run of its plan that another process is training is refused in one line
+    naming it, the run dir byte-identical. (Its dataset step and Ray session are stubbed out:
+    the dataset is built, the run trains in-process.)"""
+    import components.data.build
+    import components.session
+
+    storage = tmp_path / "runs"
+    run_dir = run_with_checkpoint(data, storage, "run-a")  # the live run, mid-training
+    before = _tree(run_dir)
+    (tmp_path / "pre.yaml").write_text(yaml.safe_dump({
+        "output": str(data), "source": {"kind": "folder", "path": str(tmp_path / "src")},
+        "captions": {"enabled": False}}))
+    _cfg_file(tmp_path, data, storage, "base.yaml", train__epochs=3)
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump({
+        "preprocess": "pre.yaml", "pretrain": "base.yaml", "prefix": "run", "runs": {"a": []}}))
+    monkeypatch.setattr(components.data.build, "run", lambda pre, echo=True: None)
+    monkeypatch.setattr(components.session, "ray_session",
+                        lambda *a, **k: contextlib.nullcontext())
+    with holder(run_dir, "dir") as first:
+        capsys.readouterr()
+        assert main(["run", str(tmp_path / "plan.yaml")]) == 1
+        err = _one_line(capsys)
+    assert err.startswith(f"simgraph run: the run dir {run_dir} is held by pid {first.pid} "
+                          f"on {HOST} since "), err
+    assert "another simgraph pretrain, run or sweep trial is training this run" in err
+    assert _tree(run_dir) == before
+
+
+def test_every_run_dir_is_prepared_under_its_writer_lock() -> None:
+    """The class of the gap ``simgraph run`` had (it called the recipe's driver, which took no
+    lock): a run dir is prepared — ``config.yaml`` read and written, the dataset checked, the
+    resume decided — only inside ``components.run_dir.writing_run``, which holds its lock and
+    claims it, and every command that trains the recipe gets its run dir from there."""
+    import ast
+
+    prepares, writers = [], set()
+    for path in sorted([*(ROOT / "components").rglob("*.py"), *(ROOT / "pipelines").rglob("*.py")]):
+        rel = str(path.relative_to(ROOT))
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(fn):
+                if not isinstance(node, ast.Call):
+                    continue
+                f = node.func
+                name = f.id if isinstance(f, ast.Name) else getattr(f, "attr", None)
+                if name in ("prepare_run", "prepare_run_dir"):
+                    prepares.append((rel, fn.name, name))
+                elif name == "writing_run":
+                    writers.add((rel, fn.name))
+    assert {(r, f) for r, f, _ in prepares} <= {("components/run_dir.py", "writing_run"),
+                                               ("components/run_dir.py", "prepare_run")}, \
+        prepares
+    assert {("components/recipe.py", "run_pretraining"), ("pipelines/sweep.py", "trial_fn"),
+            ("pipelines/sweep.py", "confirm_fn")} <= writers, writers
 
 
 def test_a_stale_run_lock_is_taken_over(data: Path, tmp_path: Path,
@@ -255,8 +319,8 @@ def test_two_runs_started_together_with_different_configs_do_not_both_pass(
 # simgraph sweep: one writer per sweep dir.
 
 
-def _space(tmp: Path, data: Path) -> Path:
-    base = tiny_run_config(data, Path("unused"), name="base", train__epochs=1,
+def _space(tmp: Path, data: Path, epochs: int = 1) -> Path:
+    base = tiny_run_config(data, Path("unused"), name="base", train__epochs=epochs,
                            scaling={"num_workers": 1, "cpus_per_worker": 1.0},
                            loss={"name": "simclr", "tau": 0.2})
     (tmp / "base.yaml").write_text(yaml.safe_dump(base))
@@ -285,6 +349,103 @@ def test_a_sweep_beside_a_live_sweep_is_refused(
     assert f"the sweep dir {sweep_dir} is held by pid {first.pid} on {HOST}" in err
     assert "another simgraph sweep is writing it" in err
     assert _tree(sweep_dir) == before
+
+
+# A sweep trial: its run dir has one writer too (the trial's process holds its lock).
+
+TRIAL = "t0001"
+
+
+def _trial(space: Path, tmp: Path, monkeypatch: pytest.MonkeyPatch,
+           on_report: Any) -> None:
+    """``pipelines.sweep.trial_fn`` as a Tune trial actor runs it (one worker: it trains in
+    this process), with Tune's trial id and ``report`` given here (``on_report(result)``)."""
+    import types
+
+    from ray import tune
+
+    from pipelines.sweep import trial_fn
+
+    monkeypatch.setattr(tune, "get_context",
+                        lambda: types.SimpleNamespace(get_trial_id=lambda: TRIAL))
+    monkeypatch.setattr(tune, "report", on_report)
+    trial_fn({"optim.lr": 0.1}, str(space), [], str(tmp))
+
+
+def test_a_pretrain_into_a_trial_the_sweep_trains_is_refused(
+        data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``simgraph pretrain storage=<sweep>/trials name=<trial>`` while the sweep trains that
+    trial: refused in one line naming the trial's process; the trial's run dir byte-identical
+    (its checkpoint, config, worker record); the lock is released when the trial ends."""
+    trials = tmp_path / "sweeps" / "s" / "trials"
+    trial_dir, lock = trials / TRIAL, trials / f".{TRIAL}.lock"
+    cfg = tmp_path / "into-trial.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_run_config(
+        data, trials, name=TRIAL, knn__every_epochs=0, train__epochs=3,
+        scaling={"num_workers": 1, "cpus_per_worker": 1.0, "host": "in_process"})))
+    seen: list[tuple[dict[str, str], subprocess.CompletedProcess[str], dict[str, str]]] = []
+
+    def report(result: dict[str, Any]) -> None:  # epoch 1's checkpoint is in the run dir
+        if not seen:
+            before = _tree(trial_dir)
+            code = "import sys; from pipelines.cli import main; sys.exit(main(sys.argv[1:]))"
+            out = subprocess.run([sys.executable, "-c", code, "pretrain", str(cfg)], cwd=ROOT,
+                                 capture_output=True, text=True, timeout=120)
+            seen.append((before, out, _tree(trial_dir)))
+
+    _trial(_space(tmp_path, data, epochs=2), tmp_path, monkeypatch, report)
+    before, out, after = seen[0]
+    err = out.stderr.strip()
+    assert out.returncode == 1 and len(err.splitlines()) == 1, err
+    assert (f"simgraph pretrain: the run dir {trial_dir} is held by pid {os.getpid()} on "
+            f"{HOST} since ") in err
+    assert "another simgraph pretrain, run or sweep trial is training this run" in err
+    assert "epoch_00001/state.pt" in before and after == before
+    assert (trial_dir / "epoch_00002" / "meta.json").exists()  # the trial went on to its end
+    assert read_lock(lock) is None and _free(lock)  # released when the trial ended
+
+
+def test_a_stopped_trial_releases_its_run_dir_and_its_restart_resumes(
+        data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tune stops a trial (ASHA, the end of the sweep, a reused actor's next trial) by
+    ``sys.exit(0)`` inside its ``report`` (Ray 2.60's ``_TrainSession``): the trial's lock is
+    released with it, and the trial run again (a restart after a failure, ``--resume``) takes
+    it and resumes from the checkpoint the stopped one left."""
+    space = _space(tmp_path, data, epochs=2)
+    trials = tmp_path / "sweeps" / "s" / "trials"
+    lock = trials / f".{TRIAL}.lock"
+
+    def stop(result: dict[str, Any]) -> None:
+        assert read_lock(lock)["pid"] == os.getpid()  # held while the trial trains
+        sys.exit(0)
+
+    with pytest.raises(SystemExit):
+        _trial(space, tmp_path, monkeypatch, stop)
+    assert read_lock(lock) is None and _free(lock)
+    epochs: list[int] = []
+    _trial(space, tmp_path, monkeypatch, lambda result: epochs.append(result["epoch"]))
+    assert epochs == [2]  # resumed after epoch 1
+    assert read_lock(lock) is None and _free(lock)
+
+
+def test_a_trial_waits_for_its_run_dir_then_names_the_holder(
+        data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trial whose run dir another process holds (a stopping trial's process not yet gone,
+    or a ``simgraph pretrain`` pointed at it) waits, bounded, then fails in one line naming
+    the holder; nothing is written into the trial's run dir."""
+    import pipelines.sweep
+    from components.run_dir import RunError
+
+    space = _space(tmp_path, data)
+    trial_dir = tmp_path / "sweeps" / "s" / "trials" / TRIAL
+    monkeypatch.setattr(pipelines.sweep, "TRIAL_LOCK_WAIT_S", 0.5)
+    with holder(trial_dir, "dir") as first, pytest.raises(RunError) as e:
+        _trial(space, tmp_path, monkeypatch, lambda result: None)
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1, msg
+    assert msg.startswith(f"gave up after 0.5 s waiting for the run dir {trial_dir}, held by "
+                          f"pid {first.pid} on {HOST} since "), msg
+    assert not trial_dir.exists()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,6 +502,66 @@ def test_a_run_refuses_a_dataset_rebuilt_while_it_trains(
     assert "build parameters, split files (train, val) differ" in msg
     assert "the kNN evaluation would read other data" in msg
     assert "start a new run" in msg
+
+
+def _rebuild(ds: Path) -> None:
+    """What a ``preprocess --overwrite`` swap leaves: another dataset at the same path (other
+    data, other build parameters)."""
+    shutil.rmtree(ds)
+    synthetic_dataset(ds, size=16, train_per_class=8, val_per_class=2, seed=1)
+
+
+@pytest.mark.parametrize("when", ["start", "restart"])
+def test_a_worker_refuses_a_dataset_rebuilt_before_it_opens_the_train_split(
+        data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str) -> None:
+    """The train loader opens its split file when a worker starts: ``start``, a rebuild
+    swapped in after the driver checked the dataset; ``restart``, a worker started again
+    (Ray Train after a worker failure, with the run's dataset identity from its start) after
+    epoch 1's checkpoint, on a rebuilt dataset. Either is refused in one line before a step
+    trains on the new data or a worker record is written; the run dir byte-identical."""
+    import dataclasses
+
+    import components.recipe
+    from components.config import PretrainConfig, from_dict
+    from components.data.reader import DatasetError
+    from components.recipe import PretrainRecipe, loop_config, run_pretraining
+    from components.run_dir import absolute_paths, check_dataset
+    from components.run_host import InProcess
+
+    ds = tmp_path / "ds"
+    shutil.copytree(data, ds)
+    cfg = from_dict(PretrainConfig, tiny_run_config(
+        ds, tmp_path / "runs", knn__every_epochs=0, train__epochs=2,
+        scaling={"num_workers": 1, "cpus_per_worker": 1.0, "host": "in_process"}))
+    run_dir = tmp_path / "runs" / "run"
+    trees: list[dict[str, str]] = []
+    if when == "start":
+        real = components.recipe._train_in_process
+
+        def swapped_first(*args: Any) -> list[dict[str, Any]]:
+            _rebuild(ds)
+            trees.append(_tree(run_dir))
+            return real(*args)
+
+        monkeypatch.setattr(components.recipe, "_train_in_process", swapped_first)
+        with pytest.raises(DatasetError) as e:
+            run_pretraining(cfg, echo=False)
+    else:
+        one = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=1))
+        run_pretraining(one, echo=False)
+        cfg = absolute_paths(cfg)
+        facts = check_dataset(cfg)  # what the driver handed its workers at the run's start
+        _rebuild(ds)
+        trees.append(_tree(run_dir))
+        assert "epoch_00001/state.pt" in trees[0]
+        with pytest.raises(DatasetError) as e:
+            PretrainRecipe(loop_config(cfg, str(run_dir), facts),
+                           host=InProcess(str(run_dir), cfg.checkpoint.keep)).run()
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1, msg
+    assert f"the dataset {ds} changed since the run started" in msg
+    assert "the training loader would read other data than the run trained on" in msg
+    assert _tree(run_dir) == trees[0]
 
 
 def test_verify_identity_is_quiet_for_the_same_dataset_and_names_a_missing_manifest(

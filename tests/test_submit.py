@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -196,3 +197,136 @@ def test_ray_maps_gpus_per_node_id_even_when_nodes_share_an_ip(
     assert [f"cuda:{x['local_rank']}" for x in layout] == devices
     by_ip = [node_layout([w.node_ip for w in workers], r) for r in range(4)]
     assert [x["local_rank"] for x in by_ip] == [0, 1, 2, 3]  # what ranking by IP gives
+
+
+# ---------------------------------------------------------------------------------------------
+# The workers' shape against the cluster's nodes, before the job leaves (issue 40).
+
+GPU_CONFIG = "pipelines/configs/pretrain/fashion_mnist_resnet18.yaml"  # 1 worker, 8 CPU + 1 GPU
+
+
+def _node(cpus: float, gpus: float = 0.0, state: str = "ALIVE") -> Any:
+    """A node as Ray 2.60's ``list_nodes`` returns it: the State API's answer (recorded from a
+    local Ray's ``GET /api/v0/nodes``) in Ray's own ``NodeState``."""
+    from ray.util.state.common import NodeState
+
+    resources = {"CPU": cpus, "memory": 23773298688.0, "node:127.0.0.1": 1.0,
+                 "object_store_memory": 1073741824.0, **({"GPU": gpus} if gpus else {})}
+    return NodeState(node_id="9e8e114d", node_ip="127.0.0.1", is_head_node=False, state=state,
+                     state_message=None, node_name="127.0.0.1", resources_total=resources,
+                     labels={"ray.io/node-id": "9e8e114d"})
+
+
+def _send(monkeypatch: pytest.MonkeyPatch, nodes: Any, *job: str) -> tuple[int, dict[str, Any],
+                                                                           list[str]]:
+    """`simgraph submit --no-wait -- JOB` against a stand-in cluster: Ray's job client records
+    what would be sent; Ray's ``list_nodes`` (the State API call) answers ``nodes``, or raises
+    it when it is an exception. Returns the exit status, what was submitted, and the
+    addresses the node listing was asked at."""
+    import ray.job_submission
+    import ray.util.state
+
+    from pipelines import cli
+
+    sent: dict[str, Any] = {}
+    asked: list[str] = []
+
+    class Client:
+        def __init__(self, address: str) -> None:
+            pass
+
+        def submit_job(self, **kw: Any) -> str:
+            sent.update(kw)
+            return str(kw["submission_id"])
+
+    def list_nodes(address: str | None = None, **kw: Any) -> Any:
+        asked.append(str(address))
+        if isinstance(nodes, BaseException):
+            raise nodes
+        return nodes
+
+    monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", Client)
+    monkeypatch.setattr(ray.util.state, "list_nodes", list_nodes)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    rc = cli.main(["submit", "--no-wait", "--address", "http://head:8265", "--base-dir",
+                   "/shared", "--", *job])
+    return rc, sent, asked
+
+
+def test_submit_refuses_workers_no_node_holds_and_sends_nothing(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The GPU reference config (8 CPUs + 1 GPU a worker) against a head of 8 CPUs and two
+    4-CPU GPU nodes (issue 40 defect 9's g5.xlarge): refused with the numbers and the fix, exit
+    2, nothing submitted. A dead node holds nothing."""
+    monkeypatch.delenv("SIMGRAPH_SUBMIT_UNPLACED", raising=False)
+    nodes = [_node(8), _node(4, 1), _node(4, 1), _node(64, 8, state="DEAD")]
+    rc, sent, asked = _send(monkeypatch, nodes, "pretrain", GPU_CONFIG)
+    err = capsys.readouterr().err
+    assert rc == 2 and not sent, err
+    assert asked == ["http://head:8265"]
+    assert ("simgraph submit: pretrain: scaling asks 1 worker(s) of 8 CPU + 1 GPU each, but the "
+            "cluster at http://head:8265 holds at most 0 (its nodes: 4 CPU / 1 GPU, 8 CPU / 0 "
+            "GPU): the run could never start. Set scaling.cpus_per_worker <= 4 (and "
+            "data.num_workers with it), or add nodes with more CPUs. Nothing was sent") in err
+    assert "SIMGRAPH_SUBMIT_UNPLACED=warn" in err and len(err.strip().splitlines()) == 1
+    # A cluster whose autoscaler adds the node type later: told so, the job goes.
+    monkeypatch.setenv("SIMGRAPH_SUBMIT_UNPLACED", "warn")
+    rc, sent, _ = _send(monkeypatch, nodes, "pretrain", GPU_CONFIG)
+    err = capsys.readouterr().err
+    assert rc == 0 and sent["entrypoint"].endswith(f"pretrain {GPU_CONFIG}")
+    assert "warning: pretrain: scaling asks 1 worker(s) of 8 CPU + 1 GPU" in err
+
+
+def test_submit_sends_workers_the_nodes_hold(monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("SIMGRAPH_SUBMIT_UNPLACED", raising=False)
+    rc, sent, asked = _send(monkeypatch, [_node(8), _node(8, 1)], "pretrain", GPU_CONFIG)
+    assert rc == 0 and asked and sent["entrypoint"].endswith(f"pretrain {GPU_CONFIG}")
+    # The fix the refusal names fits the small GPU nodes.
+    rc, sent, _ = _send(monkeypatch, [_node(8), _node(4, 1)], "pretrain", GPU_CONFIG,
+                        "scaling.cpus_per_worker=4", "data.num_workers=4")
+    assert rc == 0 and sent, capsys.readouterr().err
+    # A command without a worker group asks the cluster nothing.
+    rc, sent, asked = _send(monkeypatch, RuntimeError("not asked"), "evaluate", "/shared/runs/a")
+    assert rc == 0 and sent and not asked
+
+
+def test_submit_warns_in_one_line_and_sends_when_the_cluster_cannot_be_asked(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A dashboard without the State API answers 404, which Ray's client raises as this."""
+    from ray.util.state.exception import RayStateApiException
+
+    old = RayStateApiException("Failed to parse Response(url=http://head:8265/api/v0/nodes?"
+                               "limit=10000, status=404, text='404: Not Found')")
+    rc, sent, asked = _send(monkeypatch, old, "pretrain", GPU_CONFIG)
+    err = capsys.readouterr().err
+    assert rc == 0 and sent and asked
+    warning = [ln for ln in err.splitlines() if "cannot list the nodes" in ln]
+    assert warning == [
+        "simgraph submit: warning: cannot list the nodes of the cluster at http://head:8265 "
+        "(RayStateApiException: Failed to parse Response(url=http://head:8265/api/v0/nodes?"
+        "limit=10000, status=404, text='404: Not Found')); the workers' shape is checked when "
+        "the run starts"]
+
+
+def test_the_worker_groups_each_command_asks_for() -> None:
+    from pipelines.cli import build_parser
+    from pipelines.submit import WorkerShape, prepare_job
+
+    def shapes(*job: str) -> list[WorkerShape]:
+        return prepare_job(list(job), "/shared", build_parser()).shapes
+
+    assert shapes("pretrain", GPU_CONFIG) == [WorkerShape("pretrain", 1, 8.0, 1.0, "PACK")]
+    assert shapes("pretrain", GPU_CONFIG, "scaling.num_workers=4",
+                  "scaling.placement_strategy=STRICT_SPREAD") == [
+        WorkerShape("pretrain", 4, 8.0, 1.0, "STRICT_SPREAD")]
+    # A CPU run: no GPUs asked (scaling.gpus_per_worker is unused without use_gpu).
+    assert shapes("pretrain", DEMO, "scaling.host=ray_train")[0].gpus == 0.0
+    # Trained in the job's own process: nothing to place.
+    assert shapes("pretrain", DEMO, "scaling.host=in_process", "scaling.num_workers=1") == []
+    run = shapes("run", "pipelines/configs/demo.yaml")
+    assert run and all(s.what.startswith("run ") for s in run)
+    sweep = shapes("sweep", "search_spaces/across_losses.yaml")
+    assert [(s.workers, s.cpus, s.gpus) for s in sweep] == [(2, 0.5, 0.0)]
+    assert sweep[0].what.startswith("sweep trials")
+    assert shapes("validate", DEMO) == [] and shapes("evaluate", "/abs/a") == []

@@ -589,7 +589,8 @@ def test_a_sweep_with_confirm_answers_with_the_confirmed_best(tmp_path: Path) ->
     assert all(r["split"] == "test" and len(r["seed_scores"]) == 2 for r in confirmed)
     with open(sweep_dir / "trials.csv") as f:
         trials = list(csv.DictReader(f))
-    runs = sorted(p.name for p in (sweep_dir / "confirm").iterdir())
+    runs = sorted(p.name for p in (sweep_dir / "confirm").iterdir()
+                  if p.is_dir())  # beside each: its run dir's lock, .<run>.lock
     assert runs == ["rank01-seed0", "rank01-seed1", "rank02-seed0", "rank02-seed1"]
     seeds = {load_config(sweep_dir / "confirm" / r / "config.yaml", PretrainConfig).train.seed
              for r in runs}

@@ -34,12 +34,14 @@ it across epochs (:meth:`ViewLoader.set_epoch`); ``jit=False`` skips compilation
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
 import os
 import queue
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterator, Sequence
@@ -483,8 +485,10 @@ def _seeded_loader_class() -> type:
     """
     import numba
     from ffcv.loader import Loader, epoch_iterator
-    from ffcv.loader.epoch_iterator import EpochIterator
+    from ffcv.loader.epoch_iterator import QUASIRANDOM_ERROR_MSG, EpochIterator, select_buffer
     from ffcv.pipeline.compiler import Compiler
+    from ffcv.traversal_order.quasi_random import QuasiRandom
+    from ffcv.utils import chunks
 
     global _LOADER_CLASS
     if _LOADER_CLASS is not None:
@@ -501,14 +505,58 @@ def _seeded_loader_class() -> type:
         silently on an exception and its ``__next__`` waits on the output queue without a
         timeout, so a failure or a stall in the pipeline hung the consumer forever. Here the
         thread hands its exception (with its traceback text) to the queue, and ``__next__``
-        waits at most ``loader.stall_timeout`` seconds for each batch."""
+        waits at most ``loader.stall_timeout`` seconds for each batch.
+
+        **A CPU reader never calls into CUDA.** FFCV decides once, at import, whether to use
+        CUDA (``IS_CUDA = torch.cuda.is_available()``), not per loader: on a machine with a GPU
+        its iterator takes the current stream, makes a stream and an event per buffer slot and
+        pins every host buffer (``pin_memory``) even for a CPU pipeline, and each of those
+        creates a CUDA context (~0.5 GB) on GPU 0 — in a preprocess task, a CPU sweep trial
+        or ``evaluate --device cpu``, on a GPU some other process was given. So CUDA is used
+        only when FFCV saw a GPU *and* the reader's device is CUDA (``loader.thread_device``,
+        set by :class:`ViewLoader` for ``cuda:N`` only): then FFCV's own ``__init__`` / ``run``
+        / ``run_pipeline`` run unchanged. Otherwise the ``_host_*`` methods run: the same code
+        without the CUDA branches, with unpinned buffers (pinning only speeds up host-to-GPU
+        copies, which a CPU reader never makes). ``torch.cuda.is_available()`` itself, at
+        FFCV's import, counts devices without opening a context."""
 
         def __init__(self, loader: Any, order: Any, epoch: int) -> None:
             self.epoch = epoch  # before the thread starts (the base __init__ starts it)
             self.failure: tuple[BaseException, str] | None = None
             self.stalled = False
             self.delivered = 0
-            super().__init__(loader, order)
+            self.uses_cuda = bool(epoch_iterator.IS_CUDA
+                                  and getattr(loader, "thread_device", None) is not None)
+            if self.uses_cuda:
+                super().__init__(loader, order)
+            else:
+                self._host_init(loader, order)
+
+        def _host_init(self, loader: Any, order: Any) -> None:
+            """FFCV's ``EpochIterator.__init__`` without its streams and pinned buffers."""
+            threading.Thread.__init__(self, daemon=True)
+            self.loader = loader
+            self.order = order
+            self.metadata = loader.reader.metadata
+            self.current_batch_slot = 0
+            batches = list(chunks(order, loader.batch_size))
+            self.iter_ixes = iter(batches)
+            self.closed = False
+            self.output_queue: queue.Queue[Any] = queue.Queue(loader.batches_ahead)
+            self.terminate_event = threading.Event()
+            self.memory_context = loader.memory_manager.schedule_epoch(batches)
+            try:
+                self.memory_context.__enter__()
+            except MemoryError:
+                if loader.traversal_order != QuasiRandom:
+                    print(QUASIRANDOM_ERROR_MSG)
+                    print("Full error below:")
+                raise
+            self.storage_state = self.memory_context.state
+            slots = loader.batches_ahead + 2
+            self.cuda_streams = [None] * slots
+            self.memory_allocations = _host_buffers(loader.graph, loader.batch_size, slots)
+            self.start()
 
         def run(self) -> None:
             try:
@@ -517,10 +565,57 @@ def _seeded_loader_class() -> type:
                 device = getattr(self.loader, "thread_device", None)
                 if device is not None:
                     torch.cuda.set_device(device)
-                super().run()
+                if self.uses_cuda:
+                    super().run()
+                else:
+                    self._host_run()
             except BaseException as e:  # noqa: BLE001 - handed to the consumer, re-raised there
                 self.failure = (e, "".join(traceback.format_exception(e)))
                 self._hand_over(_FAILED)
+
+        def _host_run(self) -> None:
+            """FFCV's ``EpochIterator.run`` without the CUDA events that guard a slot."""
+            slots = self.loader.batches_ahead + 2
+            b_ix = 0
+            Compiler.set_num_threads(self.loader.num_workers)
+            try:
+                while True:
+                    ixes = next(self.iter_ixes)
+                    slot = self.current_batch_slot
+                    self.current_batch_slot = (slot + 1) % slots
+                    result = self.run_pipeline(b_ix, ixes, slot, None)
+                    while True:
+                        try:
+                            self.output_queue.put((slot, result), block=True, timeout=0.5)
+                            break
+                        except queue.Full:
+                            pass
+                        if self.terminate_event.is_set():
+                            return
+                    b_ix += 1
+            except StopIteration:
+                self.output_queue.put(None)
+
+        def _host_pipeline(self, b_ix: int, batch_indices: Any, batch_slot: int) -> Any:
+            """FFCV's ``EpochIterator.run_pipeline`` without its CUDA stream."""
+            self.memory_context.start_batch(b_ix)
+            code, outputs = self.loader.code
+            n = len(batch_indices)
+            allocations = self.memory_allocations
+            args = {
+                "batch_indices": batch_indices,
+                "storage_state": self.storage_state,
+                "metadata": self.metadata,
+                **{f"memory_{k}": select_buffer(v, batch_slot, n)
+                   for k, v in allocations["operation"].items()},
+                **{f"shared_memory_{k}": select_buffer(v, batch_slot, n)
+                   for k, v in allocations["shared"].items()},
+            }
+            for stage_code, define_outputs in code:
+                results = stage_code(**args)
+                for node_id, result in zip(define_outputs, results, strict=False):
+                    args[f"result_{node_id}"] = result
+            return tuple(args[f"result_{x}"] for x in outputs)
 
         def _hand_over(self, item: Any) -> None:
             """Put ``item`` in the output queue once the consumer makes room (or closes)."""
@@ -567,7 +662,7 @@ def _seeded_loader_class() -> type:
                 self.close()
                 raise StopIteration
             slot, result = item
-            if epoch_iterator.IS_CUDA:  # wait for the slot's copy (the base __next__'s)
+            if self.uses_cuda:  # wait for the slot's copy (the base __next__'s)
                 self.current_stream.wait_stream(self.cuda_streams[slot])
             self.delivered += 1
             return result
@@ -580,7 +675,9 @@ def _seeded_loader_class() -> type:
             s_np, s_nb = np.random.SeedSequence([seed, rank, self.epoch, b_ix]).generate_state(2)
             np.random.seed(int(s_np))
             numba_seed(int(s_nb))
-            return super().run_pipeline(b_ix, *args)
+            if self.uses_cuda:
+                return super().run_pipeline(b_ix, *args)
+            return self._host_pipeline(b_ix, *args[:2])
 
     class SeededLoader(Loader):
         iterator_class = SeededEpochIterator  # (tests patch its pipeline)
@@ -601,6 +698,34 @@ def _seeded_loader_class() -> type:
 
 _LOADER_CLASS: type | None = None
 _FAILED = object()  # what a failed loader thread puts in its output queue
+
+
+def _host_buffers(graph: Any, batch_size: int, slots: int) -> dict[str, dict[int, Any]]:
+    """FFCV's ``Graph.allocate_memory`` (``batches_ahead`` = ``slots``) without pinning: the
+    same buffers (a list of ``slots`` tensors for a torch dtype, one ``[slots, batch, ...]``
+    array for a numpy dtype) in pageable memory, since ``pin_memory`` opens a CUDA context on
+    a GPU machine (:func:`_seeded_loader_class`). A buffer an op declares on a device is
+    allocated there, as FFCV does."""
+    from ffcv.pipeline.allocation_query import AllocationQuery
+
+    def allocate(q: AllocationQuery) -> Any:
+        shape = (batch_size, *q.shape)
+        if isinstance(q.dtype, torch.dtype):
+            return [torch.empty(*shape, dtype=q.dtype, device=q.device) for _ in range(slots)]
+        dtype = torch.from_numpy(np.empty(0, dtype=q.dtype)).dtype
+        return torch.empty(slots, *shape, dtype=dtype).numpy()
+
+    requirements, _ = graph.collect_requirements()
+    out: dict[str, dict[int, Any]] = collections.defaultdict(dict)  # as FFCV's: "shared" may lack
+    for kind, queries in requirements.items():
+        for node_id, q in queries.items():
+            buffer: Any = None
+            if isinstance(q, AllocationQuery):
+                buffer = allocate(q)
+            elif isinstance(q, Sequence):
+                buffer = tuple(allocate(x) for x in q)
+            out[kind][node_id] = buffer
+    return out
 
 
 def _order_stages_by_id() -> None:
