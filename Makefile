@@ -45,7 +45,7 @@ $(STAMP): pyproject.toml
 
 # The suite runs inside a loopback-only network namespace: Ray stays on 127.0.0.1 and
 # anything that tries to download at run time fails. Local Rays start without their
-# dashboard (the default, components/session.py: ~2.4 s a start; the suite starts ~25);
+# dashboard (the default, components/runtime/session.py: ~2.4 s a start; the suite starts ~25);
 # SIMGRAPH_RAY_DASHBOARD=0 keeps it off even for a sweep with Train worker groups, which would
 # otherwise ask for it (the suite has none).
 # Two phases: every test but the cluster ones on TEST_WORKERS pytest-xdist workers (a test
@@ -65,6 +65,7 @@ test: setup lint
 lint: setup
 	$(VENV)/bin/ruff check components pipelines tests bench
 	$(VENV)/bin/mypy components pipelines
+	$(VENV)/bin/lint-imports
 
 # The README's first command: Fashion-MNIST subset -> SimCLR, SupCon, X-CLR on 2 CPU workers.
 demo: setup

@@ -43,7 +43,7 @@ def write_dataset(root: Path, n: int) -> Path:
     from components.data.reader import FORMAT, MANIFEST
     from components.data.shards import page_size_for, write_shard
     from components.data.sources import FASHION_MNIST_CLASSES, list_fashion_mnist, read_item
-    from components.files import sha256_file
+    from components.io.files import sha256_file
 
     items = [it for it in list_fashion_mnist().items if it.official_split == "test"][:n]
     labels = np.array([it.label for it in items], dtype=np.int64)
@@ -72,10 +72,10 @@ def write_dataset(root: Path, n: int) -> Path:
 def write_run(root: Path, dataset: Path, jit: bool) -> Path:
     import torch
 
-    from components.checkpoint import save_state
     from components.config import PretrainConfig, load_config, to_dict
-    from components.run_dir import prepare_run_dir
-    from components.training import build_model
+    from components.runs.checkpoint import save_state
+    from components.runs.run_dir import prepare_run_dir
+    from components.training.step import build_model
 
     cfg = load_config("pipelines/configs/pretrain/demo.yaml", PretrainConfig, [
         f"data.dataset={dataset}", f"storage={root / 'runs'}", f"name=demo-jit-{jit}",

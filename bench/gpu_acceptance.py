@@ -4,7 +4,7 @@ On a machine with NVIDIA GPUs (one machine: a local Ray over its GPUs; ``RAY_ADD
 ignored) this trains the Fashion-MNIST ResNet-18 config
 (``pipelines/configs/pretrain/fashion_mnist_resnet18.yaml``: small stem, SupCon, LARS, batch
 512 per GPU × 2 views, 28 px) for ``--steps`` steps × ``--epochs`` epochs through
-``simgraph pretrain``'s own driver (:func:`components.recipe.run_pretraining`), twice: on 1 GPU
+``simgraph pretrain``'s own driver (:func:`components.runs.recipe.run_pretraining`), twice: on 1 GPU
 and on all of them (``scaling.num_workers = torch.cuda.device_count()``, same batch per GPU,
 same CPUs per worker), with ``SIMGRAPH_CUDA_SYNC_DEBUG=warn`` in the workers (environment and
 Ray ``runtime_env``; an ``error`` already set in the environment is passed on instead).
@@ -25,7 +25,7 @@ It prints Markdown to paste into ``docs/benchmarks.md`` (and writes it to
 * checks: FFCV → CUDA (a batch of the recipe's own ``train_views`` on ``cuda:0`` is on the
   GPU), NCCL (every rank's process-group backend, one GPU per rank), AMP (autocast gives the
   dtype chosen for this GPU, and the torch build has kernels for it);
-* the paper estimate: FLOPs per image of the model :func:`components.training.build_model`
+* the paper estimate: FLOPs per image of the model :func:`components.training.step.build_model`
   builds (``FlopCounterMode`` on CPU; train ≈ 3 × forward, all views) × images per epoch ÷
   (``--fraction`` of the GPU's peak dense bf16/fp16 tensor TFLOPS, from :data:`PEAKS` by
   ``torch.cuda.get_device_name()``, or ``--peak-tflops``).
@@ -161,14 +161,14 @@ class Estimate:
 def count_flops(cfg: PretrainConfig, num_classes: int = 10) -> tuple[float, float]:
     """Forward GFLOP per view of the encoder (backbone + projector) and forward MFLOP per image
     of the objective at the config's batch: ``FlopCounterMode`` (matmuls and convolutions) on
-    CPU over the model :func:`components.training.build_model` builds. Per-image conv FLOPs do
+    CPU over the model :func:`components.training.step.build_model` builds. Per-image conv FLOPs do
     not depend on the batch, so the encoder is counted on 2 images; the objective's similarity
     matmuls grow with the batch, so it is counted on random embeddings of a full batch."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     from components.objectives import ContrastiveBatch
-    from components.training import build_model
+    from components.training.step import build_model
 
     torch.manual_seed(0)
     model, _ = build_model(cfg.model, cfg.loss, num_classes, torch.eye(num_classes), 0)
@@ -301,8 +301,8 @@ def _probed_train_loop(loop_config: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
 
-    from components import recipe, storage
-
+    from components.io import storage
+    from components.runs import recipe
     rank = dist.get_rank() if dist.is_initialized() else 0
     info: dict[str, Any] = {"rank": rank,
                             "backend": dist.get_backend() if dist.is_initialized() else None,
@@ -360,7 +360,7 @@ def check_ffcv_cuda(cfg: PretrainConfig, dataset: Path) -> Check:
     import torch
 
     from components.data.reader import DatasetInfo, set_jit
-    from components.recipe import train_views
+    from components.runs.recipe import train_views
 
     set_jit(cfg.data.jit)
     loader = train_views(cfg, DatasetInfo.load(dataset), 0, 1, torch.device("cuda", 0), False)
@@ -387,7 +387,7 @@ def check_amp(amp: str, cc: tuple[int, int]) -> Check:
     build has kernels for this GPU."""
     import torch
 
-    from components.training import autocast
+    from components.training.step import autocast
 
     archs = " ".join(torch.cuda.get_arch_list())
     where = f"train.amp={amp} on compute capability {cc[0]}.{cc[1]}"
@@ -425,8 +425,8 @@ def run_one(cfg: PretrainConfig) -> Measured:
     cuDNN's warm-up), the probe files and ``workers/rank<r>.json``."""
     from unittest import mock
 
-    from components import recipe
-    from components.run_dir import METRICS_CSV, absolute_paths
+    from components.runs import recipe
+    from components.runs.run_dir import METRICS_CSV, absolute_paths
 
     if __name__ != "__main__":  # imported: ship the probe by value (workers lack bench/)
         from ray import cloudpickle
@@ -500,7 +500,7 @@ def _ray_init() -> None:
     worker's environment (set here too: a local Ray's processes inherit it)."""
     import ray
 
-    from components import console
+    from components.runtime import console
 
     env = {SYNC_ENV: os.environ.get(SYNC_ENV) or "warn"}
     os.environ.update(env)

@@ -18,7 +18,7 @@ use the peer's own row order (view-major); before timing, each peer's value is c
 against ours on the same input (float32, rtol 1e-5), so the ratios compare like with like.
 
 Ours runs two ways: "ours" as a plain call (the batch reads its own input checks back), and
-"ours (step)" as training's step calls it (``components/training.py`` ``train_step``): inside
+"ours (step)" as training's step calls it (``components/training/step.py`` ``train_step``): inside
 ``hot_path(equal_batches=True)`` with the dataset's sample ids, so the batch's checks ride on
 the loss statistics' one read.
 

@@ -53,9 +53,9 @@ from components.config import (  # noqa: E402
     PretrainConfig,
     load_config,
 )
-from components.memory import EMA, cosine_momentum  # noqa: E402
 from components.objectives import ContrastiveBatch, Metrics  # noqa: E402
-from components.training import PretrainModel, build_model  # noqa: E402
+from components.objectives.memory import EMA, cosine_momentum  # noqa: E402
+from components.training.step import PretrainModel, build_model  # noqa: E402
 
 CONFIG = ROOT / "pipelines/configs/pretrain/small_data.yaml"
 # name -> (preprocess config, its overrides, pretrain overrides)
@@ -213,7 +213,7 @@ def train_plain(cfg: PretrainConfig, dataset: str | Path, num_classes: int,
     """The plain loop on ``cfg`` (single process, global batch = ``batch_size × workers``);
     ``resize``: how its crops are resized (:func:`plain_transform`)."""
     from components.data.reader import DatasetInfo
-    from components.optim import build_for_run
+    from components.training.optim import build_for_run
 
     info = DatasetInfo.load(dataset)
     torch.manual_seed(cfg.train.seed)  # the pipeline's initial weights
@@ -313,7 +313,7 @@ def main() -> None:
 
     from components.data.reader import DatasetInfo
     from components.evaluation.baseline import random_init_model
-    from components.session import ray_session
+    from components.runtime.session import ray_session
     from pipelines import evaluate, preprocess, pretrain
 
     torch.set_num_threads(2)

@@ -75,8 +75,8 @@ def _timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def child(config: str, events: str) -> None:
     """``simgraph pretrain config`` with timers around its phases; events to ``events``."""
-    import components.recipe as recipe
-    import components.training as training
+    import components.runs.recipe as recipe
+    import components.training.step as training
     from components.data import reader
 
     R = recipe.PretrainRecipe
@@ -173,8 +173,8 @@ def plain_child(config: str, out: str) -> None:
 
     from components.config import PretrainConfig, load_config
     from components.data.reader import DatasetInfo
-    from components.optim import build_for_run
-    from components.training import build_model
+    from components.training.optim import build_for_run
+    from components.training.step import build_model
 
     cfg = load_config(config, PretrainConfig)
     torch.set_num_threads(max(1, int(cfg.scaling.cpus_per_worker)))
@@ -221,8 +221,8 @@ def compute_epochs(cfg: Any, images: int, classes: int, sim: Any, caption_dim: i
     import torch
 
     from components.data.reader import Batch
-    from components.optim import build_for_run
-    from components.training import build_model, train_step
+    from components.training.optim import build_for_run
+    from components.training.step import build_model, train_step
 
     torch.manual_seed(cfg.train.seed)
     model, ema = build_model(cfg.model, cfg.loss, classes, sim, caption_dim)
@@ -282,7 +282,7 @@ def main() -> None:
 
     from components.config import PreprocessConfig, PretrainConfig, load_config
     from components.data.reader import DatasetInfo
-    from components.session import ray_session
+    from components.runtime.session import ray_session
     from pipelines import preprocess
 
     work = Path(args.work).resolve()

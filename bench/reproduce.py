@@ -60,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 
 from components.config import PreprocessConfig, PretrainConfig, load_config  # noqa: E402
 from components.errors import SimgraphError  # noqa: E402
-from components.session import ray_session  # noqa: E402
+from components.runtime.session import ray_session  # noqa: E402
 from pipelines import evaluate, preprocess, pretrain, sweep  # noqa: E402
 
 RECIPE = ROOT / "pipelines/configs/pretrain/small_data.yaml"

@@ -1,7 +1,7 @@
 """Training-step benchmark: X-CLR step time / SimCLR step time, same model, batch and data.
 
 xclr.txt Table 4 reports the same step time for both (0.866 s vs 0.866 s): the soft target
-graph must not slow the step down. Both losses run through :func:`components.training.
+graph must not slow the step down. Both losses run through :func:`components.training.step.
 train_step` (forward of all views, loss, backward, optimizer step), interleaved so machine
 noise hits both alike; the median of ``--steps`` steps per loss is compared.
 
@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.config import ModelConfig, SimCLRConfig, TrainConfig, XCLRConfig  # noqa: E402
 from components.data.reader import Batch  # noqa: E402
-from components.optim import build_optimizer, build_scheduler  # noqa: E402
-from components.training import build_model, train_step  # noqa: E402
+from components.training.optim import build_optimizer, build_scheduler  # noqa: E402
+from components.training.step import build_model, train_step  # noqa: E402
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ of epochs with the online kNN on the val split each epoch:
    (``--check-replay`` trains one real TPE + ASHA sweep and compares its trial scores with
    the replay's). The searcher's answer is the product's: the best row of
    ``pipelines.sweep.trial_rows``. Epochs spent = the epochs its trials reported.
-3. **Confirmation** (the product's stage, ``components/confirmation.py``): every setting a
+3. **Confirmation** (the product's stage, ``components/sweep/confirmation.py``): every setting a
    searcher chose, plus the grid's top ``--grid-top``, retrained with ``--confirm-seeds``
    fresh seeds and scored by kNN top-1 on the test split (never used for choosing), with 95 %
    bootstrap intervals over the test images.
@@ -157,7 +157,7 @@ SEARCHERS: dict[str, list[str]] = {
 
 
 def main() -> None:
-    from components.session import ray_session
+    from components.runtime.session import ray_session
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--per-class", type=int, default=150, help="Fashion-MNIST images per class")

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.config import PretrainConfig, load_config  # noqa: E402
-from components.session import ray_session  # noqa: E402
+from components.runtime.session import ray_session  # noqa: E402
 from pipelines import pretrain  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

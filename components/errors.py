@@ -27,6 +27,8 @@ import reprlib
 import sys
 from collections.abc import Callable
 
+from components.redaction import redact
+
 VALUE_LIMIT = 200  # characters of a value shown in a message
 MESSAGE_LIMIT = 2000  # characters of one message line
 
@@ -139,8 +141,7 @@ def run_command(command: str, body: Callable[[], object]) -> int:
     try:
         body()
     except SimgraphError as e:
-        from components.storage import redact  # never a URI's credentials, whoever wrote it
-
+        # never a URI's credentials, whoever wrote it
         print(bounded(redact(f"simgraph {command}: {e.headline}{e}")), file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:  # Ctrl-C: the user's choice, not a bug; no traceback

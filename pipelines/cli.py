@@ -110,7 +110,7 @@ def validate(config: str, overrides: Sequence[str]) -> int:
     needs, batch size) and its run summary printed (effective LR, steps, warnings); a sweep's
     every branch is built; a run config loads every run's pretrain config."""
     from components.errors import run_command
-    from components.storage import redacted
+    from components.io.storage import redacted
 
     def body() -> None:
         kind = config_kind(config)
@@ -135,8 +135,8 @@ def validate(config: str, overrides: Sequence[str]) -> int:
 
 
 def _validate_sweep(path: str, overrides: Sequence[str]) -> None:
+    from components.io.storage import redacted
     from components.search_space import load_sweep
-    from components.storage import redacted
 
     sweep = load_sweep(path, overrides)  # builds every branch's trial config at its corners
     params = {p: {k: v for k, v in dataclasses.asdict(d).items() if v not in (None, False)}
@@ -152,10 +152,10 @@ def _validate_sweep(path: str, overrides: Sequence[str]) -> None:
 
 
 def _check_pretrain_dataset(cfg: Any) -> None:
-    from components import storage
-    from components.console import run_summary
-    from components.paths import is_uri
-    from components.run_dir import absolute_paths, check_dataset
+    from components.io import storage
+    from components.io.paths import is_uri
+    from components.runs.run_dir import absolute_paths, check_dataset
+    from components.runs.summary import run_summary
 
     cfg = absolute_paths(cfg)
     if not is_uri(cfg.data.dataset) and not Path(cfg.data.dataset).exists():
@@ -269,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", nargs=argparse.REMAINDER,
                    help="-- then the simgraph command, e.g. -- pretrain CONFIG key=value")
     verbose_help = ("show everything Ray and torch print (default: quiet — our own lines, "
-                    "errors and real warnings; see components/console.py)")
+                    "errors and real warnings; see components/runtime/console.py)")
     parser.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
     for sub in commands.choices.values():  # also after the command: simgraph pretrain C -v
         sub.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
@@ -278,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from components.console import set_verbose
+    from components.runtime.console import set_verbose
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -10,7 +10,8 @@ Top to bottom:
 2. Load the run's ``config.yaml`` and a checkpoint (the newest complete one, or
    ``--checkpoint``), refusing a checkpoint written under another config, as ``simgraph
    evaluate`` and ``export`` do; rebuild its backbone and projector.
-3. Embed one centre view per image, exactly as evaluation sees it (``components/embed.py``): a
+3. Embed one centre view per image, exactly as evaluation sees it (``components/export/embed.py``):
+a
    dataset dir's split(s) through the evaluation reader (default: every split with samples);
    a folder's images decoded as preprocessing decodes them — shrunk to the ``max_side`` the
    run's dataset was built with, when its manifest is readable — then the reader's crop,
@@ -31,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from components.embed import EmbedArgumentError, EmbedError
 from components.errors import run_command
+from components.export.embed import EmbedArgumentError, EmbedError
 
 
 def data_kind(data: str) -> str:
@@ -42,8 +43,8 @@ def data_kind(data: str) -> str:
     Raises:
         EmbedError: neither.
     """
-    from components import storage
     from components.data.shards import MANIFEST
+    from components.io import storage
 
     try:
         if storage.exists(storage.join(data, MANIFEST)):
@@ -59,8 +60,8 @@ def data_kind(data: str) -> str:
 def trained_max_side(dataset: str) -> int | None:
     """The ``image.max_side`` the run's dataset was built with (its manifest's
     ``fields.image.max_side``), or None when that manifest cannot be read from here."""
-    from components import storage
     from components.data.shards import MANIFEST
+    from components.io import storage
 
     try:
         manifest = json.loads(storage.read_text(storage.join(dataset, MANIFEST)))
@@ -82,9 +83,8 @@ def embed_run(run_dir: str, data: str, out: str, *, split: str | None = None,
         EmbedError / EmbedArgumentError / DatasetError: see the module docstring.
         ReaderSettingError: a bad ``device`` (before anything loads).
     """
-    from components import storage
     from components.data.reader import resolve_device
-    from components.embed import (
+    from components.export.embed import (
         describe_input,
         embed_dataset,
         embed_folder,
@@ -94,6 +94,7 @@ def embed_run(run_dir: str, data: str, out: str, *, split: str | None = None,
         to_table,
         write_parquet,
     )
+    from components.io import storage
 
     dev = resolve_device(device)
     kind = data_kind(data)
@@ -109,7 +110,7 @@ def embed_run(run_dir: str, data: str, out: str, *, split: str | None = None,
     else:
         from components.data.reader import DatasetInfo
         from components.data.staging import local_dataset
-        from components.embed import dataset_splits
+        from components.export.embed import dataset_splits
 
         data = str(local_dataset(data, stage=False))  # a URI: a verified local copy
         dataset_splits(DatasetInfo.load(data), split)  # an unknown split: before loading
@@ -151,7 +152,7 @@ def embed_run(run_dir: str, data: str, out: str, *, split: str | None = None,
 
 def main(run_dir: str, data: str, out: str, split: str | None = None, projector: bool = False,
          checkpoint: str | None = None, device: str | None = None) -> int:
-    from components.paths import resolve_path
+    from components.io.paths import resolve_path
 
     def body() -> None:
         # relative paths: against $SIMGRAPH_BASE_DIR

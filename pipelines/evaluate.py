@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from components.config import PretrainConfig
-from components.errors import SimgraphError, run_command
+from components.errors import run_command
 from components.evaluation.baseline import BASELINE, Baseline
 from components.evaluation.intervals import (
     CONFIDENCE,
@@ -52,11 +52,17 @@ from components.evaluation.intervals import (
     paired_margin_difference,
     paired_mean_difference,
 )
-from components.files import write_text
+from components.io.files import write_text
+from components.runs.scoring import (  # noqa: F401  (evaluate's API: tests and bench use them)
+    EvaluateError,
+    eval_loader,
+    load_run,
+    run_dataset,
+    split_features,
+    split_knn_hits,
+)
 
 if TYPE_CHECKING:  # torch and the readers load only when a run is evaluated
-    from components.checkpoint import TrainingState
-    from components.data.reader import ViewLoader
     from components.evaluation.visuals import ClassRecall, EmbeddingMap, NeighbourGrid
 
 KS = (1, 5, 10, 20, 50, 100, 200)
@@ -65,10 +71,6 @@ PER_CLASS_ROWS = 30  # the report lists the worst classes; metrics.json has ever
 # Hyperparameters worth a column in the comparison table, when the loss has them.
 KEY_PARAMS = ("tau", "tau_s", "graph", "epsilon", "variant", "lambda_sup", "lambda_dc",
               "tau_sup", "tau_dc", "bank_size", "top_n")
-
-
-class EvaluateError(SimgraphError, RuntimeError):
-    """A run cannot be evaluated; the message says why and what to do."""
 
 
 @dataclasses.dataclass
@@ -189,43 +191,6 @@ def paired_differences(a: RunEval, b: RunEval) -> dict[str, Interval] | None:
 # Loading.
 
 
-def load_run(run_dir: str | Path, checkpoint: str | Path | None = None
-             ) -> tuple[PretrainConfig, TrainingState, str]:
-    """The run's config, a verified checkpoint state and its path.
-
-    Raises:
-        EvaluateError: not a run dir, no complete checkpoint, or a checkpoint from another
-            config.
-    """
-    from components.run_dir import load_run as load
-
-    return load(str(run_dir), None if checkpoint is None else str(checkpoint),
-                error=EvaluateError, command="evaluate")
-
-
-def _dataset(cfg: PretrainConfig, state: TrainingState) -> Any:
-    from components.data.reader import DatasetError, DatasetInfo
-    from components.data.staging import local_dataset
-    from components.run_dir import dataset_identity
-    from components.storage import StorageError
-
-    try:  # a URI (or data.stage): a verified node-local copy
-        info = DatasetInfo.load(local_dataset(cfg.data.dataset, cfg.data.stage,
-                                              cfg.data.stage_dir))
-    except (DatasetError, StorageError) as e:
-        raise EvaluateError(str(e)) from None
-    if not info.classes:
-        raise EvaluateError(f"{info.root} has no labels: kNN, the probe and the graph metrics "
-                            "need labelled data")
-    trained_on = state.dataset
-    if trained_on is not None and trained_on != dataset_identity(info.manifest):
-        raise EvaluateError(
-            f"{info.root} does not hold the data this run trained on (its manifest's digest, "
-            "split checksums or classes differ); point data.dataset at the original dataset dir"
-        )
-    return info
-
-
 # ---------------------------------------------------------------------------------------------
 # One run.
 
@@ -259,13 +224,13 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
         pick_queries,
         with_images,
     )
-    from components.storage import basename
-    from components.training import build_model
+    from components.io.storage import basename
+    from components.training.step import build_model
 
     dev = resolve_device(device)  # a bad --device: before anything loads
     cfg, state, _ = load_run(run_dir, checkpoint)
     name = basename(str(run_dir))
-    info = _dataset(cfg, state)
+    info = run_dataset(cfg, state)
     classes, index = list(info.classes), torch.arange(len(info.classes))
     if labels is not None:
         try:
@@ -351,74 +316,6 @@ def _baseline_key(cfg: PretrainConfig, info: Any, projector: bool,
                        "knn": [cfg.knn.temperature, cfg.knn.bank_split],
                        "labels": None if labels is None else str(labels)}, sort_keys=True,
                       default=str)
-
-
-def eval_loader(cfg: PretrainConfig, info: Any, split: str, device: Any) -> ViewLoader:
-    """The evaluation view of every image of ``split`` (centre crop, no augmentation), in the
-    split file's order, one view per image."""
-    from components.data.reader import ViewLoader
-
-    return ViewLoader(info.split_file(split), batch_size=cfg.data.batch_size, views=1,
-                      augment=cfg.data.augment, train=False, device=device,
-                      num_workers=cfg.data.num_workers, with_captions=False)
-
-
-def split_features(cfg: PretrainConfig, info: Any, encoder: Any, split: str, device: Any,
-                   projector: bool = False, name: str = "",
-                   loader: ViewLoader | None = None) -> tuple[Any, Any]:
-    """(features [N, D], labels [N]) of every image of ``split`` through the evaluation view
-    (:func:`eval_loader`, or ``loader`` when given: one built by it for this split), in the
-    split file's order."""
-    from components.training import extract_features
-
-    if loader is None:
-        loader = eval_loader(cfg, info, split, device)
-    return extract_features(encoder, _progress(loader, f"{name}: {split}"), device,
-                            projector=projector)
-
-
-def split_knn_hits(run_dir: str, split: str, *, device: str | None = None,
-                   jit: bool | None = None) -> np.ndarray:
-    """[N] bool per image of ``split``: whether the run's newest checkpoint classifies it right
-    by the one kNN rule (:class:`~components.evaluation.knn.KnnRule` of the run's ``knn``
-    section: the online monitor's and ``evaluate``'s) — what a sweep's confirmation stage
-    scores on a split no trial was chosen on. ``device``: ``None`` (what the sweep passes) is
-    the device of the resources the calling Ray task was given — ``cuda:0`` when it holds a
-    GPU, else the CPU, whatever GPUs the node has (:func:`~components.data.reader.resolve_device`).
-
-    Raises:
-        EvaluateError: the run cannot be read, its dataset has no labels or no images in
-            ``split``.
-    """
-    import torch
-
-    from components.data.reader import resolve_device, set_jit
-    from components.evaluation.knn import KnnRule
-    from components.training import build_model
-
-    dev = resolve_device(device)
-    cfg, state, _ = load_run(run_dir)
-    info = _dataset(cfg, state)
-    if not info.splits.get(split, 0):
-        raise EvaluateError(f"{info.root} has no {split} images to score on; preprocess with "
-                            f"split.{split} > 0")
-    set_jit(cfg.data.jit if jit is None else jit)
-    sim = info.class_similarity()
-    model, _ = build_model(cfg.model, cfg.loss, len(info.classes),
-                           None if sim is None else torch.as_tensor(sim, dtype=torch.float32),
-                           info.caption_dim)
-    model.load_state_dict(state.model)
-    encoder = model.encoder.to(dev)
-    rule = KnnRule.of(cfg.knn)
-    bank_f, bank_y = split_features(cfg, info, encoder, rule.bank_split, dev)
-    query_f, query_y = split_features(cfg, info, encoder, split, dev)
-    return rule.hits(bank_f, bank_y, query_f, query_y, len(info.classes)).cpu().numpy()
-
-
-def _progress(loader: Any, desc: str) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(loader, desc=desc, total=len(loader), leave=False, disable=not sys.stderr.isatty())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -599,7 +496,7 @@ def eval_dir_name(label_set: str | None) -> str:
 def write_report(e: RunEval) -> str:
     """``<run>/eval/report.md`` with metrics.json and the plots; returns the report path
     (a URI run dir gets them uploaded)."""
-    from components import storage
+    from components.io import storage
 
     dest = storage.join(e.run_dir, eval_dir_name(e.label_set))
     with storage.LocalMirror(dest) as mirror:
@@ -737,7 +634,7 @@ class in its largest connected component; not on the scale of X-CLR's Table 9).
 
 def write_comparison(evals: Sequence[RunEval], dest: str) -> str:
     """``comparison.md`` / ``.json`` and overlaid plots in ``dest`` (a path or URI)."""
-    from components import storage
+    from components.io import storage
 
     with storage.LocalMirror(dest) as mirror:
         _write_comparison(evals, mirror.local)
@@ -774,7 +671,7 @@ def main(run_dirs: Sequence[str], checkpoint: str | None = None, projector: bool
     if checkpoint is not None and len(run_dirs) != 1:
         print("simgraph evaluate: --checkpoint needs exactly one RUN_DIR", file=sys.stderr)
         return 2
-    from components.paths import resolve_path
+    from components.io.paths import resolve_path
 
     run_dirs = [resolve_path(d) for d in run_dirs]  # relative: against $SIMGRAPH_BASE_DIR
     out = resolve_path(out) if out else None
@@ -793,7 +690,7 @@ def main(run_dirs: Sequence[str], checkpoint: str | None = None, projector: bool
     print(comparison_table(evals))
     print(interval_table(evals))
     if len(evals) > 1:
-        from components.storage import join, parent
+        from components.io.storage import join, parent
 
         where = out or join(parent(run_dirs[0]), "comparison")
         print(write_comparison(evals, where))

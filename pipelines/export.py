@@ -7,7 +7,7 @@ Top to bottom:
    ``--checkpoint``), refusing a checkpoint written under another config (as ``simgraph
    evaluate`` does). The dataset is not needed.
 2. Rebuild the backbone and projector from the checkpoint and write them in the format asked
-   for (``components/export.py``: plain-torch state dicts — torchvision's own keys for a
+   for (``components/export/formats.py``: plain-torch state dicts — torchvision's own keys for a
    ResNet — or TorchScript, or ONNX with a dynamic batch axis), checked against the encoder.
 3. Describe them in ``config.json`` and ``model_card.md``: architecture, input (resolution,
    RGB, NCHW float32, the evaluation reader's normalisation), loss and its parameters, dataset
@@ -18,7 +18,7 @@ Top to bottom:
 Everything goes to ``--out`` (default ``<run>/export/``; a path or URI): a new or empty folder,
 or one an earlier export wrote; a folder holding other files is refused naming them, and of
 an earlier export only the files its ``config.json`` records (unchanged since) are replaced or
-removed (:func:`components.export.claim_export_dir`).
+removed (:func:`components.export.formats.claim_export_dir`).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 from components.config import PretrainConfig, to_dict
 from components.errors import run_command
-from components.export import CARD, CONFIG, ExportError, check_format
+from components.export.formats import CARD, CONFIG, ExportError, check_format
 
 if TYPE_CHECKING:
-    from components.checkpoint import TrainingState
+    from components.runs.checkpoint import TrainingState
 
 EVAL_METRICS = ("eval", "metrics.json")  # what `simgraph evaluate` writes into a run dir
 
@@ -47,7 +47,7 @@ def load_run(run_dir: str, checkpoint: str | None = None
         ExportError: not a run dir, no complete checkpoint, or a checkpoint from another
             config.
     """
-    from components.run_dir import load_run as load
+    from components.runs.run_dir import load_run as load
 
     return load(str(run_dir), None if checkpoint is None else str(checkpoint),
                 error=ExportError, command="export")
@@ -55,8 +55,8 @@ def load_run(run_dir: str, checkpoint: str | None = None
 
 def _manifest(dataset: str) -> dict[str, Any] | None:
     """The dataset dir's manifest, or None when it cannot be read from here."""
-    from components import storage
     from components.data.shards import MANIFEST
+    from components.io import storage
 
     try:
         data = json.loads(storage.read_text(storage.join(dataset, MANIFEST)))
@@ -68,8 +68,8 @@ def _manifest(dataset: str) -> dict[str, Any] | None:
 def dataset_section(cfg: PretrainConfig, state: TrainingState) -> dict[str, Any]:
     """``config.json``'s ``dataset``: where, its identity (the checkpoint's ``dataset``) and,
     when known, the classes in label order and how the images were stored."""
-    from components import storage
-    from components.run_dir import dataset_identity
+    from components.data.identity import dataset_identity
+    from components.io import storage
 
     identity = state.dataset
     out: dict[str, Any] = {"path": storage.display(cfg.data.dataset), "identity": identity}
@@ -94,7 +94,7 @@ def dataset_section(cfg: PretrainConfig, state: TrainingState) -> dict[str, Any]
 
 def metrics_section(run_dir: str) -> dict[str, Any] | None:
     """``<run>/eval/metrics.json`` (``simgraph evaluate``'s), or None when there is none."""
-    from components import storage
+    from components.io import storage
 
     path = storage.join(run_dir, *EVAL_METRICS)
     try:
@@ -112,7 +112,7 @@ def metrics_section(run_dir: str) -> dict[str, Any] | None:
 
 def git_commit() -> str:
     """``git rev-parse HEAD`` of the simgraph source tree, or ``unknown``."""
-    from components.paths import project_root
+    from components.io.paths import project_root
 
     try:
         done = subprocess.run(["git", "-C", str(project_root()), "rev-parse", "HEAD"],
@@ -207,8 +207,8 @@ def export_run(run_dir: str, checkpoint: str | None = None, fmt: str = "safetens
         UnknownFormat: ``fmt`` is not an export format.
         ExportError: not a run dir, no complete checkpoint, a checkpoint of another config.
     """
-    from components import storage
-    from components.export import claim_export_dir, encoder_from_state, export_encoder
+    from components.export.formats import claim_export_dir, encoder_from_state, export_encoder
+    from components.io import storage
 
     check_format(fmt)
     cfg, state, ckpt = load_run(run_dir, checkpoint)
@@ -229,7 +229,7 @@ def export_run(run_dir: str, checkpoint: str | None = None, fmt: str = "safetens
         describe["metrics"] = metrics
     dest = out or storage.join(run_dir, "export")
     # Before anything is written: a folder of someone else's files is refused, and only the
-    # files an earlier export wrote there may be replaced or removed (components/export.py).
+    # files an earlier export wrote there may be replaced or removed (components/export/formats.py).
     replaceable = claim_export_dir(dest)
     with storage.LocalMirror(dest) as mirror:
         export_encoder(encoder, cfg.model, cfg.data.augment, mirror.local, fmt=fmt,
@@ -241,14 +241,14 @@ def export_run(run_dir: str, checkpoint: str | None = None, fmt: str = "safetens
 
 def main(run_dir: str, checkpoint: str | None = None, fmt: str = "safetensors",
          projector: bool = False, out: str | None = None) -> int:
-    from components.paths import resolve_path
+    from components.io.paths import resolve_path
 
     def body() -> None:
         check_format(fmt)  # before any loading: a typo fails at once
         run = resolve_path(run_dir)  # relative: against $SIMGRAPH_BASE_DIR
         dest = export_run(run, resolve_path(checkpoint) if checkpoint else None, fmt,
                           projector, resolve_path(out) if out else None)
-        from components.storage import join
+        from components.io.storage import join
 
         print(join(dest, CARD))
 

@@ -29,7 +29,7 @@ import numpy as np
 from components.data import shards
 from components.data.reader import DatasetError, DatasetInfo
 from components.errors import SimgraphError
-from components.files import write_text
+from components.io.files import write_text
 
 SPLIT_ORDER = ("train", "val", "test")
 PAIRS_SAMPLE = 4000  # captions compared for nearest pairs (all of them when fewer)
@@ -317,8 +317,8 @@ def _skips(info: DatasetInfo) -> list[str]:
 
 def run(dataset: str, out: str | None = None, per_class: int = 8, seed: int = 0) -> Path:
     """Write the report; returns its path."""
-    from components import storage
     from components.data.staging import local_dataset
+    from components.io import storage
 
     try:
         root = local_dataset(dataset, stage=False)

@@ -1,12 +1,12 @@
 """``simgraph pretrain CONFIG [key=value ...]``: pretrain an encoder with Ray Train.
 
-Loads and validates the config, then runs :func:`components.recipe.run_pretraining`: it holds
-the run dir's one-writer lock (``components.run_dir.writing_run``, the one way into a run dir
+Loads and validates the config, then runs :func:`components.runs.recipe.run_pretraining`: it holds
+the run dir's one-writer lock (``components.runs.run_dir.writing_run``, the one way into a run dir
 for ``simgraph pretrain``, ``simgraph run`` and every sweep trial); the dataset dir is checked
 against what the loss needs before any Ray work; the run dir ``storage/name`` is prepared
 (``config.yaml`` written on the first run; a re-run with the same name must match it, except
 keys that may change on a resume such as ``train.epochs``, and resumes from the latest
-complete checkpoint); Ray Train V2 runs the recipe (:class:`components.recipe.PretrainRecipe`)
+complete checkpoint); Ray Train V2 runs the recipe (:class:`components.runs.recipe.PretrainRecipe`)
 on ``scaling.num_workers`` workers; the per-epoch metrics table is printed at the end.
 
 **One writer per run dir.** The lock ``<storage>/.<name>.lock`` (beside the run dir) is held
@@ -30,13 +30,13 @@ from typing import Any
 
 from components.config import PretrainConfig, load_config
 from components.errors import run_command
-from components.recipe import PretrainError, history_table, run_pretraining
+from components.runs.recipe import PretrainError, history_table, run_pretraining
 
 table = history_table
 
 
 def run(cfg: PretrainConfig, echo: bool = True) -> list[dict[str, Any]]:
-    """:func:`components.recipe.run_pretraining`, which holds the run dir's lock (module
+    """:func:`components.runs.recipe.run_pretraining`, which holds the run dir's lock (module
     docstring).
 
     Raises:

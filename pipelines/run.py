@@ -6,7 +6,7 @@ comparison table — the demo (``make demo``) and any "same data, several losses
 2. Preprocess (skipped when the dataset dir is already complete and unchanged).
 3. Pretrain each run in turn (each resumes if it was interrupted; a finished one is reused),
    each holding its run dir's one-writer lock as ``simgraph pretrain`` does
-   (:func:`components.recipe.run_pretraining`): a run another process is training is refused
+   (:func:`components.runs.recipe.run_pretraining`): a run another process is training is refused
    in one line naming it.
 4. Print one row per run: loss, epochs, final loss, online kNN top-1, wall time.
 """
@@ -24,8 +24,8 @@ plan = load_pipeline  # the preprocess config and every run's pretrain config, v
 
 def run(config: str, overrides: Sequence[str] = (), echo: bool = True) -> list[dict[str, Any]]:
     from components.data.build import run as build_dataset
-    from components.recipe import run_pretraining
-    from components.session import ray_session
+    from components.runs.recipe import run_pretraining
+    from components.runtime.session import ray_session
 
     pre, runs = plan(config, overrides)
     rows = []

@@ -13,7 +13,7 @@ the job will use:
   rewritten relative to it, because the job starts in its unpacked copy;
 * a relative data / storage / output path would land in that temporary copy and vanish with
   the job: it is refused unless ``--base-dir`` names a directory every node shares (the job
-  then gets ``SIMGRAPH_BASE_DIR``; see :mod:`components.paths`). Absolute shared paths and
+  then gets ``SIMGRAPH_BASE_DIR``; see :mod:`components.io.paths`). Absolute shared paths and
   ``s3://`` / ``gs://`` URIs need nothing.
 
 What is shipped (:func:`package`): the project's files minus :data:`EXCLUDES`, the user's
@@ -54,8 +54,8 @@ import yaml
 from components.config import ConfigError
 from components.config.loading import safe_load
 from components.errors import SimgraphError
-from components.paths import BASE_ENV, is_relative, is_uri, project_root
-from components.session import placement_problem
+from components.io.paths import BASE_ENV, is_relative, is_uri, project_root
+from components.runtime.session import placement_problem
 
 if TYPE_CHECKING:
     from components.config import PretrainConfig
@@ -159,7 +159,7 @@ def _shape(what: str, cfg: PretrainConfig) -> WorkerShape | None:
     """The worker group a pretrain config asks for on a cluster, ``None`` for one that trains
     in the job's own process (``scaling.host: in_process``: nothing is placed). ``auto`` means a
     worker group there, since inside a job Ray sets ``RAY_ADDRESS``
-    (``components.recipe.trains_in_process``)."""
+    (``components.runs.recipe.trains_in_process``)."""
     s = cfg.scaling
     if s.host == "in_process":
         return None
@@ -569,7 +569,7 @@ def cluster_nodes(address: str) -> list[dict[str, float]]:
 
 def check_shapes(shapes: Sequence[WorkerShape], address: str) -> None:
     """Before the job leaves: can the cluster's alive nodes hold each worker group the command
-    asks for (:func:`components.session.placement_problem`, the check a run's start makes)?
+    asks for (:func:`components.runtime.session.placement_problem`, the check a run's start makes)?
     A group they cannot hold is refused with the numbers and the fix: Ray would wait for
     resources that never come, and Ray Train fails only after its start timeout, without
     saying why. With ``SIMGRAPH_SUBMIT_UNPLACED=warn`` (a cluster whose autoscaler adds a
@@ -613,7 +613,7 @@ def submit(argv: Sequence[str], env: dict[str, Any], address: str, job_id: str |
         SubmitError: the cluster cannot be reached, cannot hold a worker group of ``shapes``,
             or refused the job.
     """
-    from components.storage import has_credentials, redact
+    from components.io.storage import has_credentials, redact
 
     use_token_if_present()
     from ray.job_submission import JobSubmissionClient

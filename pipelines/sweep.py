@@ -6,9 +6,9 @@ Top to bottom:
    against the config dataclasses, per conditional branch, before any trial starts.
 2. Tune, wired as Ray 2.60 needs it (docs/ray-notes.md): each trial is a function trainable.
    A one-worker trial (``resources.mode`` auto / in_trial) trains inside its trial actor
-   (``components.recipe.train_in_trial``; the actor is reused by the next trial, a failed
+   (``components.runs.recipe.train_in_trial``; the actor is reused by the next trial, a failed
    trial is retried by Tune up to ``scaling.max_failures``); otherwise the trial builds its own
-   Train V2 ``TorchTrainer`` (``components/recipe.py``) with Tune's ``TuneReportCallback``.
+   Train V2 ``TorchTrainer`` (``components/runs/recipe.py``) with Tune's ``TuneReportCallback``.
    ``OptunaSearch`` with the space as a define-by-run function
    (conditional parameters per loss), behind a ``ConcurrencyLimiter``; ASHA on the reported
    ``epoch`` (Tune's own iteration counter restarts after a restore) or FIFO. Each trial's
@@ -17,7 +17,7 @@ Top to bottom:
    errored ones re-run their trainable, which resumes from the newest complete checkpoint in
    its run dir (Ray Train's snapshot, same run name, or the in-trial host's own), and the
    searcher's state comes back. Restoring unpickles Tune's state from the sweep dir, so it is
-   checked first (``components/sweep_state.py``: a local dir's owners and modes, a URI's
+   checked first (``components/sweep/state.py``: a local dir's owners and modes, a URI's
    signed ``state_digest.json`` written when each sweep run ends); ``--trust-sweep-dir``
    skips that.
 4. Results in the sweep dir: ``trials.csv`` / ``trials.md`` (every trial, failed ones marked
@@ -46,12 +46,12 @@ import yaml
 
 from components.config import to_dict
 from components.errors import SimgraphError
-from components.files import atomic_open, write_text
-from components.paths import base_dir, portable
-from components.run_host import metric_first
+from components.io.files import atomic_open, write_text
+from components.io.paths import base_dir, portable
+from components.runs.hosts import metric_first
 
 if TYPE_CHECKING:
-    from components.run_dir import PreparedRun
+    from components.runs.run_dir import PreparedRun
 
 
 class SweepError(SimgraphError, RuntimeError):
@@ -71,9 +71,9 @@ TRIAL_LOCK_WAITING = ("another simgraph pretrain, run or sweep trial is training
 
 def sweep_dir(sweep: Any, base: str | Path | None = None) -> str:
     """``storage/name`` (a path or URI), a relative storage taken against ``base`` (default:
-    :func:`components.paths.base_dir`)."""
-    from components.paths import resolve_path
-    from components.storage import join
+    :func:`components.io.paths.base_dir`)."""
+    from components.io.paths import resolve_path
+    from components.io.storage import join
 
     return join(resolve_path(sweep.storage, base), sweep.name)
 
@@ -87,7 +87,7 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
     """Tune function trainable: pretrain one configuration; Train resumes it if it ran before.
 
     The trial's run dir has one writer: this process holds its lock
-    (:func:`components.run_dir.writing_run`) while the trial trains, so a ``simgraph
+    (:func:`components.runs.run_dir.writing_run`) while the trial trains, so a ``simgraph
     pretrain`` pointed at it is refused. The lock goes when the trial ends, fails, or is
     stopped — Tune stops a function trainable (ASHA, a reused actor's next trial, the sweep's
     end) by ``sys.exit`` inside its ``report``, which unwinds this ``with`` — and with the
@@ -95,10 +95,10 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
     """
     from ray import tune
 
-    from components.paths import localize
-    from components.run_dir import writing_run
+    from components.io.paths import localize
+    from components.io.storage import join
+    from components.runs.run_dir import writing_run
     from components.search_space import load_sweep, trial_config
-    from components.storage import join
 
     sweep = load_sweep(localize(sweep_path), sweep_overrides)
     trial_id = tune.get_context().get_trial_id()
@@ -116,7 +116,7 @@ def _train_trial(sweep: Any, run: PreparedRun) -> None:
     results, or train it (in this actor, or with its own Train worker group)."""
     from ray import tune
 
-    from components.recipe import make_trainer, train_in_trial
+    from components.runs.recipe import make_trainer, train_in_trial
     from components.search_space import SCORE, score_history, score_spec
 
     score = score_spec(sweep)
@@ -153,10 +153,10 @@ def make_tuner(sweep: Any, sweep_path: str, sweep_overrides: Sequence[str],
                resume: bool) -> Any:
     import ray.tune
 
-    from components.paths import resolve_path
-    from components.storage import display, list_dir
-    from components.tracking import prepare_sweep_trackers, tune_callbacks
-    from components.tune_loggers import use_deferred_tensorboard
+    from components.io.paths import resolve_path
+    from components.io.storage import display, list_dir
+    from components.sweep.tune_loggers import use_deferred_tensorboard
+    from components.training.tracking import prepare_sweep_trackers, tune_callbacks
 
     # In-trial: the actor holds the worker's CPUs/GPUs. Otherwise it only drives its
     # TorchTrainer, whose workers reserve their own.
@@ -262,8 +262,8 @@ def start_notes(sweep: Any) -> list[str]:
         return notes
     from components.data.reader import DatasetError
     from components.data.staging import dataset_info
-    from components.paths import resolve_path
-    from components.storage import StorageError
+    from components.io.paths import resolve_path
+    from components.io.storage import StorageError
 
     base = _base_config(sweep)
     try:
@@ -292,9 +292,9 @@ def check_sweep_dataset(sweep: Any) -> None:
     Raises:
         SweepError: no manifest there.
     """
-    from components import storage
     from components.data.shards import MANIFEST
-    from components.paths import resolve_path
+    from components.io import storage
+    from components.io.paths import resolve_path
     from components.search_space import trial_config
 
     given = trial_config(sweep, {}, name="preflight", storage=sweep.storage).data.dataset
@@ -320,7 +320,7 @@ def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
     only the confirmation stage, on a finished sweep (:func:`confirm_finished`).
 
     One writer per sweep dir: all of it runs holding the sweep dir's lock
-    (``<storage>/.<name>.lock``, :func:`components.storage.writer_lock`), so a second sweep of
+    (``<storage>/.<name>.lock``, :func:`components.io.storage.writer_lock`), so a second sweep of
     the same name — started together, or a ``--resume`` / ``--confirm`` beside a live one —
     is refused in one line naming the first (host, pid, since); a killed sweep's lock is taken
     over, saying so.
@@ -328,7 +328,7 @@ def run(sweep_path: str, overrides: Sequence[str] = (), resume: bool = False,
     Raises:
         SweepError: another process holds the sweep dir, or what the sweep raises.
     """
-    from components import storage
+    from components.io import storage
     from components.search_space import load_sweep
 
     sweep = load_sweep(sweep_path, overrides)
@@ -345,9 +345,9 @@ def _run(sweep: Any, sweep_path: str, overrides: Sequence[str], resume: bool, ec
          trust: bool, confirm_only: bool) -> list[dict[str, Any]]:
     """:func:`run` under the sweep dir's lock, on the ``sweep`` it loaded (and whose dataset
     it checked) from ``sweep_path`` and ``overrides``."""
+    from components.io.storage import display, join
+    from components.runtime.session import ray_session
     from components.search_space import sweep_identity
-    from components.session import ray_session
-    from components.storage import display, join
 
     if confirm_only:
         return confirm_finished(sweep_path, overrides, echo=echo)
@@ -382,7 +382,7 @@ def _run(sweep: Any, sweep_path: str, overrides: Sequence[str], resume: bool, ec
         print(markdown(rows, sweep))
         best = best_row(rows, sweep)
         if best is not None:
-            from components.confirmation import format_value
+            from components.sweep.confirmation import format_value
 
             params = sorted(best["params"].items())
             settings = " ".join(f"{k}={format_value(v)}" for k, v in params)
@@ -398,7 +398,7 @@ def _run(sweep: Any, sweep_path: str, overrides: Sequence[str], resume: bool, ec
 
 
 # ---------------------------------------------------------------------------------------------
-# The confirmation stage (components/confirmation.py).
+# The confirmation stage (components/sweep/confirmation.py).
 
 
 def confirm_fn(params: dict[str, Any], seed_index: int, name: str, sweep_path: str,
@@ -408,14 +408,14 @@ def confirm_fn(params: dict[str, Any], seed_index: int, name: str, sweep_path: s
     name is fixed), then its per-image kNN hits on ``confirm.split``."""
     import dataclasses
 
-    from components.confirmation import SEED_OFFSET
-    from components.paths import localize
-    from components.recipe import PretrainRecipe, loop_config, make_trainer
-    from components.run_dir import writing_run
-    from components.run_host import InProcess
+    from components.io.paths import localize
+    from components.io.storage import join
+    from components.runs.hosts import InProcess
+    from components.runs.recipe import PretrainRecipe, loop_config, make_trainer
+    from components.runs.run_dir import writing_run
+    from components.runs.scoring import split_knn_hits
     from components.search_space import load_sweep, trial_config
-    from components.storage import join
-    from pipelines.evaluate import split_knn_hits
+    from components.sweep.confirmation import SEED_OFFSET
 
     sweep = load_sweep(localize(sweep_path), sweep_overrides)
     cfg = trial_config(sweep, params, name=name,
@@ -439,16 +439,16 @@ def confirm(sweep: Any, rows: Sequence[dict[str, Any]], sweep_path: str,
     """Retrain the ``confirm.top`` best settings of ``rows`` with ``confirm.seeds`` fresh seeds
     each (Ray tasks, as many at once as the cluster holds), score them on ``confirm.split``,
     and write the confirmed answer (:func:`write_confirmation`); returns the
-    :class:`~components.confirmation.Confirmation` (``None``: no finished setting).
+    :class:`~components.sweep.confirmation.Confirmation` (``None``: no finished setting).
 
     Raises:
         SweepError: a confirmation run failed (re-running ``--confirm`` resumes the runs).
     """
     import ray
 
-    from components.confirmation import candidates, closing_line, run_name, summarise
     from components.errors import describe
-    from components.session import ray_session
+    from components.runtime.session import ray_session
+    from components.sweep.confirmation import candidates, closing_line, run_name, summarise
 
     chosen = candidates(rows, sweep.confirm.top)
     if not chosen:
@@ -482,8 +482,8 @@ def confirm(sweep: Any, rows: Sequence[dict[str, Any]], sweep_path: str,
     write_confirmation(sweep, rows, conf)
     record_sweep_state(sweep)
     if echo:
-        from components.confirmation import table
-        from components.storage import display, join
+        from components.io.storage import display, join
+        from components.sweep.confirmation import table
 
         print(table(conf, sweep.metric))
         print(closing_line(conf, seeds) + "; its pretrain config: "
@@ -494,10 +494,10 @@ def confirm(sweep: Any, rows: Sequence[dict[str, Any]], sweep_path: str,
 def write_confirmation(sweep: Any, rows: Sequence[dict[str, Any]], conf: Any) -> None:
     """``confirm.md`` / ``.csv`` / ``.json``, the confirmation appended to ``trials.md``, and
     ``best.yaml`` from the confirmed best (published to a URI sweep dir when complete)."""
-    from components.confirmation import closing_line, table
-    from components.confirmation import rows as confirm_rows
+    from components.io.storage import LocalMirror, redacted
     from components.search_space import trial_config
-    from components.storage import LocalMirror, redacted
+    from components.sweep.confirmation import closing_line, table
+    from components.sweep.confirmation import rows as confirm_rows
 
     seeds = sweep.confirm.seeds
     text = (f"## Confirmation: the {len(conf.settings)} best settings, {seeds} fresh seed(s) "
@@ -540,7 +540,7 @@ def confirm_finished(sweep_path: str, overrides: Sequence[str],
         SweepError: ``confirm.top`` is 0, the sweep has no ``trials.json`` (not finished), or
             its files changed since it started.
     """
-    from components import storage
+    from components.io import storage
     from components.search_space import load_sweep, sweep_identity
 
     sweep = load_sweep(sweep_path, overrides)
@@ -561,13 +561,13 @@ def confirm_finished(sweep_path: str, overrides: Sequence[str],
 def check_sweep_state(sweep: Any) -> None:
     """Before ``--resume`` unpickles Tune's state from the sweep dir: refuse files someone else
     could have written (a local dir: owners and modes; a URI: the record
-    :func:`record_sweep_state` signed) — :mod:`components.sweep_state`.
+    :func:`record_sweep_state` signed) — :mod:`components.sweep.state`.
 
     Raises:
         SweepError: naming the file, why, and what to do (``--trust-sweep-dir`` among it).
     """
-    from components.storage import StorageError
-    from components.sweep_state import UntrustedSweepState, check
+    from components.io.storage import StorageError
+    from components.sweep.state import UntrustedSweepState, check
 
     try:
         check(sweep_dir(sweep))
@@ -577,12 +577,12 @@ def check_sweep_state(sweep: Any) -> None:
 
 def record_sweep_state(sweep: Any) -> None:
     """After a sweep run (finished or not): sign the sha256 of Tune's state files into a URI
-    sweep dir (:func:`components.sweep_state.record`), which a later ``--resume`` checks. A
+    sweep dir (:func:`components.sweep.state.record`), which a later ``--resume`` checks. A
     local sweep dir needs none (its files' owners and modes are checked); a failure to write
     it is a warning, never the sweep's error."""
-    from components import console
-    from components.storage import StorageError, display
-    from components.sweep_state import DIGEST_FILE, TRUST_FLAG, is_remote, record
+    from components.io.storage import StorageError, display
+    from components.runtime import console
+    from components.sweep.state import DIGEST_FILE, TRUST_FLAG, is_remote, record
 
     path = sweep_dir(sweep)
     try:
@@ -597,7 +597,7 @@ def record_start(sweep: Any, identity: dict[str, Any]) -> None:
     """Write :data:`~components.search_space.SWEEP_RECORD` into the new sweep dir."""
     import json
 
-    from components import storage
+    from components.io import storage
     from components.search_space import SWEEP_RECORD
 
     path = sweep_dir(sweep)
@@ -616,7 +616,8 @@ def check_resume(sweep: Any, identity: dict[str, Any], flag: str = "--resume") -
     """
     import json
 
-    from components import console, storage
+    from components.io import storage
+    from components.runtime import console
     from components.search_space import SWEEP_RECORD, identity_changes
 
     path = storage.join(sweep_dir(sweep), SWEEP_RECORD)
@@ -715,7 +716,7 @@ def _short(err: Any) -> str:
 
 
 def markdown(rows: Sequence[dict[str, Any]], sweep: Any) -> str:
-    from components.confirmation import format_value
+    from components.sweep.confirmation import format_value
 
     keys = sorted({k for r in rows for k in r["params"]})
     repeats = sweep.repeats > 1
@@ -737,7 +738,7 @@ def markdown(rows: Sequence[dict[str, Any]], sweep: Any) -> str:
 def write_results(sweep: Any, rows: Sequence[dict[str, Any]]) -> None:
     """trials.csv / .md, best.yaml, plots, importances into the sweep dir (published to a URI
     sweep dir when the files are complete)."""
-    from components.storage import LocalMirror
+    from components.io.storage import LocalMirror
 
     with LocalMirror(sweep_dir(sweep)) as mirror:
         _write_results(sweep, rows, mirror.local)
@@ -746,8 +747,8 @@ def write_results(sweep: Any, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def _write_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> None:
+    from components.io.storage import redacted
     from components.search_space import trial_config
-    from components.storage import redacted
 
     keys = sorted({k for r in rows for k in r["params"]})
     with atomic_open(out / "trials.csv", "w", newline="") as f:
@@ -989,7 +990,7 @@ def param_figure(sweep: Any, rows: Sequence[dict[str, Any]], param: str,
     """The metric against ``param`` (X-CLR Fig. 3c's view for τ_s): each setting at its mean
     with ± its standard error (:func:`setting_points`), its seeds' scores (with repeats) as
     faint dots beside it, a colour per loss, a log axis for a log distribution; the caption
-    says what the bars are. ``confirmed`` (a :class:`~components.confirmation.Confirmation`,
+    says what the bars are. ``confirmed`` (a :class:`~components.sweep.confirmation.Confirmation`,
     when the sweep's metric is the kNN top-1 it confirms): each confirmed setting's score on
     its split as a black diamond with its 95 % interval, the confirmed best filled."""
     import matplotlib.pyplot as plt
@@ -1074,7 +1075,7 @@ def _optuna_console() -> Iterator[None]:
 
     import optuna
 
-    from components import console
+    from components.runtime import console
 
     if console.verbose():
         yield
@@ -1245,7 +1246,7 @@ STUDY_OWNER = "simgraph_sweep_dir"  # user attr: the sweep dir whose trials the 
 
 
 def _owner(sweep: Any) -> str:
-    from components.storage import display
+    from components.io.storage import display
 
     return display(sweep_dir(sweep))
 

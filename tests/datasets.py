@@ -10,7 +10,7 @@ import numpy as np
 
 from components.data.reader import FORMAT, MANIFEST
 from components.data.shards import page_size_for, write_shard
-from components.files import sha256_file
+from components.io.files import sha256_file
 
 
 def _image(rng: np.random.Generator, cls: int, size: int) -> np.ndarray:
@@ -101,8 +101,8 @@ def run_with_checkpoint(dataset: Path, storage: Path, name: str, checkpoint: boo
 
     from components.config import PretrainConfig, from_dict
     from components.data.reader import DatasetInfo
-    from components.run_dir import check_dataset, prepare_run_dir
-    from components.training import build_model
+    from components.runs.run_dir import check_dataset, prepare_run_dir
+    from components.training.step import build_model
 
     cfg = from_dict(PretrainConfig, tiny_run_config(dataset, storage, name=name, **over))
     run_dir = Path(prepare_run_dir(cfg))
@@ -126,8 +126,8 @@ def run_with_checkpoint(dataset: Path, storage: Path, name: str, checkpoint: boo
 def model_checkpoint(cfg: Any, run_dir: Path, model: Any, dataset: dict[str, Any]) -> Path:
     """``run_dir/epoch_00001``: a complete checkpoint of ``model`` after one epoch (no
     optimiser state: enough for evaluate, export and embed)."""
-    from components.checkpoint import TrainingState
     from components.config import to_dict
+    from components.runs.checkpoint import TrainingState
 
     return TrainingState(model=model.state_dict(), optimizer={}, scheduler={}, epoch=1,
                          step=4, history=[], config=to_dict(cfg), dataset=dataset,

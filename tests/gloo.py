@@ -1,5 +1,5 @@
-"""Multi-process tests on gloo: a free loopback port and a process group that tears down
-safely."""
+"""Multi-process tests on gloo: a rendezvous without a port race, and a process group that
+tears down safely."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import contextlib
 import datetime
 import os
 import socket
+import uuid
 from collections.abc import Iterator
 
 import torch.distributed as dist
@@ -19,19 +20,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def rendezvous_file(directory: str | os.PathLike[str]) -> str:
+    """A file rendezvous in ``directory`` (a fresh name): no port is picked and then bound
+    later — a free port can be taken in between by another test process, which aborted a rank
+    under the parallel suite — and no rank hosts a TCP store the others still read."""
+    return f"file://{os.path.join(os.fspath(directory), f'gloo-{uuid.uuid4().hex}')}"
+
+
 @contextlib.contextmanager
-def gloo_group(rank: int, world: int, port: int,
+def gloo_group(rank: int, world: int, port: int | str,
                timeout_s: float | None = None) -> Iterator[None]:
-    """This process as ``rank`` of a ``world``-rank gloo group on 127.0.0.1:``port``
-    (``timeout_s``: gloo's collective timeout, so a hang fails the test). After the block,
-    a barrier (no rank tears its pairs down while a peer may still read from them: rank 0
-    also hosts the TCP store, and leaving first aborted a process once in CI), then the
-    group is destroyed — also when the block raised (without the barrier)."""
+    """This process as ``rank`` of a ``world``-rank gloo group: ``port`` a loopback TCP port,
+    or a :func:`rendezvous_file` (``timeout_s``: gloo's collective timeout, so a hang fails
+    the test). After the block, a barrier (no rank tears its pairs down while a peer may
+    still read from them: with a TCP rendezvous rank 0 also hosts the store, and leaving first
+    aborted a process once in CI), then the group is destroyed — also when the block raised
+    (without the barrier)."""
     # Loopback by name: gloo otherwise resolves the machine's hostname, which fails (or
     # names an unreachable address) inside the suite's network namespace.
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     extra = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    init = port if isinstance(port, str) else f"tcp://127.0.0.1:{port}"
+    dist.init_process_group("gloo", init_method=init, rank=rank,
                             world_size=world, **extra)
     try:
         yield

@@ -75,7 +75,7 @@ def tensorboard_events(folder: Path) -> list[tuple[str, int, Any]]:
 
 def tree_digests(root: Path) -> dict[str, str]:
     """Relative path → sha256 of every file under ``root`` (what "nothing was lost" compares)."""
-    from components.files import sha256_file
+    from components.io.files import sha256_file
 
     return {str(p.relative_to(root)): sha256_file(p) for p in sorted(root.rglob("*"))
             if p.is_file()}

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from components.config import PretrainConfig, from_dict, to_dict
-from components.run_dir import RUN_CONFIG, RunError, check_dataset, prepare_run_dir
+from components.runs.run_dir import RUN_CONFIG, RunError, check_dataset, prepare_run_dir
 from pipelines.cli import main
 from tests.datasets import model_checkpoint, synthetic_dataset, tiny_run_config
 
@@ -35,7 +35,7 @@ def _run_dir(tmp_path: Path) -> tuple[PretrainConfig, Path, Path]:
 
 
 def _checkpoint(cfg: PretrainConfig, run_dir: Path) -> None:
-    from components.training import build_model
+    from components.training.step import build_model
 
     facts = check_dataset(cfg)
     model, _ = build_model(cfg.model, cfg.loss, facts.num_classes, None, facts.caption_dim)
@@ -115,8 +115,9 @@ def test_a_bug_in_a_worker_keeps_its_traceback(bug: bool, tmp_path: Path,
     failed worker's traceback."""
     import contextlib
 
-    from components import recipe, session
-    from components.recipe import PretrainError
+    from components.runs import recipe
+    from components.runs.recipe import PretrainError
+    from components.runtime import session
 
     data = synthetic_dataset(tmp_path / "ds", size=16, train_per_class=8, val_per_class=2)
     cfg = from_dict(PretrainConfig, tiny_run_config(data, tmp_path / "runs"))

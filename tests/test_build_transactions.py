@@ -25,7 +25,7 @@ from PIL import Image
 from components.config import PreprocessConfig, from_dict
 from components.data.build import driver, transaction
 from components.data.reader import MANIFEST, DatasetInfo
-from components.files import sha256_file
+from components.io.files import sha256_file
 from pipelines.preprocess import PreprocessError, run
 
 # The on-disk names of components/data/build/transaction.py's swap (spelled out, so that the
@@ -245,7 +245,7 @@ def _at(cfg: PreprocessConfig, out: Path) -> PreprocessConfig:
 
 
 def _remote(uri: str) -> dict[str, bytes]:
-    from components import storage
+    from components.io import storage
 
     return {name: storage.read_bytes(storage.join(uri, name))
             for name in storage.list_dir(uri) if not storage.is_dir(storage.join(uri, name))}
@@ -257,8 +257,8 @@ def test_uri_output_is_compared_with_the_remote_manifest(
     """Built from another host (an empty build cache), other parameters are refused without
     --overwrite; a mistyped --overwrite leaves the remote dataset as it was; a good one
     replaces it, manifest last, and deletes the files the new dataset does not have."""
-    from components import storage
     from components.data.staging import stage_dataset
+    from components.io import storage
 
     src = _images(tmp_path / "src")
     uri = storage.join(s3_uri, "datasets", "pets")

@@ -1,6 +1,6 @@
 """Caches keyed on file metadata see a file replaced with its size and mtime kept (issue 39,
 principle 4: rsync -t, tar and cp -p restore both): keys hold size, mtime_ns, inode and ctime_ns
-(components.files.stat_key) — the content pass's ``content.npz`` and the caption model's
+(components.io.files.stat_key) — the content pass's ``content.npz`` and the caption model's
 export cache."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Cluster shape vs config (issue 40, defect 9): a worker asking more CPUs (or GPUs) than any
 node has is never placed, and Ray Train only says so after its start timeout, without saying
-why. ``components.session.placement_problem`` gives the numbers and the fix; every example
+why. ``components.runtime.session.placement_problem`` gives the numbers and the fix; every example
 cluster must hold every GPU config's workers (the AWS example's g5.xlarge had 4 CPUs while
 the GPU reference config asks 8 a worker)."""
 
@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from components.config import PretrainConfig, load_config
-from components.session import placement_problem
+from components.runtime.session import placement_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "examples" / "cluster"
@@ -88,7 +88,7 @@ def test_the_run_start_check_refuses_on_a_local_ray_and_warns_on_a_cluster(
     import ray
 
     from components.config import ConfigError
-    from components.session import check_placement
+    from components.runtime.session import check_placement
 
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(ray, "nodes", lambda: [

@@ -41,7 +41,7 @@ def test_every_collective_the_code_calls_is_emulated() -> None:
 def test_the_gather_works_on_torch_without_all_gather_single(monkeypatch) -> None:
     """torch 2.11 (the lent GPU image) has no dist.all_gather_single: the gather falls back to
     all_gather_into_tensor (the same collective) instead of stopping the run."""
-    from components import distributed
+    from components.runtime import distributed
 
     seen: list[str] = []
     monkeypatch.delattr(dist, "all_gather_single", raising=False)

@@ -1,4 +1,4 @@
-"""The confirmation stage (components/confirmation.py): which settings are retrained, and
+"""The confirmation stage (components/sweep/confirmation.py): which settings are retrained, and
 the confirmed answer from per-image hits — the best by its seed-averaged score with a
 bootstrap interval, paired differences to it (a setting against itself: exactly 0, so
 tied), the winner's curse and Spearman's ρ against the sweep scores."""
@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from components.confirmation import (
+from components.evaluation.intervals import binomial_interval
+from components.search_space import identity_changes
+from components.sweep.confirmation import (
     Candidate,
     candidates,
     closing_line,
@@ -18,8 +20,6 @@ from components.confirmation import (
     summarise,
     table,
 )
-from components.evaluation.intervals import binomial_interval
-from components.search_space import identity_changes
 
 
 def _row(lr: float, mean: float | None, repeat: int = 0) -> dict[str, object]:

@@ -1,4 +1,4 @@
-"""components.console: what quiet mode drops and keeps, and the lines a run prints."""
+"""components.runtime.console: what quiet mode drops and keeps, and the lines a run prints."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ import pytest
 import yaml
 from PIL import Image
 
-from components import console
 from components.config import PretrainConfig, from_dict
-from components.run_dir import RunFacts
+from components.runs.run_dir import RunFacts
+from components.runs.summary import run_summary
+from components.runtime import console
 from tests.procs import kill_session
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,17 +93,17 @@ def test_run_summary_shows_the_effective_learning_rate_and_how_it_was_derived() 
         "scaling": {"num_workers": 2}, "train": {"epochs": 10}, "knn": {"every_epochs": 0}})
     facts = RunFacts(num_classes=10, caption_dim=0, dataset={}, knn=False, knn_note="",
                      needs_captions=False, splits={"train": 1000, "val": 100, "test": 0})
-    text = console.run_summary(cfg, facts, "/runs/demo")
+    text = run_summary(cfg, facts, "/runs/demo")
     assert "peak LR 0.001 = optim.lr 0.001 × 256/256 (lr_scaling linear)" in text
     assert "2 worker(s) x 128 = 256 global" in text and "3 steps/epoch x 10 epochs = 30" in text
     assert "train 1000 · val 100;" in text and "kNN     off (knn.every_epochs 0)" in text
     one = from_dict(PretrainConfig, {**{"name": "d", "data": {"dataset": "/d", "batch_size": 128}},
                                      "optim": {"lr": 0.001, "lr_scaling": "linear",
                                                "reference_batch": 256}})
-    assert "peak LR 0.0005 = optim.lr 0.001 × 128/256" in console.run_summary(one, facts, "/r")
+    assert "peak LR 0.0005 = optim.lr 0.001 × 128/256" in run_summary(one, facts, "/r")
     step = from_dict(PretrainConfig, {"name": "d", "data": {"dataset": "/d"}, "optim": {
         "schedule": "step", "step_epochs": [6, 8], "step_gamma": 0.1, "warmup_epochs": 0}})
-    assert "warm-up 0 epochs, then step x 0.1 at epochs 6, 8" in console.run_summary(
+    assert "warm-up 0 epochs, then step x 0.1 at epochs 6, 8" in run_summary(
         step, facts, "/r")
 
 

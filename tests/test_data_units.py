@@ -385,7 +385,7 @@ def test_merge_stage_verifies_shard_checksums(tmp_path: Path) -> None:
     """The build's merge task re-hashes every shard against its sidecar before merging (the
     driver no longer re-reads just-written shards): a changed shard is an error, not a merge."""
     from components.data.build import PreprocessError, merge_split
-    from components.files import sha256_file
+    from components.io.files import sha256_file
 
     rng = np.random.default_rng(2)
     parts, sums = [], []

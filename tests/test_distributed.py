@@ -2,7 +2,8 @@
 
 Each rank holds a slice of one global batch (uneven sizes, a class absent from some ranks), a
 DDP-wrapped linear "encoder" maps it to embeddings (and classifier logits), and the objective
-is computed over the global batch through :mod:`components.distributed`. After backward, DDP's
+is computed over the global batch through :mod:`components.runtime.distributed`. After backward,
+DDP's
 averaged parameter gradients and the logged global loss must equal the single-process result
 on the concatenated batch; memory banks must be identical on every rank. Two steps are run so
 that bank-based losses are checked with a non-empty bank too. The equal-batch fast path (the
@@ -23,7 +24,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from components import distributed
 from components.objectives import (
     CLIP,
     SINCERE,
@@ -36,6 +36,7 @@ from components.objectives import (
     SupCon,
 )
 from components.objectives.core import hot_path
+from components.runtime import distributed
 from tests.gloo import free_port
 
 N, V, D_IN, D, C, E = 7, 2, 6, 5, 4, 3

@@ -27,12 +27,12 @@ from typing import Any
 import pytest
 import torch
 
-from components import training
-from components.checkpoint import STATE, TrainingState, is_complete, read_meta, save_state
 from components.config import PretrainConfig, from_dict
 from components.errors import SimgraphError
-from components.recipe import PretrainRecipe, run_pretraining
-from components.run_dir import latest_complete, prune_checkpoints
+from components.runs.checkpoint import STATE, TrainingState, is_complete, read_meta, save_state
+from components.runs.recipe import PretrainRecipe, run_pretraining
+from components.runs.run_dir import latest_complete, prune_checkpoints
+from components.training import step as training
 from tests.datasets import synthetic_dataset, tiny_run_config
 
 

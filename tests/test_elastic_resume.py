@@ -5,9 +5,10 @@ same number of samples seen (issue 40, defect 3).
 optimizer / scheduler state carried the old base LRs (``optim.lr_scaling`` of the old global
 batch) and a position counted in the old shape's steps: a 1 → 2 worker resume ran past the end
 of the new (shorter) schedule, at LR 0; a 2 → 1 resume trained at twice the LR, early in the
-warm-up. Now the schedule is re-placed on restore (:func:`components.optim.continue_schedule`):
+warm-up. Now the schedule is re-placed on restore
+(:func:`components.training.optim.continue_schedule`):
 this run's base LRs, at the step a run of this shape reaches after the samples the checkpoint
-has seen (:func:`components.optim.schedule_position`) — one mechanism with a changed
+has seen (:func:`components.training.optim.schedule_position`) — one mechanism with a changed
 ``optim.lr``. A resume whose samples lie past the end of the new shape's schedule is refused
 before any step, naming what changed and what to do.
 
@@ -37,11 +38,11 @@ import pytest
 import torch
 import yaml
 
-from components import training
-from components.checkpoint import TrainingState
 from components.config import OptimConfig, PretrainConfig, from_dict
-from components.recipe import run_pretraining
-from components.run_dir import RunError, latest_complete
+from components.runs.checkpoint import TrainingState
+from components.runs.recipe import run_pretraining
+from components.runs.run_dir import RunError, latest_complete
+from components.training import step as training
 from tests.datasets import synthetic_dataset, tiny_run_config
 from tests.procs import kill_session
 
@@ -76,7 +77,7 @@ def test_a_restored_schedule_continues_as_a_fresh_run_of_the_new_shape(
     """Train the old shape to half its samples; restore its optimizer and scheduler state
     into the new shape's and re-place it: every later step's LR (every group) is the fresh
     new-shape run's at the same samples seen, exactly (and the state dicts match)."""
-    from components.optim import build_for_run, continue_schedule, schedule_position
+    from components.training.optim import build_for_run, continue_schedule, schedule_position
 
     batch, samples_per_epoch, epochs = 16, 256, 8
     old = OptimConfig(name=name, lr=0.2, schedule=schedule, lr_scaling=scaling,
@@ -122,7 +123,7 @@ def test_a_restored_schedule_continues_as_a_fresh_run_of_the_new_shape(
 
 
 def test_schedule_position_counts_samples_in_steps_of_the_new_shape() -> None:
-    from components.optim import schedule_position
+    from components.training.optim import schedule_position
 
     assert schedule_position(256, 32) == 8
     assert schedule_position(256, 16) == 16

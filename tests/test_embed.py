@@ -17,12 +17,11 @@ import pytest
 import torch
 from PIL import Image
 
-from components.checkpoint import load_state
 from components.config import AugmentConfig, PretrainConfig, from_dict
 from components.data.images import decode_image
 from components.data.reader import DatasetInfo, ViewLoader
 from components.data.shards import page_size_for, write_shard
-from components.embed import (
+from components.export.embed import (
     FORMAT,
     NO_MAX_SIDE,
     embed_folder,
@@ -31,7 +30,8 @@ from components.embed import (
     normalise,
     read_metadata,
 )
-from components.training import build_model, extract_features
+from components.runs.checkpoint import load_state
+from components.training.step import build_model, extract_features
 from pipelines.embed import embed_run
 from tests.datasets import run_with_checkpoint, synthetic_dataset
 

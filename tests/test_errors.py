@@ -13,8 +13,8 @@ from ray.train import WorkerGroupError
 
 from components.config import ConfigError, PretrainConfig, load_config
 from components.errors import NonFiniteError, SimgraphError, describe, root_cause, run_command
-from components.storage import StorageError, StorageNotFoundError, read_bytes
-from components.training import NonFiniteLossError
+from components.io.storage import StorageError, StorageNotFoundError, read_bytes
+from components.training.step import NonFiniteLossError
 
 ROOT = Path(__file__).resolve().parents[1]
 

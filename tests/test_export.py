@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import torch
 
-from components.checkpoint import load_state
 from components.config import PretrainConfig, from_dict
 from components.data.reader import DatasetInfo
-from components.export import FORMATS
-from components.training import build_model, extract_features
+from components.export.formats import FORMATS
+from components.runs.checkpoint import load_state
+from components.training.step import build_model, extract_features
 from pipelines.export import main
 from tests.datasets import run_with_checkpoint, synthetic_dataset
 

@@ -1,4 +1,4 @@
-"""components.files: whole-or-nothing writes and file hashes."""
+"""components.io.files: whole-or-nothing writes and file hashes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components.files import (
+from components.io.files import (
     atomic_open,
     remove_temporaries,
     replacing,

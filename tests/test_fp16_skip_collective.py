@@ -1,7 +1,7 @@
 """fp16's step skipping is decided for every rank at once (issue 40, defect 4).
 
 With a gradient scaler (``train.amp='fp16'``) a step whose batch fields are not finite is
-skipped (:class:`~components.training.SkippedStep`). The decision must be the same on every
+skipped (:class:`~components.training.step.SkippedStep`). The decision must be the same on every
 rank: a rank that skips alone goes on to the next step's all-gathers while the others enter
 DDP's gradient all-reduce and the memory bank's all-gather — a hang (NCCL) or a mismatched
 collective (gloo). Here 2 gloo ranks run the real training step (a memory-bank SupCon and
@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.gloo import free_port, gloo_group
+from tests.gloo import gloo_group, rendezvous_file
 
 WAIT_S = 240.0  # the whole 2-rank run (spawn and imports included); a hang fails after it
 B, V, SIZE = 4, 2, 16
@@ -39,11 +39,11 @@ def _batch(rank: int, step: int) -> Any:
     )
 
 
-def _worker(rank: int, world: int, port: int, out: str, loss: dict[str, Any],
+def _worker(rank: int, world: int, port: str, out: str, loss: dict[str, Any],
             poison: str) -> None:
     with gloo_group(rank, world, port, timeout_s=30):
         from components.config import PretrainConfig, from_dict
-        from components.training import SkippedStep, build_model, train_step, uses_projector
+        from components.training.step import SkippedStep, build_model, train_step, uses_projector
         from tests.datasets import tiny_run_config
 
         cfg = from_dict(PretrainConfig, tiny_run_config(Path("/unused"), Path("/unused"),
@@ -88,7 +88,8 @@ def _worker(rank: int, world: int, port: int, out: str, loss: dict[str, Any],
 def _spawn_bounded(args: tuple[Any, ...], world: int = 2) -> None:
     """``mp.spawn`` that fails the test (killing the ranks) when they are not done within
     :data:`WAIT_S`."""
-    ctx = mp.spawn(_worker, args=(world, free_port(), *args), nprocs=world, join=False)
+    ctx = mp.spawn(_worker, args=(world, rendezvous_file(args[0]), *args), nprocs=world,
+                   join=False)
     deadline = time.monotonic() + WAIT_S
     while not ctx.join(timeout=1.0):
         if time.monotonic() > deadline:

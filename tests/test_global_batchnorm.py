@@ -1,4 +1,5 @@
-"""GlobalBatchNorm (components/distributed.py, issue 40 defect 6): BatchNorm over every rank's
+"""GlobalBatchNorm (components/runtime/distributed.py, issue 40 defect 6): BatchNorm over every
+rank's
 batch with one all-reduce per layer and no host sync. On 2 gloo ranks with unequal shares (one
 of them empty in a second case) its outputs, input gradients, parameter gradients (summed
 over ranks, as DDP's all-reduce before its division) and running statistics equal plain
@@ -13,8 +14,8 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from components.distributed import GlobalBatchNorm, convert_global_batchnorm
-from tests.gloo import free_port, gloo_group
+from components.runtime.distributed import GlobalBatchNorm, convert_global_batchnorm
+from tests.gloo import gloo_group, rendezvous_file
 
 N, C = 10, 3
 SHARES = {"unequal": [slice(0, 7), slice(7, 10)], "empty_rank": [slice(0, 10), slice(10, 10)]}
@@ -45,7 +46,7 @@ def _step(model: nn.Module, x: torch.Tensor, w: torch.Tensor) -> dict[str, torch
             **{f"buf.{k}": b.clone() for k, b in model.named_buffers()}}
 
 
-def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
+def _worker(rank: int, world: int, port: str, out: str, case: str) -> None:
     with gloo_group(rank, world, port):
         x, w = _data()
         sl = SHARES[case][rank]
@@ -63,7 +64,7 @@ def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
 def test_two_ranks_equal_batchnorm_on_the_whole_batch(case: str, tmp_path: Path) -> None:
     x, w = _data()
     single = _step(_model(False), x, w)
-    mp.spawn(_worker, args=(2, free_port(), str(tmp_path), case), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, rendezvous_file(tmp_path), str(tmp_path), case), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     assert all(int(r["reads"]) == 0 for r in ranks)  # no host read, no data-shaped op
     for key in ("out", "x_grad"):

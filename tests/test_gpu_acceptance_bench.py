@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from bench.gpu_acceptance import CONFIG, find_gpu
 from components.config import PretrainConfig, load_config
-from components.training import build_model
+from components.training.step import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench/gpu_acceptance.py"

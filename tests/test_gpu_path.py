@@ -143,8 +143,8 @@ class _Host:
 
 
 def _strict_worker(rank: int, world: int, port: int, cfg: dict[str, Any], out: str) -> None:
-    from components.recipe import PretrainRecipe, loop_config
-    from components.run_dir import check_dataset, prepare_run_dir
+    from components.runs.recipe import PretrainRecipe, loop_config
+    from components.runs.run_dir import check_dataset, prepare_run_dir
 
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -170,7 +170,7 @@ def _strict_worker(rank: int, world: int, port: int, cfg: dict[str, Any], out: s
                            for m in (self.model, self.ema) if m is not None
                            for p in m.parameters() if p.dim() == 4}
                 assert layouts == {True}  # model and EMA copy: channels_last
-                from components.distributed import GlobalBatchNorm
+                from components.runtime.distributed import GlobalBatchNorm
 
                 norms = [m for m in self.ddp.module.encoder.modules()
                          if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
@@ -351,8 +351,8 @@ def test_a_cpu_reader_never_calls_into_cuda(no_jit: None, tmp_path: Path,
 
 def test_cuda_sync_debug_mode_is_read_once_and_checked(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from components.recipe import SYNC_DEBUG_ENV, loop_config
-    from components.run_dir import RunError, RunFacts
+    from components.runs.recipe import SYNC_DEBUG_ENV, loop_config
+    from components.runs.run_dir import RunError, RunFacts
 
     cfg = from_dict(PretrainConfig, tiny_run_config(tmp_path, tmp_path / "runs"))
     facts = RunFacts(num_classes=4, caption_dim=0, dataset={}, knn=True, knn_note="",

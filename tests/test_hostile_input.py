@@ -212,7 +212,7 @@ def test_a_sweep_on_a_missing_dataset_is_one_line_before_any_trial(
     """Run from another folder, the base config's relative dataset does not exist there."""
     import ray
 
-    from components import session
+    from components.runtime import session
 
     started: list[bool] = []
     monkeypatch.setattr(session, "ray_session", lambda *a, **k: started.append(True))

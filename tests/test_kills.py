@@ -1,7 +1,7 @@
 """Real SIGKILLs (``kill -9``: no ``finally``, no ``atexit``) at the points where a run's
 files change, each in a child process, then the resume in this one: the fault matrix cells of
 docs/reliability.md that an exception cannot stand in for. No Ray: the one-worker host
-(:class:`~components.run_host.TuneTrial`) writes the same run dir layout a Ray Train run does.
+(:class:`~components.runs.hosts.TuneTrial`) writes the same run dir layout a Ray Train run does.
 """
 
 from __future__ import annotations
@@ -17,21 +17,22 @@ from typing import Any
 import pytest
 import torch
 
-from components.checkpoint import TrainingState, is_complete, save_state
 from components.config import PretrainConfig, from_dict
-from components.recipe import PretrainRecipe, loop_config
-from components.run_dir import latest_complete, prepare_run
-from components.run_host import TuneTrial
+from components.runs.checkpoint import TrainingState, is_complete, save_state
+from components.runs.hosts import TuneTrial
+from components.runs.recipe import PretrainRecipe, loop_config
+from components.runs.run_dir import latest_complete, prepare_run
 from tests.datasets import synthetic_dataset, tiny_run_config
 
 ROOT = Path(__file__).parents[1]
 
 # Publish epoch 3 into a run dir holding epochs 1-2 (keep 2), as an in-trial sweep trial
-# does, SIGKILLed at the n-th call of argv[3] (a function of components.run_dir).
+# does, SIGKILLed at the n-th call of argv[3] (a function of components.runs.run_dir).
 KILL_PUBLISH = """
 import os, signal, sys
-from components import run_dir, storage
-from components.run_host import TuneTrial
+from components.runs import run_dir
+from components.io import storage
+from components.runs.hosts import TuneTrial
 where, n = sys.argv[3], int(sys.argv[4])
 owner = storage if where == "delete_dir" else run_dir
 real, calls = getattr(owner, where), [0]
@@ -89,9 +90,9 @@ class TuneTrialQuiet(TuneTrial):
 TRAIN = """
 import json, sys
 from components.config import PretrainConfig, from_dict
-from components.recipe import PretrainRecipe, loop_config
-from components.run_dir import prepare_run
-from components.run_host import TuneTrial
+from components.runs.recipe import PretrainRecipe, loop_config
+from components.runs.run_dir import prepare_run
+from components.runs.hosts import TuneTrial
 class Host(TuneTrial):
     def send(self, result):
         pass

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from components.config import PretrainConfig, from_dict
-from components.recipe import run_pretraining
+from components.runs.recipe import run_pretraining
 from tests.datasets import synthetic_dataset, tiny_run_config
 
 K, TAU = 40, 0.02  # k not among evaluate's curve of k: the rule's k is scored anyway
@@ -39,7 +39,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     of a class's pattern is labelled as the next class, so each image's neighbours split
     between two labels and the vote weights (the temperature) decide."""
     from components.data.shards import page_size_for, write_shard
-    from components.files import sha256_file
+    from components.io.files import sha256_file
     from tests.datasets import _image
 
     root = synthetic_dataset(tmp_path_factory.mktemp("knnrule") / "ds")
@@ -77,8 +77,8 @@ def test_the_rule_is_named_from_the_config() -> None:
 
 def test_evaluate_confirmation_and_the_online_kNN_give_one_number(
         dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from components.confirmation import Candidate, closing_line, summarise, table
     from components.evaluation.knn import knn_hits, weighted_knn_predict
+    from components.sweep.confirmation import Candidate, closing_line, summarise, table
     from pipelines.evaluate import (
         evaluate_run,
         load_run,
@@ -112,7 +112,7 @@ def test_evaluate_confirmation_and_the_online_kNN_give_one_number(
     # the temperature matters for this encoder: the old fixed 0.07 scores differently
     rcfg, state, _ = load_run(run)
     from components.data.reader import DatasetInfo
-    from components.training import build_model
+    from components.training.step import build_model
 
     info = DatasetInfo.load(dataset)
     model, _ = build_model(rcfg.model, rcfg.loss, 4, torch.as_tensor(

@@ -138,7 +138,7 @@ def test_evaluation_and_embedding_of_splits_with_a_lone_last_image(tmp_path: Pat
     """The user-visible crash: kNN scoring (the sweep's confirmation rule) and ``embed`` of
     splits of 33 images with batch 16 (2 full batches + 1 image) ran into ``torch.cat`` /
     ``np.concatenate`` of a 0-d label tensor."""
-    from components.embed import embed_dataset, load_run, run_encoder
+    from components.export.embed import embed_dataset, load_run, run_encoder
     from pipelines.evaluate import split_knn_hits
     from tests.datasets import run_with_checkpoint, synthetic_dataset
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from components.memory import EMA, MemoryBank, cosine_momentum
+from components.objectives.memory import EMA, MemoryBank, cosine_momentum
 
 
 def _rows(start: int, n: int) -> torch.Tensor:

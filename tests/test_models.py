@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from components.config import ConfigError, PretrainConfig, from_dict
-from components.models import ConvNet, build_backbone, projector
+from components.models.encoders import ConvNet, build_backbone, projector
 
 
 @pytest.mark.parametrize(("side", "blocks", "width", "dim"), [

@@ -5,7 +5,7 @@ second writer is refused in one line naming it, and nothing of the first's is to
 whose owner is dead (pid gone, or reused by a process that started at another time) is taken
 over, saying so. Two runs started together with different configs cannot both pass the config
 check. Every writer of a run dir goes through one library function
-(``components.run_dir.writing_run``): ``simgraph pretrain``, ``simgraph run``, each sweep trial
+(``components.runs.run_dir.writing_run``): ``simgraph pretrain``, ``simgraph run``, each sweep trial
 and confirmation run. A run that reads a dataset refuses it when a rebuild was swapped in since
 it started (checked before the training loader — at every worker start, restart or resume —
 and the kNN loaders open the split files).
@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
-from components.files import LockHeld, holding, process_start, read_lock
+from components.io.files import LockHeld, holding, process_start, read_lock
 from pipelines.cli import main
 from tests.datasets import run_with_checkpoint, synthetic_dataset, tiny_run_config
 from tests.helpers import one_line_error as _one_line
@@ -44,8 +44,8 @@ HOST = socket.gethostname()
 # A second process that takes a lock and keeps it until its stdin closes.
 _HOLD = """
 import sys
-from components import storage
-from components.files import holding
+from components.io import storage
+from components.io.files import holding
 kind, target = sys.argv[1], sys.argv[2]
 lock = (holding(target, "test") if kind == "file" else
         storage.writer_lock(target, "test", error=RuntimeError, refusal=""))
@@ -92,7 +92,7 @@ def _free(lock: Path) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# The lock itself (components/files.py: holding).
+# The lock itself (components/io/files.py: holding).
 
 
 def test_a_lock_held_by_a_live_process_is_refused_naming_it(tmp_path: Path) -> None:
@@ -223,7 +223,7 @@ def test_simgraph_run_on_a_live_run_is_refused_and_its_checkpoints_survive(
     naming it, the run dir byte-identical. (Its dataset step and Ray session are stubbed out:
     the dataset is built, the run trains in-process.)"""
     import components.data.build
-    import components.session
+    import components.runtime.session
 
     storage = tmp_path / "runs"
     run_dir = run_with_checkpoint(data, storage, "run-a")  # the live run, mid-training
@@ -235,7 +235,7 @@ def test_simgraph_run_on_a_live_run_is_refused_and_its_checkpoints_survive(
     (tmp_path / "plan.yaml").write_text(yaml.safe_dump({
         "preprocess": "pre.yaml", "pretrain": "base.yaml", "prefix": "run", "runs": {"a": []}}))
     monkeypatch.setattr(components.data.build, "run", lambda pre, echo=True: None)
-    monkeypatch.setattr(components.session, "ray_session",
+    monkeypatch.setattr(components.runtime.session, "ray_session",
                         lambda *a, **k: contextlib.nullcontext())
     with holder(run_dir, "dir") as first:
         capsys.readouterr()
@@ -250,7 +250,7 @@ def test_simgraph_run_on_a_live_run_is_refused_and_its_checkpoints_survive(
 def test_every_run_dir_is_prepared_under_its_writer_lock() -> None:
     """The class of the gap ``simgraph run`` had (it called the recipe's driver, which took no
     lock): a run dir is prepared — ``config.yaml`` read and written, the dataset checked, the
-    resume decided — only inside ``components.run_dir.writing_run``, which holds its lock and
+    resume decided — only inside ``components.runs.run_dir.writing_run``, which holds its lock and
     claims it, and every command that trains the recipe gets its run dir from there."""
     import ast
 
@@ -269,10 +269,10 @@ def test_every_run_dir_is_prepared_under_its_writer_lock() -> None:
                     prepares.append((rel, fn.name, name))
                 elif name == "writing_run":
                     writers.add((rel, fn.name))
-    assert {(r, f) for r, f, _ in prepares} <= {("components/run_dir.py", "writing_run"),
-                                               ("components/run_dir.py", "prepare_run")}, \
+    assert {(r, f) for r, f, _ in prepares} <= {("components/runs/run_dir.py", "writing_run"),
+                                               ("components/runs/run_dir.py", "prepare_run")}, \
         prepares
-    assert {("components/recipe.py", "run_pretraining"), ("pipelines/sweep.py", "trial_fn"),
+    assert {("components/runs/recipe.py", "run_pretraining"), ("pipelines/sweep.py", "trial_fn"),
             ("pipelines/sweep.py", "confirm_fn")} <= writers, writers
 
 
@@ -434,7 +434,7 @@ def test_a_trial_waits_for_its_run_dir_then_names_the_holder(
     or a ``simgraph pretrain`` pointed at it) waits, bounded, then fails in one line naming
     the holder; nothing is written into the trial's run dir."""
     import pipelines.sweep
-    from components.run_dir import RunError
+    from components.runs.run_dir import RunError
 
     space = _space(tmp_path, data)
     trial_dir = tmp_path / "sweeps" / "s" / "trials" / TRIAL
@@ -477,7 +477,7 @@ def test_a_run_refuses_a_dataset_rebuilt_while_it_trains(
     which open the split files only at the first kNN epoch, refuse it naming what changed."""
     from components.config import PretrainConfig, from_dict
     from components.data.reader import DatasetError
-    from components.recipe import PretrainRecipe, run_pretraining
+    from components.runs.recipe import PretrainRecipe, run_pretraining
 
     ds = tmp_path / "ds"
     shutil.copytree(data, ds)
@@ -521,12 +521,12 @@ def test_a_worker_refuses_a_dataset_rebuilt_before_it_opens_the_train_split(
     trains on the new data or a worker record is written; the run dir byte-identical."""
     import dataclasses
 
-    import components.recipe
+    import components.runs.recipe
     from components.config import PretrainConfig, from_dict
     from components.data.reader import DatasetError
-    from components.recipe import PretrainRecipe, loop_config, run_pretraining
-    from components.run_dir import absolute_paths, check_dataset
-    from components.run_host import InProcess
+    from components.runs.hosts import InProcess
+    from components.runs.recipe import PretrainRecipe, loop_config, run_pretraining
+    from components.runs.run_dir import absolute_paths, check_dataset
 
     ds = tmp_path / "ds"
     shutil.copytree(data, ds)
@@ -536,14 +536,14 @@ def test_a_worker_refuses_a_dataset_rebuilt_before_it_opens_the_train_split(
     run_dir = tmp_path / "runs" / "run"
     trees: list[dict[str, str]] = []
     if when == "start":
-        real = components.recipe._train_in_process
+        real = components.runs.recipe._train_in_process
 
         def swapped_first(*args: Any) -> list[dict[str, Any]]:
             _rebuild(ds)
             trees.append(_tree(run_dir))
             return real(*args)
 
-        monkeypatch.setattr(components.recipe, "_train_in_process", swapped_first)
+        monkeypatch.setattr(components.runs.recipe, "_train_in_process", swapped_first)
         with pytest.raises(DatasetError) as e:
             run_pretraining(cfg, echo=False)
     else:
@@ -566,9 +566,9 @@ def test_a_worker_refuses_a_dataset_rebuilt_before_it_opens_the_train_split(
 
 def test_verify_identity_is_quiet_for_the_same_dataset_and_names_a_missing_manifest(
         data: Path, tmp_path: Path) -> None:
+    from components.data.identity import dataset_identity
     from components.data.integrity import verify_identity
     from components.data.reader import DatasetError
-    from components.run_dir import dataset_identity
 
     identity = dataset_identity(json.loads((data / "manifest.json").read_text()))
     verify_identity(str(data), identity, "run", "the kNN evaluation")  # the same: quiet

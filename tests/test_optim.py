@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from components.optim import (
+from components.training.optim import (
     LARS,
     build_optimizer,
     build_scheduler,
@@ -433,7 +433,7 @@ def test_build_optimizer_errors() -> None:
 
 def test_build_for_run_scales_warms_up_and_schedules() -> None:
     from components.config import OptimConfig
-    from components.optim import build_for_run
+    from components.training.optim import build_for_run
 
     net = _small_net()
     cfg = OptimConfig(name="lars", lr=0.3, lr_scaling="linear", reference_batch=256,

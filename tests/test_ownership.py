@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components import storage
+from components.io import storage
 from pipelines.cli import main
 from tests.datasets import run_with_checkpoint, synthetic_dataset, tiny_run_config
 from tests.helpers import one_line_error as _one_line
@@ -175,7 +175,7 @@ def test_pretrain_into_a_folder_of_user_files_is_refused(
 
 
 # ---------------------------------------------------------------------------------------------
-# The mark itself (components/storage.py: claim_dir / release_dir)
+# The mark itself (components/io/storage.py: claim_dir / release_dir)
 
 
 def test_a_new_folder_is_claimed_and_recognised_until_released(tmp_path: Path) -> None:

@@ -18,9 +18,9 @@ from PIL import Image
 from bench.parity import plain_step, plain_transform, ratio_interval, read_split
 from components.config import LOSS_CONFIGS, AugmentConfig, ModelConfig, TrainConfig, from_dict
 from components.data.reader import DatasetInfo, ViewLoader, set_jit
-from components.memory import cosine_momentum
-from components.optim import build_optimizer, build_scheduler
-from components.training import build_model, train_step
+from components.objectives.memory import cosine_momentum
+from components.training.optim import build_optimizer, build_scheduler
+from components.training.step import build_model, train_step
 from tests.datasets import synthetic_dataset, tiny_run_config
 
 SIZE = 16
@@ -136,8 +136,8 @@ def test_preview_writes_a_grid_of_the_workers_views(dataset: Path, tmp_path: Pat
     # The view columns are the reader's views, un-normalised: tile (row 0, view 1) equals the
     # first view of the loader's first batch (seeded as the worker seeds epoch 0).
     from components.config import PretrainConfig
-    from components.recipe import train_views
-    from components.training import seed_everything
+    from components.runs.recipe import train_views
+    from components.training.step import seed_everything
 
     pc = from_dict(PretrainConfig, cfg)
     set_jit(False)

@@ -18,7 +18,7 @@ from components.config import PreprocessConfig, from_dict
 from components.data import captions as cap
 from components.data.images import decode_image
 from components.data.shards import read_samples
-from components.files import sha256_file as sha256
+from components.io.files import sha256_file as sha256
 from pipelines.preprocess import PreprocessError, run
 from tests.procs import kill_session, session_pids
 
@@ -257,9 +257,9 @@ def test_killed_run_resumes_to_identical_files(tmp_path: Path, ray_local: None) 
 @pytest.mark.slow
 def test_output_to_s3_matches_a_local_build(tmp_path: Path, ray_local: None, s3_uri: str,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from components import storage
     from components.data.reader import MANIFEST, DatasetInfo
     from components.data.staging import stage_dataset
+    from components.io import storage
 
     monkeypatch.setenv("SIMGRAPH_STAGE_DIR", str(tmp_path / "cache"))
     src = tmp_path / "src"

@@ -17,10 +17,10 @@ import pytest
 import torch
 import yaml
 
-from components.checkpoint import load_state
 from components.config import ConfigError, PretrainConfig, from_dict
-from components.recipe import PAUSE_ENV
-from components.run_dir import RunError, check_dataset, latest_complete, prepare_run_dir
+from components.runs.checkpoint import load_state
+from components.runs.recipe import PAUSE_ENV
+from components.runs.run_dir import RunError, check_dataset, latest_complete, prepare_run_dir
 from tests.datasets import synthetic_dataset, tiny_run_config
 from tests.procs import kill_session, session_pids
 
@@ -220,7 +220,7 @@ def test_ctrl_c_is_one_line_and_the_run_resumes_to_the_same_weights(dataset: Pat
 
 
 def test_where_a_run_trains() -> None:
-    from components.recipe import trains_in_process
+    from components.runs.recipe import trains_in_process
 
     def config(**scaling: Any) -> PretrainConfig:
         return from_dict(PretrainConfig, {"name": "r", "data": {"dataset": "d"},
@@ -314,7 +314,7 @@ def test_dataset_without_captions_or_enough_samples(tmp_path: Path) -> None:
 
 
 def test_latest_complete_skips_interrupted_writes(tmp_path: Path) -> None:
-    from components.checkpoint import save_state
+    from components.runs.checkpoint import save_state
 
     save_state(tmp_path / "epoch_00001", {"epoch": 1, "step": 4, "w": torch.ones(3)})
     save_state(tmp_path / "epoch_00002", {"epoch": 2, "step": 8, "w": torch.ones(3)})

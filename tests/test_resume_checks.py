@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 
 from components.config import PretrainConfig, from_dict
-from components.recipe import PretrainRecipe, loop_config
-from components.run_dir import (
+from components.runs.hosts import TuneTrial
+from components.runs.recipe import PretrainRecipe, loop_config
+from components.runs.run_dir import (
     RUN_DATASET,
     RunError,
     check_dataset,
     prepare_run,
     prepare_run_dir,
 )
-from components.run_host import TuneTrial
 from tests.datasets import synthetic_dataset, tiny_run_config
 
 REFUSAL = (r"run 'run' trained on other data than .*/ds holds now \(build parameters, split "
@@ -106,7 +106,7 @@ def test_prepare_run_checks_the_data_without_building_a_model_and_sees_a_finishe
     """One preparation for `simgraph pretrain` and sweep trials: the driver learns what the
     loss reads from its objective alone (no backbone), and a finished run comes back with
     its history instead of training again."""
-    from components import models
+    from components.models import encoders as models
 
     data = synthetic_dataset(tmp_path / "ds", size=16, train_per_class=8, val_per_class=2)
     cfg = _config(data, tmp_path / "runs", epochs=1)

@@ -1,4 +1,4 @@
-"""The in-trial host (``components/run_host.py``): a one-worker run trained in this process
+"""The in-trial host (``components/runs/hosts.py``): a one-worker run trained in this process
 writes Ray Train's run-dir layout, keeps ``checkpoint.keep`` checkpoints, reports each epoch
 with the metric first, and a run interrupted after an epoch resumes to the same weights and
 metrics as an uninterrupted one. No Ray: the recipe runs against the host directly."""
@@ -12,17 +12,17 @@ from typing import Any
 import pytest
 import torch
 
-from components.checkpoint import is_complete, load_state, save_state
 from components.config import ConfigError, PretrainConfig, from_dict
-from components.recipe import PretrainRecipe, loop_config
-from components.run_dir import (
+from components.runs.checkpoint import is_complete, load_state, save_state
+from components.runs.hosts import TuneTrial, metric_first
+from components.runs.recipe import PretrainRecipe, loop_config
+from components.runs.run_dir import (
     check_dataset,
     latest_complete,
     prepare_run_dir,
     prune_checkpoints,
     publish_checkpoint,
 )
-from components.run_host import TuneTrial, metric_first
 from components.search_space import Resources
 from tests.datasets import synthetic_dataset, tiny_run_config
 
@@ -134,7 +134,7 @@ def test_resources_mode_decides_where_trials_train() -> None:
 
 
 def test_resume_from_prefers_the_newest_complete_checkpoint() -> None:
-    from components.run_host import resume_from
+    from components.runs.hosts import resume_from
 
     assert resume_from(None, None) is None
     assert resume_from(3, None) == "ray"
@@ -148,7 +148,7 @@ def test_train_worker_resumes_from_the_run_dir_when_rays_snapshot_is_lost(
         capsys: pytest.CaptureFixture[str]) -> None:
     import ray.train
 
-    from components.run_host import TrainWorker
+    from components.runs.hosts import TrainWorker
 
     class Context:
         def get_world_rank(self) -> int:
@@ -184,8 +184,8 @@ def test_a_checkpoint_that_cannot_be_checked_is_not_taken_for_incomplete(
     an older checkpoint): it is an error, not an incomplete checkpoint."""
     import errno
 
-    from components import checkpoint
-    from components.checkpoint import CheckpointUnreadable
+    from components.runs import checkpoint
+    from components.runs.checkpoint import CheckpointUnreadable
 
     save_state(tmp_path / "epoch_00001", {"epoch": 1, "step": 4})
 
@@ -201,8 +201,8 @@ def test_a_checkpoint_that_cannot_be_checked_is_not_taken_for_incomplete(
 
 def test_older_checkpoints_are_pruned_only_after_the_new_one_verifies(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from components import checkpoint
-    from components.checkpoint import CheckpointError
+    from components.runs import checkpoint
+    from components.runs.checkpoint import CheckpointError
 
     for epoch in (1, 2):
         save_state(tmp_path / f"epoch_{epoch:05d}", {"epoch": epoch, "step": 4 * epoch})

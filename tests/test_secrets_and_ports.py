@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from components.paths import project_root
+from components.io.paths import project_root
 from pipelines.submit import EXCLUDES, checked_env, package, runtime_env
 
 ROOT = project_root()
@@ -160,7 +160,7 @@ def test_the_project_itself_ships_no_refused_tracked_file() -> None:
 PROBE = r"""
 import json, os, sys
 import psutil
-from components.session import ray_session
+from components.runtime.session import ray_session
 with ray_session(1):
     from ray._raylet import AuthenticationMode, get_authentication_mode
     mine = {p.pid for p in psutil.process_iter() if p.uids().real == os.getuid()}

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from components import storage
 from components.config import PretrainConfig, from_dict, to_dict
-from components.storage import has_credentials, redact, redacted
-from components.sweep_state import (
+from components.io import storage
+from components.io.storage import has_credentials, redact, redacted
+from components.sweep.state import (
     DIGEST_FILE,
     UntrustedSweepState,
     check,
@@ -92,7 +92,7 @@ def test_a_whole_config_is_redacted_and_nothing_else_changes() -> None:
 def test_run_dir_stores_no_credentials_and_resumes_with_any(s3_uri: str) -> None:
     """config.yaml (and everything else in the run dir) holds no secret; the same run with the
     same or other credentials resumes; another dataset bucket is another run."""
-    from components.run_dir import RunError, prepare_run_dir
+    from components.runs.run_dir import RunError, prepare_run_dir
 
     runs = _with_credentials(storage.join(s3_uri, "runs"))
     dataset = _with_credentials(storage.join(s3_uri, "ds"))
@@ -144,8 +144,8 @@ def test_a_datasets_build_parameters_hold_no_credentials() -> None:
 def test_checkpoints_hold_the_config_without_credentials(tmp_path: Path) -> None:
     import torch
 
-    from components.checkpoint import load_state
-    from components.recipe import checkpoint_state
+    from components.runs.checkpoint import load_state
+    from components.runs.recipe import checkpoint_state
 
     cfg = _config(_with_credentials("s3://bucket/runs"), _with_credentials("s3://data/ds"))
     model = torch.nn.Linear(2, 2)
@@ -164,7 +164,7 @@ def test_checkpoints_hold_the_config_without_credentials(tmp_path: Path) -> None
 
 def test_mlflow_params_hold_no_credentials(tmp_path: Path) -> None:
     mlflow = pytest.importorskip("mlflow")
-    from components.tracking import DB_FILE, MLflowRun, default_uri
+    from components.training.tracking import DB_FILE, MLflowRun, default_uri
 
     cfg = _config(_with_credentials("s3://bucket/runs"), _with_credentials("s3://data/ds"),
                   tracking={"mlflow": True})
@@ -190,7 +190,7 @@ class _Trial:
 def test_sweep_mlflow_callback_logs_trial_parameters_without_credentials(
         tmp_path: Path) -> None:
     mlflow = pytest.importorskip("mlflow")
-    from components.tune_trackers import RedactingMLflowLoggerCallback
+    from components.training.tune_trackers import RedactingMLflowLoggerCallback
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     cb = RedactingMLflowLoggerCallback(tracking_uri=uri, experiment_name="s",
@@ -280,7 +280,7 @@ def test_resume_refuses_a_world_writable_tuner_state_before_anything_runs(
         capsys: pytest.CaptureFixture[str]) -> None:
     import ray
 
-    from components import session
+    from components.runtime import session
     from pipelines.sweep import SweepError, run
 
     space = _sweep_file(tmp_path)
@@ -338,7 +338,7 @@ def test_resume_refuses_state_in_a_directory_others_can_write(tmp_path: Path) ->
 def _shared_group(*paths: Path) -> bool:
     """Give ``paths`` a group other than this user's private one (root can); whether they
     have one now (else group write is this user's own and allowed)."""
-    from components.sweep_state import _private_group
+    from components.sweep.state import _private_group
 
     if os.getuid() == 0:
         for p in paths:
@@ -423,7 +423,7 @@ def test_an_s3_sweep_dir_is_checked_against_its_record(
 ])
 def test_a_local_ray_starts_without_its_dashboard_unless_asked(
         env: dict[str, str], needed: bool, dashboard: bool) -> None:
-    from components.session import init_kwargs
+    from components.runtime.session import init_kwargs
 
     kwargs = init_kwargs(2, env, needs_dashboard=needed)
     assert kwargs["address"] == "local" and kwargs["num_cpus"] == 2
@@ -432,7 +432,7 @@ def test_a_local_ray_starts_without_its_dashboard_unless_asked(
 
 def test_only_sweeps_with_train_worker_groups_ask_for_the_dashboard(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from components import session
+    from components.runtime import session
     from pipelines.sweep import run
 
     asked: list[bool] = []
@@ -453,7 +453,7 @@ def test_only_sweeps_with_train_worker_groups_ask_for_the_dashboard(
 
 
 def test_joining_a_cluster_leaves_its_dashboard_alone() -> None:
-    from components.session import init_kwargs
+    from components.runtime.session import init_kwargs
 
     kwargs = init_kwargs(None, {"RAY_ADDRESS": "ray://head:10001",
                                 "SIMGRAPH_RAY_DASHBOARD": "1"})

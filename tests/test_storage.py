@@ -1,4 +1,4 @@
-"""components.storage (local paths and a local moto S3) and components.data.staging."""
+"""components.io.storage (local paths and a local moto S3) and components.data.staging."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components import storage
 from components.data import staging
 from components.data.reader import MANIFEST, DatasetError, DatasetInfo
-from components.storage import StorageError
+from components.io import storage
+from components.io.storage import StorageError
 from tests.datasets import synthetic_dataset
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components import storage
-from components.checkpoint import is_complete_at, load_state, local_copy
 from components.data.staging import MARKER
-from components.run_dir import latest_complete
+from components.io import storage
+from components.runs.checkpoint import is_complete_at, load_state, local_copy
+from components.runs.run_dir import latest_complete
 from tests.datasets import synthetic_dataset, tiny_run_config
 
 ROOT = Path(__file__).resolve().parents[1]

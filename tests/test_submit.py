@@ -9,8 +9,15 @@ from typing import Any
 
 import pytest
 
-from components.distributed import node_layout
-from components.paths import BASE_ENV, is_relative, localize, portable, project_root, resolve_path
+from components.io.paths import (
+    BASE_ENV,
+    is_relative,
+    localize,
+    portable,
+    project_root,
+    resolve_path,
+)
+from components.runtime.distributed import node_layout
 from pipelines.submit import (
     EXCLUDES,
     SubmitError,

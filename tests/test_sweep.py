@@ -18,7 +18,7 @@ from ray.train import WorkerGroupError
 
 from components.config import ConfigError, PretrainConfig, load_config
 from components.search_space import load_sweep
-from components.training import NonFiniteLossError
+from components.training.step import NonFiniteLossError
 from pipelines.sweep import markdown, trial_rows
 from tests.datasets import synthetic_dataset, tiny_run_config
 from tests.helpers import tensorboard_events
@@ -127,7 +127,7 @@ def test_sweep_killed_after_two_trials_resumes_the_rest(tmp_path: Path) -> None:
         run = by_name.get(f"trial_fn_{r['trial']}")
         assert run is not None, (r["trial"], sorted(by_name))
         assert "knn_top1" in run.data.metrics
-    # TensorBoard (components/tune_loggers.py): each trial's Tune dir holds its reported kNN
+    # TensorBoard (components/sweep/tune_loggers.py): each trial's Tune dir holds its reported kNN
     for r in rows:
         (tune_dir,) = (tmp_path / "sweeps" / "s").glob(f"trial_fn_{r['trial']}_*")
         knn = [v for tag, _, v in tensorboard_events(tune_dir) if tag == "ray/tune/knn_top1"]
@@ -431,7 +431,7 @@ def test_confirmed_settings_are_marked_with_their_intervals(tmp_path: Path) -> N
     import matplotlib.pyplot as plt
     from matplotlib.container import ErrorbarContainer
 
-    from components.confirmation import Candidate, summarise
+    from components.sweep.confirmation import Candidate, summarise
     from pipelines.sweep import param_figure
 
     sweep, rows = _repeat_rows(tmp_path)

@@ -4,7 +4,7 @@ On a GPU every ``.item()``, ``.tolist()``, ``bool(t)``, ``int(t)``, ``float(t)``
 tensor makes the host wait until the device has caught up: the launch queue drains and the
 next kernels start late. The audit counts these reads on CPU with a
 :class:`torch.overrides.TorchFunctionMode` (:class:`ReadbackCounter`) around
-``components.training.train_step`` for every loss, and around the batched SimCLR
+``components.training.step.train_step`` for every loss, and around the batched SimCLR
 augmentation, and holds each to a fixed budget.
 
 What the mode sees (torch 2.14.1, by experiment; :func:`test_the_counter_sees_every_readback`
@@ -44,7 +44,6 @@ from torch.overrides import TorchFunctionMode
 from components.config import LOSS_CONFIGS, TrainConfig, from_dict
 from components.data.augment import BatchedSimCLRAugment
 from components.errors import NonFiniteError
-from components.memory import EMA, MemoryBank
 from components.objectives import (
     CLIP,
     XCLR,
@@ -61,9 +60,10 @@ from components.objectives.core import (
     hot_path,
     noise_contrastive,
 )
+from components.objectives.memory import EMA, MemoryBank
 from components.objectives.targets import class_similarity_graph
-from components.optim import LARS, build_optimizer, build_scheduler, param_groups
-from components.training import StepState, build_model, train_step
+from components.training.optim import LARS, build_optimizer, build_scheduler, param_groups
+from components.training.step import StepState, build_model, train_step
 from tests.test_training import LOSSES, MODEL, C, E, _batch
 
 READBACKS: frozenset[Callable[..., Any]] = frozenset({

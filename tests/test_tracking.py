@@ -1,4 +1,4 @@
-"""components.tracking: rank 0's MLflow run (parameters, per-epoch metrics, resume into the
+"""components.training.tracking: rank 0's MLflow run (parameters, per-epoch metrics, resume into the
 same run), read back with MLflow's own client; the sweep's tracker settings."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ mlflow = pytest.importorskip("mlflow")
 
 
 def test_mlflow_run_logs_params_and_epochs_and_a_resume_continues_it(tmp_path: Path) -> None:
-    from components.tracking import DB_FILE, RUN_ID_FILE, MLflowRun, default_uri
+    from components.training.tracking import DB_FILE, RUN_ID_FILE, MLflowRun, default_uri
 
     cfg = from_dict(PretrainConfig, {"name": "r", "data": {"dataset": "/d"},
                                      "loss": {"name": "xclr", "tau": 0.2, "tau_s": 0.1},
@@ -53,7 +53,7 @@ def test_sweep_mlflow_settings(tmp_path: Path) -> None:
         load_sweep(space, ["mlflow=true", "storage=s3://b/sweeps"])
     sweep = load_sweep(space, ["mlflow=true", "storage=s3://b/sweeps",
                                f"mlflow_uri=sqlite:///{tmp_path}/m.db"])
-    from components.tracking import tune_callbacks
+    from components.training.tracking import tune_callbacks
 
     (cb,) = tune_callbacks(sweep, tmp_path)
     from ray.air.integrations.mlflow import MLflowLoggerCallback
@@ -67,7 +67,7 @@ def test_wandb_offline_run_logs_config_and_epochs_and_a_resume_continues_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SERVICE", "")  # wandb exports its service: not to later tests
-    from components.tracking import WANDB_ID_FILE, WandbRun
+    from components.training.tracking import WANDB_ID_FILE, WandbRun
     from tests.wandb_offline import offline_runs
 
     cfg = from_dict(PretrainConfig, {"name": "r", "data": {"dataset": "/d"},
@@ -97,7 +97,7 @@ def test_wandb_offline_run_logs_config_and_epochs_and_a_resume_continues_it(
 def test_sweep_wandb_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("wandb")
     from components.search_space import load_sweep
-    from components.tracking import tune_callbacks
+    from components.training.tracking import tune_callbacks
 
     root = Path(__file__).resolve().parents[1]
     space = root / "search_spaces/small_data/simclr.yaml"
@@ -128,7 +128,13 @@ def test_a_kill_before_the_run_id_is_written_continues_the_same_tracker_runs(
     """MLflow: the run exists but its id file was never written (killed after create_run):
     the next start finds it by our key, and there is one run. W&B: the id is chosen and
     written before the run starts."""
-    from components.tracking import RUN_ID_FILE, WANDB_ID_FILE, MLflowRun, WandbRun, default_uri
+    from components.training.tracking import (
+        RUN_ID_FILE,
+        WANDB_ID_FILE,
+        MLflowRun,
+        WandbRun,
+        default_uri,
+    )
 
     cfg = to_dict(from_dict(PretrainConfig, {"name": "r", "data": {"dataset": "/d"}}))
     first = MLflowRun(tmp_path, "r", cfg, None, "simgraph")

@@ -11,18 +11,18 @@ from typing import Any
 import pytest
 import torch
 
-from components.checkpoint import (
+from components.config import LOSS_CONFIGS, ModelConfig, TrainConfig, from_dict
+from components.data.reader import Batch
+from components.evaluation.knn import knn_top1, sharded_knn_top1
+from components.runs.checkpoint import (
     CheckpointError,
     TrainingState,
     is_complete,
     load_state,
     save_state,
 )
-from components.config import LOSS_CONFIGS, ModelConfig, TrainConfig, from_dict
-from components.data.reader import Batch
-from components.evaluation.knn import knn_top1, sharded_knn_top1
-from components.optim import build_optimizer, build_scheduler
-from components.training import (
+from components.training.optim import build_optimizer, build_scheduler
+from components.training.step import (
     NonFiniteLossError,
     SkipGuard,
     SkippedStep,

@@ -1,4 +1,4 @@
-"""``components/tune_loggers.py``: the deferred TensorBoard logger writes what Tune's own
+"""``components/sweep/tune_loggers.py``: the deferred TensorBoard logger writes what Tune's own
 ``TBXLoggerCallback`` writes (scalars per result, HParams at the end), opens nothing before a
 trial's first result, and is the only TBX logger Tune uses once named in
 ``RAY_TUNE_CALLBACKS``."""
@@ -11,7 +11,7 @@ import pytest
 from ray.tune.constants import RAY_TUNE_CALLBACKS_ENV_VAR
 from ray.tune.logger import TBXLoggerCallback
 
-from components.tune_loggers import DeferredTBXLoggerCallback, use_deferred_tensorboard
+from components.sweep.tune_loggers import DeferredTBXLoggerCallback, use_deferred_tensorboard
 from tests.helpers import tensorboard_events
 
 
@@ -73,7 +73,7 @@ def test_named_in_the_environment_tune_adds_no_tbx_logger_of_its_own(
 
     assert os.environ[RAY_TUNE_CALLBACKS_ENV_VAR] == (
         "ray.tune.logger.CSVLoggerCallback,"
-        "components.tune_loggers.DeferredTBXLoggerCallback")
+        "components.sweep.tune_loggers.DeferredTBXLoggerCallback")
     callbacks = _create_default_callbacks([], metric="knn_top1", mode="max")
     tbx = [c for c in callbacks if isinstance(c, TBXLoggerCallback)]
     assert len(tbx) == 1 and isinstance(tbx[0], DeferredTBXLoggerCallback)

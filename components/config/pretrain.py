@@ -194,7 +194,7 @@ class TrainConfig:
     """The loop. ``amp``: autocast dtype (``fp16`` adds a gradient scaler and needs a GPU; on
     CPU ``none`` and ``bf16``); ``auto``: ``bf16`` where the worker's device computes it
     natively (a CPU with AVX-512 BF16 or AMX, a GPU of compute capability ≥ 8.0), else
-    ``none`` (float32), decided by each worker (:func:`components.training.resolve_amp`) and
+    ``none`` (float32), decided by each worker (:func:`components.training.step.resolve_amp`) and
     recorded in its ``workers/rank<r>.json``. ``compile``: the encoder's forward through
     ``torch.compile`` (Inductor; the first steps pay the compile, docs/benchmarks.md says when
     it pays back). ``steps_per_epoch`` caps an epoch (demos, tests; ``None`` = the

@@ -49,7 +49,7 @@ def sentence_transformer(path: str, device: str = "cpu") -> Any:
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     from sentence_transformers import SentenceTransformer
 
-    from components.console import verbose
+    from components.runtime.console import verbose
 
     if not verbose():  # a "Loading weights" bar per load (driver and every caption actor)
         from transformers.utils import logging as hf_logging

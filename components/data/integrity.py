@@ -231,7 +231,7 @@ def verify_identity(root: str, expected: dict[str, object] | None, run: str,
                     use: str) -> None:
     """Check, before the split files of the dataset dir ``root`` are opened for ``use``, that
     it is still the dataset run ``run`` started on: its ``manifest.json`` gives the same
-    :func:`components.run_dir.dataset_identity` (build parameters, split sha256s, classes) as
+    :func:`components.data.identity.dataset_identity` (build parameters, split sha256s, classes) as
     ``expected``. A ``simgraph preprocess --overwrite`` that swapped a rebuild in since would
     otherwise have the run read the new files (the kNN loaders open them only at the first
     kNN epoch). Cheap: one small JSON read; ``expected`` ``None`` checks nothing.
@@ -243,9 +243,9 @@ def verify_identity(root: str, expected: dict[str, object] | None, run: str,
     import json
     from pathlib import Path
 
+    from components.data.identity import dataset_identity, identity_diff
     from components.data.reader import DatasetError
     from components.data.shards import MANIFEST
-    from components.run_dir import dataset_identity, identity_diff
 
     if expected is None:
         return

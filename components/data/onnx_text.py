@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from components.errors import SimgraphError
-from components.files import replacing, stat_key, write_json
+from components.io.files import replacing, stat_key, write_json
 
 VARIANTS = ("onnx", "onnx-int8", "openvino", "openvino-bf16")
 MODEL_FILE, TOKENIZER_FILE, ENCODER_FILE = "model.onnx", "tokenizer.json", "encoder.json"

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from components.errors import SimgraphError
-from components.files import atomic_open
+from components.io.files import atomic_open
 
 # Stored field names, in file order. `caption` exists only when captions are embedded.
 IMAGE, LABEL, SAMPLE_ID, CAPTION = "image", "label", "sample_id", "caption"

@@ -221,7 +221,7 @@ def list_manifest(
     import pyarrow.json as pjson
     import pyarrow.parquet as pq
 
-    from components.storage import SCHEMES
+    from components.io.storage import SCHEMES
 
     p = Path(path)
     if not p.is_file():

@@ -48,9 +48,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from components import storage
 from components.data.reader import FORMAT, MANIFEST, DatasetError
-from components.files import LockHeld, atomic_open, holding, stat_key, write_json
+from components.io import storage
+from components.io.files import LockHeld, atomic_open, holding, stat_key, write_json
 
 STAGE_ENV = "SIMGRAPH_STAGE_DIR"
 MARKER = ".staged"
@@ -202,7 +202,7 @@ def lock_timeout() -> float:
 
 @contextlib.contextmanager
 def _locked(lock_path: Path) -> Iterator[None]:
-    """Exclusive lock for the duration (:func:`components.files.holding`: released if the
+    """Exclusive lock for the duration (:func:`components.io.files.holding`: released if the
     process dies, names its holder); a wait says who holds it and gives up after
     :func:`lock_timeout` (module docstring)."""
     timeout = lock_timeout()
@@ -217,7 +217,7 @@ def _locked(lock_path: Path) -> Iterator[None]:
 
 
 def _stats(dest: Path, files: dict[str, int]) -> dict[str, list[int]]:
-    """Each staged file's :func:`~components.files.stat_key` right after its verified copy."""
+    """Each staged file's :func:`~components.io.files.stat_key` right after its verified copy."""
     return {n: list(stat_key((dest / n).stat())) for n in files}
 
 

@@ -5,7 +5,7 @@ the run started from, scored the same way.
 already separates simple images far above chance (its kNN top-1 on Fashion-MNIST is tens of
 points), so a run's accuracy alone says little. :func:`random_init_model` rebuilds the model
 exactly as the training recipe does before its first step (``torch.manual_seed(train.seed)``
-then :func:`components.training.build_model`, on the CPU), without loading a checkpoint;
+then :func:`components.training.step.build_model`, on the CPU), without loading a checkpoint;
 the caller extracts its features through the same loaders as the run's, and
 :func:`score_baseline` computes the weighted kNN top-1 at one k and the linear probe's top-1
 with their per-image hits, so :meth:`Baseline.gain` is a paired difference over the same
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # torch loads when a baseline is built (the report's types ne
     from torch import Tensor
 
     from components.config import PretrainConfig
-    from components.training import PretrainModel
+    from components.training.step import PretrainModel
 
 __all__ = ["BASELINE", "Baseline", "random_init_model", "score_baseline"]
 
@@ -84,7 +84,7 @@ def random_init_model(cfg: PretrainConfig, num_classes: int, class_similarity: T
     torch generator is left as it was (the seeding runs in a forked RNG state)."""
     import torch
 
-    from components.training import build_model
+    from components.training.step import build_model
 
     with torch.random.fork_rng(devices=[]):  # the CPU generator only: the build is on the CPU
         torch.manual_seed(cfg.train.seed)

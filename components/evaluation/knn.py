@@ -449,7 +449,7 @@ def sharded_knn_correct(
         ValueError: as :func:`knn_top1` (no bank row or no query over all ranks, bad labels,
             a temperature too small for float32).
     """
-    from components import distributed
+    from components.runtime import distributed
 
     bank_f, bank_y = bank
     checks.check_features("bank features", bank_f)

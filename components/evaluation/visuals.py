@@ -191,7 +191,7 @@ def embedding_map(features: Tensor | np.ndarray, labels: Tensor | np.ndarray, *,
 def write_map_csv(m: EmbeddingMap, classes: Sequence[str], path: Path) -> None:
     """``index,label,class,x,y``: one row per point of the map (``index``: row of the query
     split, in its file order)."""
-    from components.files import atomic_open
+    from components.io.files import atomic_open
 
     with atomic_open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)

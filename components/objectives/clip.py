@@ -22,7 +22,6 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from components import distributed
 from components.objectives.core import (
     LOGIT_BUDGET_BYTES,
     ContrastiveBatch,
@@ -34,6 +33,7 @@ from components.objectives.core import (
     fused_global_means,
     unit,
 )
+from components.runtime import distributed
 
 
 class CLIP(Objective):

@@ -34,7 +34,6 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from components.memory import MemoryBank
 from components.objectives.core import (
     ContrastiveBatch,
     DeferredCheck,
@@ -46,6 +45,7 @@ from components.objectives.core import (
     fused_global_means,
     unit,
 )
+from components.objectives.memory import MemoryBank
 
 
 def _check_labels(batch: ContrastiveBatch, num_classes: int) -> DeferredCheck | None:

@@ -49,9 +49,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from components import checks, distributed
+from components import checks
 from components.errors import NonFiniteError
-from components.memory import MemoryBank
+from components.objectives.memory import MemoryBank
+from components.runtime import distributed
 
 Metrics = dict[str, float]
 
@@ -831,7 +832,7 @@ class DeferredCheck(NamedTuple):
 class Objective(nn.Module):
     """Base of all objectives: ``objective(batch) -> (loss, metrics)``.
 
-    ``loss`` is this rank's DDP share (:func:`components.distributed.global_mean`): call
+    ``loss`` is this rank's DDP share (:func:`components.runtime.distributed.global_mean`): call
     ``backward()`` on it; ``metrics['loss']`` is the global value to log. ``requires`` names
     the :class:`ContrastiveBatch` fields the objective needs, so a training loop can ask
     what to compute without branching on the loss name.
@@ -878,7 +879,8 @@ GlobalMean = tuple[Tensor, float, int, int]  # (share, value, count, total): glo
 def fused_global_means(terms: Sequence[tuple[Tensor, Tensor]],
                        batch: ContrastiveBatch | None = None,
                        checks: Sequence[DeferredCheck | None] = ()) -> list[GlobalMean]:
-    """:func:`components.distributed.global_mean` of each ``(per_anchor [A_k], valid [A_k])``
+    """:func:`components.runtime.distributed.global_mean` of each ``(per_anchor [A_k], valid
+    [A_k])``
     term, with one all-reduce and **one** device-to-host read for all of them.
 
     That read also carries ``batch``'s pending input checks (:meth:`ContrastiveBatch.
@@ -890,7 +892,7 @@ def fused_global_means(terms: Sequence[tuple[Tensor, Tensor]],
     Distributed, the all-reduce also carries the sum of the batch's field sums (its finite
     check): summed over ranks it is NaN / inf when any rank's batch holds a NaN / inf, and
     then :class:`NonFiniteError` is raised on **every** rank, after the same collectives:
-    fp16's step skipping (``components.training.SkippedStep``) is decided for all ranks at
+    fp16's step skipping (``components.training.step.SkippedStep``) is decided for all ranks at
     once, so no rank goes on alone into the next collective (DDP's all-reduce, a memory
     bank's all-gather) while another skips — a hang on NCCL. It rides in the reduce the step
     makes anyway: one number more, no collective or device read of its own.

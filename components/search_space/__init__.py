@@ -39,7 +39,7 @@ Format (every key but ``name``, ``base`` and ``space`` is optional; defaults sho
                                   # kNN top-1 on `split` (never used for choosing): best.yaml
                                   # and the closing line are the confirmed best, with its
                                   # interval, the settings tied with it and the winner's curse
-                                  # (components/confirmation.py); `simgraph sweep FILE
+                                  # (components/sweep/confirmation.py); `simgraph sweep FILE
                                   # --confirm` runs it on a finished sweep
     study_storage: null           # also write the study to "sqlite:///path.db" or
                                   # "journal:path.log" (Optuna's API and dashboard read it)

@@ -161,7 +161,7 @@ class Statistic:
 
 @dataclasses.dataclass(frozen=True)
 class Confirm:
-    """The confirmation stage (:mod:`components.confirmation`): the ``top`` best settings
+    """The confirmation stage (:mod:`components.sweep.confirmation`): the ``top`` best settings
     retrained with ``seeds`` fresh seeds each, scored by kNN top-1 on ``split``; ``top: 0``
     (the default) skips it."""
 

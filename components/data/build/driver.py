@@ -32,7 +32,7 @@ from components.data.build.source_record import SourceRecord
 from components.data.build.tasks import map_tasks
 from components.data.build.writing import ShardSettings, _shard_done, shard_specs, write_shard
 from components.data.caption_backend import AUTO, choose, reference_or
-from components.session import ray_session
+from components.runtime.session import ray_session
 
 
 def _build(

@@ -19,7 +19,7 @@ from components.data import captions as cap
 from components.data.build.common import LISTED_MAX, PreprocessError, _digest
 from components.data.build.planning import Plan, Planned
 from components.data.caption_backend import AUTO, reference_or
-from components.files import replacing, write_json
+from components.io.files import replacing, write_json
 
 CAPTION_TRUNCATED = "caption-truncated"
 

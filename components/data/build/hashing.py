@@ -21,7 +21,7 @@ from components.data.build.source_record import Stat, item_stat
 from components.data.build.tasks import _task_count, map_tasks
 from components.data.images import ImageError, decode_image
 from components.data.sources import Item, read_item
-from components.files import replacing
+from components.io.files import replacing
 
 
 def dedupe_enabled(cfg: PreprocessConfig) -> bool:
@@ -93,7 +93,7 @@ def _content_key(cfg: PreprocessConfig, items: Sequence[Item]) -> str:
 
 def hash_with_ray(cfg: PreprocessConfig, items: Sequence[Item], out: Path) -> Content:
     """The content pass as Ray tasks of about ``ITEMS_PER_TASK`` items (:func:`map_tasks`);
-    cached in ``content.npz`` (keyed by the items' paths and :func:`~components.files.stat_key`:
+    cached in ``content.npz`` (keyed by the items' paths and :func:`~components.io.files.stat_key`:
     size, mtime_ns, inode, ctime_ns), so a resumed run
     does not hash again."""
     cache = out / "content.npz"

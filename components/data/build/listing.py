@@ -92,7 +92,7 @@ def _caption_texts(
 
 def list_items(cfg: PreprocessConfig) -> Listed:
     """Step 1 (driver, no Ray): list the source, take the subset, apply the caption policy."""
-    from components.paths import resolve_path
+    from components.io.paths import resolve_path
 
     source = resolve_path(cfg.source.path) if cfg.source.path else None
     try:

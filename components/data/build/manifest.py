@@ -21,7 +21,7 @@ from components.data.build.planning import Plan
 from components.data.shards import FORMAT, MANIFEST
 from components.data.sources import skip_record
 from components.data.splits import SPLITS
-from components.files import sha256_file, write_json
+from components.io.files import sha256_file, write_json
 
 
 def versions() -> dict[str, str]:

@@ -11,7 +11,7 @@ from components.data import shards
 from components.data.build.common import PreprocessError
 from components.data.build.tasks import map_tasks
 from components.data.splits import SPLITS
-from components.files import sha256_file
+from components.io.files import sha256_file
 
 
 def merge_split(row: dict[str, Any]) -> str:

@@ -21,7 +21,7 @@ from components.data.build.listing import Listed, list_items
 from components.data.shards import FORMAT
 from components.data.sources import Item, Skip
 from components.data.splits import SPLITS, assign_splits
-from components.files import sha256_file
+from components.io.files import sha256_file
 
 DUPLICATE_OF = "duplicate-of"
 
@@ -197,7 +197,7 @@ def _near_report(
 def _params(cfg: PreprocessConfig) -> dict[str, Any]:
     """What the bytes of a shard depend on (not paths of the output or Ray sizing), without
     credentials."""
-    from components.storage import redacted
+    from components.io.storage import redacted
 
     p = to_dict(cfg)
     for k in ("output", "keep_shards", "num_cpus"):

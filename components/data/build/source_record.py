@@ -9,7 +9,7 @@ its digest under ``"source"``): :meth:`SourceRecord.of` builds one from a :class
 definition of "the file an item is read from, and its metadata", which the content cache
 (``hashing._content_key``) and the shard digests (``driver._build``) key on too.
 
-A file's metadata is :func:`components.files.stat_key` (size, mtime_ns, inode, ctime_ns):
+A file's metadata is :func:`components.io.files.stat_key` (size, mtime_ns, inode, ctime_ns):
 content replaced with its size and mtime kept (``rsync -t``, ``tar``) is a new inode or ctime,
 so it counts as changed. An item read from an object store (``s3://`` in a manifest source) is
 compared by its listing only (path, label, caption): its bytes are not looked up, one request
@@ -29,7 +29,7 @@ from typing import Any
 from components.data.build.common import PreprocessError
 from components.data.build.listing import Listed
 from components.data.sources import FASHION_SCHEME
-from components.files import replacing, stat_key
+from components.io.files import replacing, stat_key
 
 SOURCE_FILE = "source.json.gz"
 _FORMAT = 1
@@ -49,7 +49,7 @@ def item_file(path: str) -> str | None:
 
 
 def item_stat(path: str, cache: dict[str, Stat] | None = None) -> Stat:
-    """:func:`components.files.stat_key` of the file the item ``path`` is read from; ``None``
+    """:func:`components.io.files.stat_key` of the file the item ``path`` is read from; ``None``
     when it is an object-store URI or cannot be stat'ed (a missing file is skipped later, when
     it is read). ``cache``: file -> stat, for sources whose items share a file."""
     local = item_file(path)

@@ -1,7 +1,7 @@
 """Where a build runs and what a failure leaves behind. :func:`run` is the entry point: the
 refusal of a non-empty output folder that is not simgraph's (no manifest of its format, no swap
 journal, no ``.simgraph-owner.json`` of a build killed before its manifest:
-:func:`components.storage.claim_dir`, before anything is written), the output's lock (one
+:func:`components.io.storage.claim_dir`, before anything is written), the output's lock (one
 preprocess per dir, naming its holder, :func:`_exclusive`), the refusal of an output holding a
 dataset built with other parameters, the in-place (resumable) build, the ``--overwrite`` build
 staged in ``.next/`` (:func:`_open_stage`) and swapped in with a journal (``.swap.json``) once
@@ -31,7 +31,7 @@ from components.data.build.planning import _params
 from components.data.build.source_record import SOURCE_FILE, SourceRecord, check_unchanged
 from components.data.shards import MANIFEST
 from components.data.splits import SPLITS
-from components.files import remove_temporaries, sha256_file, write_json
+from components.io.files import remove_temporaries, sha256_file, write_json
 
 
 def run(cfg: PreprocessConfig, overwrite: bool = False, echo: bool = True) -> dict[str, Any]:
@@ -54,8 +54,8 @@ def run(cfg: PreprocessConfig, overwrite: bool = False, echo: bool = True) -> di
             holds the output, the output holds a dataset built with other parameters (and
             ``overwrite`` is off), or an upload fails.
     """
-    from components import storage
-    from components.paths import resolve_path
+    from components.io import storage
+    from components.io.paths import resolve_path
 
     if storage.is_uri(cfg.output):
         return _run_uri(cfg, overwrite, echo)
@@ -76,8 +76,8 @@ def _is_dataset_dir(path: str, names: Sequence[str]) -> bool:
     """Whether the dir ``path`` (whose entries are ``names``) holds simgraph's dataset: a
     manifest of its format, or a swap journal (a killed ``--overwrite`` swap, whose manifest
     may be aside for the moment)."""
-    from components import storage
     from components.data.shards import FORMAT
+    from components.io import storage
 
     for name, key, want in ((MANIFEST, "format", FORMAT), (SWAP_JOURNAL, "new", None)):
         if name not in names:
@@ -127,8 +127,8 @@ def _run_uri(cfg: PreprocessConfig, overwrite: bool, echo: bool) -> dict[str, An
     rather than a manifest naming files being replaced), the files are uploaded, the new
     manifest last, then the old dataset's files the new one does not have are deleted.
     """
-    from components import storage
     from components.data.staging import default_cache_dir
+    from components.io import storage
 
     uri = cfg.output
     params_digest = _digest(_params(cfg))
@@ -185,7 +185,7 @@ def _remote_manifest(uri: str) -> dict[str, Any] | None:
     Raises:
         PreprocessError: the URI cannot be read (no bucket, no credentials, ...).
     """
-    from components import storage
+    from components.io import storage
 
     try:
         text = storage.read_text(storage.join(uri, MANIFEST))
@@ -207,7 +207,7 @@ def _canonical(manifest: dict[str, Any]) -> str:
 
 def _delete_remote(path: str) -> None:
     """Delete one object (nothing happens if it is not there); errors as ``StorageError``."""
-    from components import storage
+    from components.io import storage
 
     fs, p = storage.resolve(path)
     try:
@@ -221,9 +221,9 @@ def _delete_remote(path: str) -> None:
 @contextlib.contextmanager
 def _exclusive(out: Path) -> Iterator[None]:
     """One preprocess per output dir at a time (two would overwrite each other's shards):
-    ``out/.lock`` names its holder (:func:`components.files.holding`); a second one is refused
+    ``out/.lock`` names its holder (:func:`components.io.files.holding`); a second one is refused
     naming it, a dead holder's lock taken over."""
-    from components.files import LockHeld, holding
+    from components.io.files import LockHeld, holding
 
     try:
         with holding(out / ".lock", f"the dataset dir {out}",

@@ -18,7 +18,7 @@ from components.data.build.common import PreprocessError, _read_json
 from components.data.build.planning import Planned
 from components.data.images import ImageError, decode_image
 from components.data.sources import read_item
-from components.files import replacing, sha256_file, write_json
+from components.io.files import replacing, sha256_file, write_json
 
 
 def decode_batch(batch: dict[str, np.ndarray], max_side: int, min_side: int) -> dict[str, Any]:

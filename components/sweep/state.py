@@ -56,7 +56,7 @@ def state_files(sweep_dir: str) -> list[str]:
     :data:`DIGEST_FILE`), and ``*.pkl`` in its direct subdirectories (Tune's trial dirs)."""
     import pyarrow.fs as pafs
 
-    from components import storage
+    from components.io import storage
 
     fs, base = storage.resolve(sweep_dir)
     base = base.rstrip("/")
@@ -76,7 +76,7 @@ def state_files(sweep_dir: str) -> list[str]:
 
 def has_state(sweep_dir: str) -> bool:
     """Whether ``sweep_dir`` holds a Tune experiment to resume (its ``tuner.pkl``)."""
-    from components import storage
+    from components.io import storage
 
     return storage.exists(storage.join(sweep_dir, TUNER_STATE))
 
@@ -177,7 +177,7 @@ def _mac(key: bytes, files: dict[str, str]) -> str:
 
 def digests(sweep_dir: str) -> dict[str, str]:
     """sha256 (hex) of every state file of ``sweep_dir`` (:func:`state_files`)."""
-    from components import storage
+    from components.io import storage
 
     return {rel: hashlib.sha256(storage.read_bytes(storage.join(sweep_dir, rel))).hexdigest()
             for rel in state_files(sweep_dir)}
@@ -186,7 +186,7 @@ def digests(sweep_dir: str) -> dict[str, str]:
 def record(sweep_dir: str) -> None:
     """Write :data:`DIGEST_FILE` into ``sweep_dir``: the state files as they are now, signed
     with this user's key (made on first use, readable only by the user)."""
-    from components import storage
+    from components.io import storage
 
     files = digests(sweep_dir)
     key = _key(create=True)
@@ -202,7 +202,7 @@ def check_record(sweep_dir: str) -> None:
     Raises:
         UntrustedSweepState: no record (or not this user's), or a file that differs from it.
     """
-    from components import storage
+    from components.io import storage
 
     shown = storage.display(sweep_dir)
     path = storage.join(sweep_dir, DIGEST_FILE)
@@ -235,7 +235,7 @@ def check_record(sweep_dir: str) -> None:
 def check(sweep_dir: str) -> None:
     """:func:`check_local` for a local sweep dir (``file://`` included), :func:`check_record`
     for a URI; nothing when there is no Tune state to resume."""
-    from components import storage
+    from components.io import storage
 
     if not has_state(sweep_dir):
         return  # nothing to unpickle: the sweep's own "nothing to resume" says the rest
@@ -248,7 +248,7 @@ def check(sweep_dir: str) -> None:
 
 def is_remote(sweep_dir: str) -> bool:
     """Whether ``sweep_dir`` lies in an object store (what :func:`record` is for)."""
-    from components import storage
+    from components.io import storage
 
     return not storage._is_local(storage.resolve(sweep_dir)[0])
 

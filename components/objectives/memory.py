@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from components import checks, distributed
+from components import checks
+from components.runtime import distributed
 
 
 class MemoryBank(nn.Module):

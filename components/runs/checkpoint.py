@@ -16,7 +16,7 @@ Only a finite state is a checkpoint: :meth:`TrainingState.save` refuses one whos
 can pass over a non-finite one written by other means. A write that fails (a full disk)
 removes what it wrote and raises :class:`CheckpointWriteError`, one line naming the file.
 Where checkpoints live in a run dir (``epoch_NNNNN``, which is newest, publishing and
-pruning) is :mod:`components.run_dir`'s.
+pruning) is :mod:`components.runs.run_dir`'s.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from components.errors import SimgraphError
-from components.files import replacing, sha256_file, write_json
+from components.io.files import replacing, sha256_file, write_json
 
 FORMAT = "simgraph-checkpoint/1"
 STATE, META = "state.pt", "meta.json"
@@ -102,7 +102,7 @@ def nonfinite_entries(state: Mapping[str, Any], limit: int = 5) -> list[str]:
 
 
 # What meta.json records of a training state's config: what a resume on another shape needs
-# to check before it starts training (components.run_dir.check_resume), without state.pt.
+# to check before it starts training (components.runs.run_dir.check_resume), without state.pt.
 SHAPE_KEYS = ("scaling.num_workers", "data.batch_size", "optim.lr", "train.epochs")
 
 
@@ -172,10 +172,10 @@ class TrainingState:
         ema: the EMA encoder's state dict (losses with a momentum encoder), else ``None``.
         scaler: the fp16 ``GradScaler``'s state, else ``None``.
         dataset: the dataset identity the run trained on
-            (:func:`components.run_dir.dataset_identity`); ``None`` in checkpoints older than
+            (:func:`components.data.identity.dataset_identity`); ``None`` in checkpoints older than
             it.
         samples: training samples consumed over all ranks (skipped fp16 steps included) —
-            the schedule's position on any cluster shape (:func:`components.optim.
+            the schedule's position on any cluster shape (:func:`components.training.optim.
             schedule_position`); ``None`` in checkpoints older than it (then ``step`` ×
             ``data.batch_size`` × ``scaling.num_workers`` of ``config``:
             :meth:`samples_seen`).
@@ -343,7 +343,7 @@ def load_state(directory: str | Path, map_location: str | torch.device = "cpu") 
 def meta_at(path: str | Path) -> dict[str, Any]:
     """``meta.json`` of the checkpoint at ``path`` (a dir or URI); ``{}`` when it cannot be
     read (what needs it falls back to ``state.pt``)."""
-    from components import storage
+    from components.io import storage
 
     try:
         text = (storage.read_text(storage.join(str(path), META)) if storage.is_uri(str(path))
@@ -369,7 +369,7 @@ def is_complete_at(path: str | Path) -> bool:
     Raises:
         CheckpointUnreadable: the storage could not be asked (see :func:`is_complete`).
     """
-    from components import storage
+    from components.io import storage
 
     if not storage.is_uri(str(path)):
         return is_complete(path)
@@ -387,7 +387,7 @@ def is_complete_at(path: str | Path) -> bool:
 @contextlib.contextmanager
 def local_copy(path: str | Path) -> Iterator[Path]:
     """The checkpoint dir ``path`` on local disk: itself, or a temporary download of a URI."""
-    from components import storage
+    from components.io import storage
 
     if not storage.is_uri(str(path)):
         yield Path(path)

@@ -6,8 +6,8 @@
 * ``dataset.json`` — the identity of the data it trains on; a re-run must find the same data
   (:func:`dataset_identity`, :func:`check_same_dataset`);
 * ``epoch_NNNNN/`` checkpoints (:func:`checkpoint_name`; inside each,
-  :mod:`components.checkpoint`'s ``state.pt`` + ``meta.json`` holding a
-  :class:`~components.checkpoint.TrainingState`): listed by :func:`checkpoints`, published
+  :mod:`components.runs.checkpoint`'s ``state.pt`` + ``meta.json`` holding a
+  :class:`~components.runs.checkpoint.TrainingState`): listed by :func:`checkpoints`, published
   by :func:`publish_checkpoint` (whole or not at all), pruned by :func:`prune_checkpoints`
   (only after the new one verified), the newest complete one found by
   :func:`latest_complete` (what every resume starts from);
@@ -18,7 +18,7 @@
 A run is prepared through one function, :func:`prepare_run`: the driver-side checks before any
 Ray work (:func:`check_dataset` → :class:`RunFacts`), the run dir created or checked, and
 whether it has already finished. Whatever trains in a run dir — ``simgraph pretrain`` and
-``simgraph run`` (``components.recipe.run_pretraining``), each sweep trial and confirmation run
+``simgraph run`` (``components.runs.recipe.run_pretraining``), each sweep trial and confirmation run
 — calls it only through :func:`writing_run`, which holds the run dir's one-writer lock and
 claims the folder around it for as long as the run trains. Read back by ``evaluate`` /
 ``export`` / ``embed`` through :func:`load_run`."""
@@ -45,18 +45,17 @@ from components.config import (
     to_dict,
 )
 from components.config.loading import safe_load
+
+# The trackers' files in a run dir are their owner's (components.training.tracking).
+from components.data.identity import dataset_identity, identity_diff
 from components.errors import SimgraphError
 
 if TYPE_CHECKING:
-    from components.checkpoint import TrainingState
+    from components.runs.checkpoint import TrainingState
 
 RUN_CONFIG = "config.yaml"
 RUN_DATASET = "dataset.json"  # the dataset_identity a run started on (resumes must match)
 METRICS_CSV = "metrics.csv"
-MLFLOW_RUN_ID = "mlflow_run_id"  # the MLflow run a resume continues (components.tracking)
-MLFLOW_RUN_KEY = "mlflow_run_key"  # written before that run is created: a kill in between
-# finds it again by this key (a tag) instead of creating a second one
-WANDB_RUN_ID = "wandb_run_id"  # the W&B run id a resume continues
 CHECKPOINT_PREFIX = "epoch_"  # + the epochs completed, 5 digits: epoch_00012
 # Keys that may differ when a run is resumed (longer training, other hardware, logging).
 # Those that move the LR (LR_CHANGES: another number of workers is another global batch) are
@@ -72,7 +71,7 @@ RESUMABLE_CHANGES = (
 
 
 # Resumable keys that move the learning rate: a resume re-places the restored schedule where a
-# run started with the new values is after the same samples (components.recipe, elastic
+# run started with the new values is after the same samples (components.runs.recipe, elastic
 # resume) and says so, naming these.
 LR_CHANGES = ("scaling.num_workers", "optim.lr", "train.epochs")
 
@@ -152,11 +151,11 @@ def check_dataset(cfg: PretrainConfig) -> RunFacts:
         RunError: missing dataset, no labels for a supervised loss, no class graph or
             captions for X-CLR / CLIP, fewer training samples than one global batch.
     """
-    from components import storage
     from components.data.reader import DatasetError
     from components.data.staging import dataset_info
+    from components.io import storage
+    from components.io.storage import StorageError
     from components.objectives import build_objective
-    from components.storage import StorageError
 
     try:
         info = dataset_info(cfg.data.dataset)  # a URI: only the manifest and class files
@@ -247,38 +246,14 @@ def config_warnings(cfg: PretrainConfig, train_n: int, knn_note: str = "") -> li
 
 def absolute_paths(cfg: PretrainConfig, base: str | Path | None = None) -> PretrainConfig:
     """Local dataset and storage paths made absolute, relative ones against ``base`` (default:
-    :func:`components.paths.base_dir`): Ray Train workers and Tune trials run in other working
+    :func:`components.io.paths.base_dir`): Ray Train workers and Tune trials run in other working
     directories. URIs (``s3://`` …) are left as they are."""
-    from components.paths import resolve_path
+    from components.io.paths import resolve_path
 
     return dataclasses.replace(
         cfg, storage=resolve_path(cfg.storage, base),
         data=dataclasses.replace(cfg.data, dataset=resolve_path(cfg.data.dataset, base)),
     )
-
-
-def dataset_identity(manifest: dict[str, Any]) -> dict[str, Any]:
-    """What identifies a dataset dir's content: stored in checkpoints, so evaluation can refuse
-    a dataset other than the one a run trained on."""
-    return {
-        "params_digest": manifest.get("params_digest"),
-        "splits": {k: v.get("sha256") for k, v in manifest.get("splits", {}).items()},
-        "classes": list(manifest.get("classes", [])),
-    }
-
-
-def identity_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """What differs between two :func:`dataset_identity` values, in words (empty: the same)."""
-    out = []
-    if old.get("params_digest") != new.get("params_digest"):
-        out.append("build parameters")
-    a, b = old.get("splits") or {}, new.get("splits") or {}
-    changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-    if changed:
-        out.append(f"split files ({', '.join(changed)})")
-    if list(old.get("classes") or []) != list(new.get("classes") or []):
-        out.append("classes")
-    return out
 
 
 def check_same_dataset(name: str, dataset: str, trained_on: dict[str, Any] | None,
@@ -288,7 +263,7 @@ def check_same_dataset(name: str, dataset: str, trained_on: dict[str, Any] | Non
     Raises:
         RunError: names what differs and the two ways out.
     """
-    from components.storage import display
+    from components.io.storage import display
 
     if trained_on is None:
         return
@@ -316,9 +291,9 @@ def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Dotted keys whose values differ between two config dicts (either side may lack a key;
     keys added to the config classes later count as their defaults), ignoring
     :data:`RESUMABLE_CHANGES`: what makes two configs different runs. Values are compared
-    without the credentials of their URIs (:func:`components.storage.redacted`: what is
+    without the credentials of their URIs (:func:`components.io.storage.redacted`: what is
     stored): the same place reached with other credentials is the same run."""
-    from components.storage import redacted
+    from components.io.storage import redacted
 
     a, b = flatten(_with_defaults(redacted(old))), flatten(_with_defaults(redacted(new)))
     return sorted(k for k in set(a) | set(b)
@@ -336,7 +311,7 @@ def read_run_config(run_dir: str) -> dict[str, Any] | None:
         CorruptRunConfig: the file is not UTF-8 YAML holding a mapping (the message names it).
         storage.StorageError: it cannot be read.
     """
-    from components import storage
+    from components.io import storage
 
     path = storage.join(run_dir, RUN_CONFIG)
     if not storage.exists(path):
@@ -355,7 +330,7 @@ def read_run_config(run_dir: str) -> dict[str, Any] | None:
 def checkpoint_config(run_dir: str) -> tuple[str, dict[str, Any]] | None:
     """(checkpoint dir, the config stored in it) of the newest complete checkpoint, or None:
     what a run dir with a corrupt ``config.yaml`` still says about its run."""
-    from components.checkpoint import TrainingState, local_copy
+    from components.runs.checkpoint import TrainingState, local_copy
 
     done = latest_complete(run_dir)
     if done is None:
@@ -376,7 +351,7 @@ def prepare_run_dir(cfg: PretrainConfig, dataset: dict[str, Any] | None = None) 
             dataset changed since the run started (:func:`check_same_dataset`), or the
             storage cannot be written.
     """
-    from components import storage
+    from components.io import storage
 
     run_dir = storage.join(cfg.storage, cfg.name)
     path = storage.join(run_dir, RUN_CONFIG)
@@ -388,7 +363,7 @@ def prepare_run_dir(cfg: PretrainConfig, dataset: dict[str, Any] | None = None) 
         except CorruptRunConfig as e:  # the checkpoints still hold the run's config
             found = checkpoint_config(run_dir)
             stored = None if found is None else found[1]
-            from components import console
+            from components.runtime import console
 
             console.say(f"[simgraph] warning: {e}; " + (
                 f"checked against {storage.display(found[0])}'s config instead and rewritten"
@@ -416,7 +391,7 @@ def prepare_run_dir(cfg: PretrainConfig, dataset: dict[str, Any] | None = None) 
 def _check_run_dataset(cfg: PretrainConfig, run_dir: str, dataset: dict[str, Any]) -> bool:
     """:func:`check_same_dataset` against what the run dir says it trained on; returns whether
     ``dataset.json`` is still to be written."""
-    from components import storage
+    from components.io import storage
 
     path = storage.join(run_dir, RUN_DATASET)
     if storage.exists(path):
@@ -425,7 +400,7 @@ def _check_run_dataset(cfg: PretrainConfig, run_dir: str, dataset: dict[str, Any
         trained_on = None
         done = latest_complete(run_dir)
         if done is not None:
-            from components.checkpoint import TrainingState, local_copy
+            from components.runs.checkpoint import TrainingState, local_copy
 
             with local_copy(done[1]) as d:
                 trained_on = TrainingState.load(d).dataset
@@ -441,7 +416,7 @@ def checkpoint_name(epoch: int) -> str:
 def checkpoints(run_dir: str | Path) -> dict[int, str]:
     """{epochs completed: path} of every ``epoch_NNNNN`` entry of ``run_dir`` (a path or URI),
     complete or not (hidden temporaries of :func:`publish_checkpoint` are not listed)."""
-    from components import storage
+    from components.io import storage
 
     n = len(CHECKPOINT_PREFIX)
     return {int(name[n:]): storage.join(str(run_dir), name)
@@ -452,15 +427,15 @@ def checkpoints(run_dir: str | Path) -> dict[int, str]:
 def latest_complete(run_dir: str | Path) -> tuple[int, str] | None:
     """(epochs, dir) of the newest checkpoint ``epoch_NNNNN`` in ``run_dir`` (a path or URI)
     whose write completed and whose state is finite; dirs left by an interrupted write fail
-    :func:`~components.checkpoint.is_complete_at` and are skipped, as are checkpoints marked
-    non-finite (:func:`~components.checkpoint.is_finite_at`: never written by a run, which
+    :func:`~components.runs.checkpoint.is_complete_at` and are skipped, as are checkpoints marked
+    non-finite (:func:`~components.runs.checkpoint.is_finite_at`: never written by a run, which
     refuses a diverged state, but a resume must not start from one that got there).
 
     Raises:
         CheckpointUnreadable: a checkpoint could not be checked (a storage error): never
             taken for incomplete, so a resume never falls back to an older one or to scratch.
     """
-    from components.checkpoint import is_complete_at, is_finite_at
+    from components.runs.checkpoint import is_complete_at, is_finite_at
 
     found = checkpoints(run_dir)
     for epoch in sorted(found, reverse=True):
@@ -476,7 +451,7 @@ def publish_checkpoint(local_dir: str | Path, run_dir: str, epoch: int) -> str:
     Local: copied to a hidden sibling, flushed to disk, then renamed into place (a killed copy
     leaves no ``epoch_NNNNN`` dir, and its hidden copy is cleared by the next publish; a
     redone epoch replaces its old one). URI: uploaded file by
-    file; an interrupted upload fails :func:`~components.checkpoint.is_complete_at`
+    file; an interrupted upload fails :func:`~components.runs.checkpoint.is_complete_at`
     (``meta.json``'s size check) and is never resumed from.
 
     Raises:
@@ -484,8 +459,8 @@ def publish_checkpoint(local_dir: str | Path, run_dir: str, epoch: int) -> str:
         CheckpointWriteError: a local copy could not be written (a full disk): one line
             naming the file; the partial copy is removed, the older checkpoints untouched.
     """
-    from components import storage
-    from components.checkpoint import (
+    from components.io import storage
+    from components.runs.checkpoint import (
         CheckpointError,
         CheckpointWriteError,
         is_complete_at,
@@ -540,8 +515,8 @@ def prune_checkpoints(run_dir: str, keep: int | None) -> list[str]:
     to, even when newer non-finite ones count towards ``keep``); returns the deleted names.
     Call it only after :func:`publish_checkpoint` verified the newest (Ray Train prunes its
     own with ``CheckpointConfig(num_to_keep)``; a run reports it only finite checkpoints)."""
-    from components import storage
-    from components.checkpoint import (
+    from components.io import storage
+    from components.runs.checkpoint import (
         STATE,
         CheckpointError,
         is_complete_at,
@@ -572,9 +547,9 @@ def prune_checkpoints(run_dir: str, keep: int | None) -> list[str]:
 
 
 def latest_state(run_dir: str | Path) -> TrainingState | None:
-    """The :class:`~components.checkpoint.TrainingState` of the newest complete checkpoint
+    """The :class:`~components.runs.checkpoint.TrainingState` of the newest complete checkpoint
     (on the CPU), or ``None``."""
-    from components.checkpoint import TrainingState, local_copy
+    from components.runs.checkpoint import TrainingState, local_copy
 
     done = latest_complete(run_dir)
     if done is None:
@@ -615,7 +590,7 @@ class PreparedRun:
 def prepare_run(cfg: PretrainConfig, base: str | Path | None = None) -> PreparedRun:
     """Everything before training, for ``simgraph pretrain`` and each sweep trial alike —
     called through :func:`writing_run`, which holds the run dir's lock around it: local paths
-    made absolute (against ``base``, default :func:`components.paths.base_dir`),
+    made absolute (against ``base``, default :func:`components.io.paths.base_dir`),
     the dataset checked against the loss (:func:`check_dataset`), a configured tracker's
     package present, the run dir created or checked against the config and data it started
     with (:func:`prepare_run_dir`), and whether it already finished.
@@ -626,11 +601,11 @@ def prepare_run(cfg: PretrainConfig, base: str | Path | None = None) -> Prepared
     cfg = absolute_paths(cfg, base)
     facts = check_dataset(cfg)
     if cfg.tracking.mlflow:
-        from components.tracking import require_mlflow
+        from components.training.tracking import require_mlflow
 
         require_mlflow("tracking.mlflow=true")
     if cfg.tracking.wandb:
-        from components.tracking import require_wandb
+        from components.training.tracking import require_wandb
 
         require_wandb("tracking.wandb=true")
     run_dir = prepare_run_dir(cfg, facts.dataset)
@@ -657,14 +632,14 @@ def writing_run(cfg: PretrainConfig, base: str | Path | None = None, *,
                 waiting: str = "") -> Iterator[PreparedRun]:
     """:func:`prepare_run` holding the run dir's one-writer lock for the whole block: the one
     way into a run dir for whatever trains in it (``simgraph pretrain`` and ``simgraph run``
-    through :func:`components.recipe.run_pretraining`, each sweep trial and confirmation run).
+    through :func:`components.runs.recipe.run_pretraining`, each sweep trial and confirmation run).
 
-    The lock (:func:`components.storage.writer_lock`: ``<storage>/.<name>.lock``, a file in
+    The lock (:func:`components.io.storage.writer_lock`: ``<storage>/.<name>.lock``, a file in
     this user's staging folder for a URI) is taken before ``config.yaml`` is read and released
     when the block ends — or by the kernel when this process dies — so a second writer can
     neither resume the same checkpoints, prune the first one's and take over its worker
     records, nor pass the config check beside it. Then a folder of someone else's files is
-    refused (:func:`components.storage.claim_dir`): ``config.yaml``, checkpoints and worker
+    refused (:func:`components.io.storage.claim_dir`): ``config.yaml``, checkpoints and worker
     records are never written among them. ``command`` names the caller in that refusal;
     ``wait_s`` > 0 waits that long for a held lock (a sweep trial whose previous process is
     still going), then gives up saying ``waiting``.
@@ -673,7 +648,7 @@ def writing_run(cfg: PretrainConfig, base: str | Path | None = None, *,
         RunError: another process holds the run dir (naming it), the folder holds files
             simgraph did not write, or what :func:`prepare_run` raises.
     """
-    from components import storage
+    from components.io import storage
 
     run_dir = storage.join(absolute_paths(cfg, base).storage, cfg.name)
     with storage.writer_lock(run_dir, "the run dir", error=RunError, refusal=RUN_REFUSAL,
@@ -692,8 +667,8 @@ def check_resume(cfg: PretrainConfig, facts: RunFacts, run_dir: str) -> None:
         RunError: the samples seen are past the end of ``cfg``'s schedule
             (:func:`past_the_schedule`: what changed and what to do).
     """
-    from components.checkpoint import meta_at
-    from components.optim import schedule_position
+    from components.runs.checkpoint import meta_at
+    from components.training.optim import schedule_position
 
     done = latest_complete(run_dir)
     meta = {} if done is None else meta_at(done[1])
@@ -712,7 +687,7 @@ def load_run(run_dir: str, checkpoint: str | None = None, *,
              error: type[SimgraphError] = RunError, command: str = "evaluate"
              ) -> tuple[PretrainConfig, TrainingState, str]:
     """A finished (or interrupted) run as the commands that read one need it: its config, a
-    verified checkpoint's :class:`~components.checkpoint.TrainingState` (``checkpoint``, or
+    verified checkpoint's :class:`~components.runs.checkpoint.TrainingState` (``checkpoint``, or
     the newest complete one) and that checkpoint's path. A corrupt ``config.yaml`` falls back
     to the checkpoint's config with a warning on stderr (``simgraph <command>: warning: ...``).
 
@@ -723,8 +698,8 @@ def load_run(run_dir: str, checkpoint: str | None = None, *,
     """
     import sys
 
-    from components import storage
-    from components.checkpoint import CheckpointError, TrainingState, local_copy
+    from components.io import storage
+    from components.runs.checkpoint import CheckpointError, TrainingState, local_copy
 
     shown = storage.display(run_dir)
     try:

@@ -18,7 +18,7 @@ _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def is_uri(path: str | Path) -> bool:
-    """``scheme://…`` (``s3://``, ``gs://``, ``file://``; :func:`components.storage.resolve`
+    """``scheme://…`` (``s3://``, ``gs://``, ``file://``; :func:`components.io.storage.resolve`
     decides whether the scheme is supported)."""
     return bool(_URI.match(str(path)))
 
@@ -48,7 +48,7 @@ PROJECT_PREFIX = "project:"
 def project_root() -> Path:
     """The directory holding ``components/`` and ``pipelines/``: the repo, or the copy of it
     that a Ray job's ``working_dir`` unpacked on this node."""
-    return Path(__file__).resolve().parents[1]
+    return Path(__file__).resolve().parents[2]  # components/io/paths.py -> the project
 
 
 def portable(path: str | Path) -> str:

@@ -121,10 +121,10 @@ def loopback_only() -> Iterator[None]:
 def ray_session(num_cpus: int | None, needs_dashboard: bool = False) -> Iterator[None]:
     """Use the running Ray / the ``RAY_ADDRESS`` cluster, or start (and stop) a local one
     (with its dashboard when ``needs_dashboard`` and ``SIMGRAPH_RAY_DASHBOARD`` is unset);
-    quiet unless ``--verbose`` (:mod:`components.console`)."""
+    quiet unless ``--verbose`` (:mod:`components.runtime.console`)."""
     import ray
 
-    from components import console
+    from components.runtime import console
 
     if ray.is_initialized():
         yield
@@ -147,8 +147,8 @@ def check_placement(workers: int, cpus: float, gpus: float, strategy: str = "PAC
     otherwise Ray Train only fails after its start timeout without saying why."""
     import ray
 
-    from components import console
     from components.config.checks import ConfigError
+    from components.runtime import console
 
     if not ray.is_initialized():  # nothing to ask (a caller that manages Ray itself)
         return

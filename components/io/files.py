@@ -5,7 +5,7 @@ caches, checkpoints, metrics) goes through :func:`replacing` / :func:`atomic_ope
 under a temporary sibling name, flushed to disk, then renamed over the target with
 ``os.replace`` (atomic within a directory on POSIX). A process killed mid-write leaves at most
 a ``.*.tmp*`` file, never a partial file under the final name. Remote (URI) writes go through
-:mod:`components.storage`, which uses these for its local side.
+:mod:`components.io.storage`, which uses these for its local side.
 """
 
 from __future__ import annotations

@@ -61,8 +61,9 @@ import pyarrow
 import pyarrow.fs as pafs
 
 from components.errors import SimgraphError
-from components.files import atomic_open, replacing
-from components.paths import is_uri
+from components.io.files import atomic_open, replacing
+from components.io.paths import is_uri
+from components.redaction import has_credentials, redact, redacted  # noqa: F401 (storage's API)
 
 SCHEMES = ("s3", "gs", "gcs", "file")
 """URI schemes :func:`resolve` accepts; local paths need none."""
@@ -77,41 +78,6 @@ class StorageError(SimgraphError, ValueError):
 
 class StorageNotFoundError(StorageError):
     """Nothing exists at the path or URI."""
-
-
-# ``scheme://userinfo@``: the scheme as RFC 3986 spells it, then a user and an "@" before any
-# "/" (an "@" in a path is left alone), or ``user:password@`` whose password may hold a raw "/"
-# (AWS secret keys do; pyarrow refuses such a URI, but its error message would still show it)
-# unless it is a port: ``http://host:80/p@x`` is left alone.
-_USERINFO = re.compile(
-    r"(?<![A-Za-z0-9+.\-])([A-Za-z][A-Za-z0-9+.\-]*://)"
-    r"(?:[^/?#@\s:]*:(?!\d+[/?#])[^?#@\s]*|[^/?#@\s]*)@")
-
-
-def redact(value: str) -> str:
-    """``value`` with the ``user:password@`` of every URI in it removed
-    (``s3://KEY:SECRET@bucket/runs?region=x`` → ``s3://bucket/runs?region=x``; also inside
-    longer strings such as ``storage=s3://KEY:SECRET@bucket`` or a database URL
-    ``postgresql://user:pw@host/db``). Anything else is returned as it is."""
-    return _USERINFO.sub(r"\1", value) if "@" in value else value
-
-
-def redacted(value: Any) -> Any:
-    """A copy of ``value`` (a config as plain containers: dicts, lists, tuples, strings,
-    numbers) with :func:`redact` applied to every string in it, keys included; what is written
-    to config files, checkpoints, trackers and job metadata."""
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, dict):
-        return {redacted(k): redacted(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(redacted(v) for v in value)
-    return value
-
-
-def has_credentials(value: Any) -> bool:
-    """Whether :func:`redacted` would change ``value``: it holds a URI with credentials."""
-    return bool(redacted(value) != value)
 
 
 def display(path: str) -> str:
@@ -518,14 +484,14 @@ def writer_lock(directory: str | Path, what: str, *, error: type[Exception],
                 refusal: str, wait_s: float = 0.0, waiting: str = "") -> Iterator[None]:
     """Hold the one-writer lock of ``directory`` (:func:`lock_path`) for the block: a second
     writer is refused in one line naming the holder (host, pid, since) and ``refusal``; a dead
-    holder's lock is taken over, saying so (:func:`components.files.holding`). ``wait_s`` > 0:
+    holder's lock is taken over, saying so (:func:`components.io.files.holding`). ``wait_s`` > 0:
     a held lock is waited for that long first (then one line naming the holder and
     ``waiting``).
 
     Raises:
         ``error``: the lock is held (after ``wait_s``), or cannot be created.
     """
-    from components.files import LockHeld, holding
+    from components.io.files import LockHeld, holding
 
     try:
         path = lock_path(directory)

@@ -21,14 +21,15 @@ Two inputs, one centre view per image exactly as ``simgraph evaluate`` sees it:
   dataset dir built from that folder therefore gets the same features (``tests/test_embed.py``
   measures the difference). Files that do not decode are skipped and reported.
 
-Both go through :func:`components.training.extract_features` (eval mode, backbone or projector),
+Both go through :func:`components.training.step.extract_features` (eval mode, backbone or
+projector),
 batched, with a progress bar on stderr when it is a terminal.
 
 The Parquet file (:func:`to_table`, :func:`write_parquet`, format :data:`FORMAT`): one row per
 image — ``sample_id`` int64 and ``split`` (dataset dir) or ``path`` (folder), ``label`` int64,
 ``class``, ``caption`` (null where not known), ``embedding`` ``fixed_size_list<float32>[D]`` —
 and the schema metadata key ``simgraph`` (JSON: format, run, checkpoint, feature, dimension,
-input, data). Written whole or not at all (:func:`components.files.replacing`).
+input, data). Written whole or not at all (:func:`components.io.files.replacing`).
 """
 
 from __future__ import annotations
@@ -48,10 +49,10 @@ import torch
 import components.data  # noqa: F401  (its FFCV import hook, before any FFCV import here)
 from components.config import AugmentConfig, PretrainConfig
 from components.errors import SimgraphError
-from components.models import Encoder
+from components.models.encoders import Encoder
 
 if TYPE_CHECKING:
-    from components.checkpoint import TrainingState
+    from components.runs.checkpoint import TrainingState
 
 FORMAT = "simgraph-embeddings/1"
 METADATA_KEY = b"simgraph"
@@ -99,13 +100,13 @@ def load_run(run_dir: str, checkpoint: str | None = None
              ) -> tuple[PretrainConfig, TrainingState, str]:
     """The run's config, a verified checkpoint state and its path.
 
-    :func:`components.run_dir.load_run` (the rules every command that reads a run shares),
+    :func:`components.runs.run_dir.load_run` (the rules every command that reads a run shares),
     raising this command's error type.
 
     Raises:
         EmbedError: not a run dir, no complete checkpoint, or a checkpoint from another config.
     """
-    from components.run_dir import load_run as load
+    from components.runs.run_dir import load_run as load
 
     return load(run_dir, checkpoint, error=EmbedError, command="embed")
 
@@ -116,7 +117,7 @@ def run_encoder(cfg: PretrainConfig, state: TrainingState) -> Encoder:
     Raises:
         EmbedError: the checkpoint's model does not fit the run config's model section.
     """
-    from components.export import ExportError, encoder_from_state
+    from components.export.formats import ExportError, encoder_from_state
 
     try:
         return encoder_from_state(cfg.model, state.model)
@@ -142,7 +143,7 @@ def _progress(total: int, desc: str) -> Any:
 def _features(encoder: Encoder, images: torch.Tensor, device: torch.device,
               projector: bool) -> np.ndarray:
     """``extract_features`` of one batch ``[B, 3, H, W]`` (normalised) as float32 numpy."""
-    from components.training import extract_features
+    from components.training.step import extract_features
 
     batch = SimpleNamespace(images=images.to(device)[:, None],
                             labels=torch.zeros(len(images), dtype=torch.long))
@@ -446,8 +447,8 @@ def write_parquet(table: Any, out: str) -> None:
     """Write ``table`` to ``out`` (a path or URI) whole or not at all."""
     import pyarrow.parquet as pq
 
-    from components import storage
-    from components.files import replacing
+    from components.io import storage
+    from components.io.files import replacing
 
     if storage.is_uri(out):
         import tempfile

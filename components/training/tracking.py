@@ -3,7 +3,7 @@ sweep file).
 
 MLflow through its own client API: :class:`MLflowRun` is rank 0's run of one pretraining run
 (the flattened config as parameters — never the credentials of a URI in it, see
-:func:`components.storage.redacted` —, every epoch's metrics at step = epoch, the MLflow run id
+:func:`components.io.storage.redacted` —, every epoch's metrics at step = epoch, the MLflow run id
 kept in the run dir so a resumed run continues the same MLflow run); sweeps use Ray Tune's own
 ``MLflowLoggerCallback`` (:func:`tune_callbacks`). The default store is SQLite in the run or
 sweep dir (MLflow 3 refuses its old file store), readable with ``mlflow ui
@@ -26,8 +26,12 @@ from pathlib import Path
 from typing import Any, cast
 
 from components.errors import SimgraphError
-from components.files import write_text
-from components.run_dir import MLFLOW_RUN_ID, MLFLOW_RUN_KEY, WANDB_RUN_ID
+from components.io.files import write_text
+
+MLFLOW_RUN_ID = "mlflow_run_id"  # in a run dir: the MLflow run a resume continues
+MLFLOW_RUN_KEY = "mlflow_run_key"  # written before that run is created: a kill in between
+# finds it again by this key (a tag) instead of creating a second one
+WANDB_RUN_ID = "wandb_run_id"  # the W&B run id a resume continues
 
 RUN_ID_FILE = MLFLOW_RUN_ID
 RUN_KEY_FILE = MLFLOW_RUN_KEY  # ours, written before the MLflow run is created
@@ -63,7 +67,7 @@ def _wandb_settings() -> Any:
     banner lines only with ``--verbose``."""
     import wandb
 
-    from components.console import verbose
+    from components.runtime.console import verbose
 
     return wandb.Settings(console="off", quiet=not verbose(), silent=not verbose())
 
@@ -73,7 +77,7 @@ def default_uri(local_dir: str | Path) -> str:
 
 
 def _quiet() -> None:
-    from components.console import verbose
+    from components.runtime.console import verbose
 
     if not verbose():  # "Updating database tables", "Creating a new experiment", ...
         logging.getLogger("mlflow").setLevel(logging.WARNING)
@@ -91,7 +95,7 @@ class MLflowRun:
         from mlflow.entities import Param
 
         from components.config import flatten
-        from components.storage import redacted
+        from components.io.storage import redacted
 
         self.uri = uri or default_uri(local_dir)
         self.client = MlflowClient(self.uri)
@@ -139,7 +143,7 @@ class WandbRun:
                  mode: str) -> None:
         import wandb
 
-        from components.storage import redacted
+        from components.io.storage import redacted
 
         # A wandb-core service inherited from a parent process (wandb exports WANDB_SERVICE)
         # is not ours: a killed run's stream stays registered there and its resume would be
@@ -185,7 +189,7 @@ def prepare_sweep_trackers(sweep: Any) -> None:
 
 def tune_callbacks(sweep: Any, sweep_dir: str | Path) -> list[Any]:
     """Ray Tune callbacks for a sweep's trackers (Ray's, logging the trials' parameters
-    without URI credentials: :mod:`components.tune_trackers`). ``mlflow: true``: MLflow's,
+    without URI credentials: :mod:`components.training.tune_trackers`). ``mlflow: true``: MLflow's,
     one MLflow run per trial in experiment ``<sweep name>``; without ``mlflow_uri`` the store
     is SQLite in ``sweep_dir`` (local: the sweep config refuses a URI storage without
     ``mlflow_uri``), created here since Tune has not made the dir yet. ``wandb: true``:
@@ -199,7 +203,7 @@ def tune_callbacks(sweep: Any, sweep_dir: str | Path) -> list[Any]:
     callbacks: list[Any] = []
     if sweep.mlflow:
         _quiet()
-        from components.tune_trackers import RedactingMLflowLoggerCallback
+        from components.training.tune_trackers import RedactingMLflowLoggerCallback
 
         uri = sweep.mlflow_uri
         if uri is None:
@@ -208,8 +212,8 @@ def tune_callbacks(sweep: Any, sweep_dir: str | Path) -> list[Any]:
         callbacks.append(RedactingMLflowLoggerCallback(
             tracking_uri=uri, experiment_name=sweep.name, save_artifact=False))
     if sweep.wandb:
-        from components.paths import is_uri
-        from components.tune_trackers import RedactingWandbLoggerCallback
+        from components.io.paths import is_uri
+        from components.training.tune_trackers import RedactingWandbLoggerCallback
 
         where: dict[str, Any] = {}
         if not is_uri(sweep_dir):

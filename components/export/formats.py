@@ -25,7 +25,7 @@ simgraph encoder's output on a fixed input (:func:`check_export`).
 ``config.json`` (:data:`CONFIG`, format :data:`FORMAT`) and ``model_card.md`` (:data:`CARD`)
 describe the files: architecture, input (resolution, RGB, NCHW float32, normalisation mean /
 std as the evaluation reader applies them), outputs, and what the pipeline adds (loss, dataset,
-classes, metrics, provenance). Every file is written atomically (:mod:`components.files`).
+classes, metrics, provenance). Every file is written atomically (:mod:`components.io.files`).
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ from torch import Tensor, nn
 
 from components.config import AugmentConfig, ModelConfig
 from components.errors import SimgraphError
-from components.files import replacing, sha256_file, write_json, write_text
-from components.models import Encoder, build_backbone, projector
+from components.io.files import replacing, sha256_file, write_json, write_text
+from components.models.encoders import Encoder, build_backbone, projector
 
 FORMAT = "simgraph-export/1"
 FORMATS = ("safetensors", "torchscript", "onnx")
@@ -155,7 +155,7 @@ def projector_keys(arch: Architecture) -> list[str]:
 
 def encoder_from_state(model: ModelConfig, state_model: dict[str, Tensor]) -> Encoder:
     """The checkpoint's backbone and projector (no classifier head, no objective) as an
-    :class:`~components.models.Encoder`, in eval mode on the CPU.
+    :class:`~components.models.encoders.Encoder`, in eval mode on the CPU.
 
     Raises:
         ExportError: the checkpoint's model does not fit ``model`` (missing or other keys).
@@ -555,7 +555,7 @@ def export_encoder(encoder: Encoder, model: ModelConfig, augment: AugmentConfig,
 
 def claim_export_dir(dest: str) -> set[str]:
     """Check that ``dest`` (a path or URI) may receive an export, and mark a new or empty one
-    as simgraph's (:func:`components.storage.claim_dir`); returns the files of
+    as simgraph's (:func:`components.io.storage.claim_dir`); returns the files of
     :data:`EXPORT_FILES` there that simgraph wrote (an export may replace or delete them).
 
     Those are: every one, when the dir holds the mark of an export killed before its
@@ -569,7 +569,7 @@ def claim_export_dir(dest: str) -> set[str]:
     """
     import json
 
-    from components import storage
+    from components.io import storage
 
     fix = "give --out a new or empty folder"
 

@@ -7,7 +7,7 @@ optimiser and schedule, restore) → per epoch train_epoch → evaluate_epoch (o
 (``metrics.csv`` / TensorBoard by rank 0, full-state checkpoints every
 ``checkpoint.every_epochs`` and at the end, metrics reported to Ray, which Tune/ASHA read).
 :func:`run_pretraining` is the driver (``simgraph pretrain`` and ``simgraph run``): hold the run
-dir's lock (:func:`components.run_dir.writing_run`), check the dataset, prepare or resume the
+dir's lock (:func:`components.runs.run_dir.writing_run`), check the dataset, prepare or resume the
 run dir, fit, read back the history; each ``simgraph sweep`` trial holds its own run dir's lock
 the same way and builds its own trainer; ``simgraph preview`` draws batches from
 :func:`train_views`, the workers' own loader.
@@ -17,7 +17,7 @@ environment of the process that builds the trainer makes every rank sleep once b
 step N (a flag file in ``workers/`` stops it repeating after a restart); read once by
 :func:`loop_config`, never inside the step loop.
 
-Where the recipe runs is its host (:mod:`components.run_host`): a Ray Train worker, or — for a
+Where the recipe runs is its host (:mod:`components.runs.hosts`): a Ray Train worker, or — for a
 one-worker sweep trial — the Tune trial actor itself (:func:`train_in_trial`).
 """
 
@@ -38,10 +38,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components import console
 from components.config import PretrainConfig, from_dict, to_dict
-from components.files import atomic_open
-from components.run_dir import (
+from components.io.files import atomic_open
+from components.runs.hosts import RunHost, TrainWorker
+from components.runs.run_dir import (
     METRICS_CSV,
     RunError,
     RunFacts,
@@ -51,10 +51,11 @@ from components.run_dir import (
     resume_changes,
     writing_run,
 )
-from components.run_host import RunHost, TrainWorker
+from components.runs.summary import run_summary
+from components.runtime import console
 
 if TYPE_CHECKING:
-    from components.checkpoint import TrainingState
+    from components.runs.checkpoint import TrainingState
 
 PAUSE_ENV = "SIMGRAPH_PAUSE_AT_STEP"
 PROGRESS_EVERY_S = 20.0  # rank 0 prints a progress line this often during a long epoch
@@ -74,7 +75,7 @@ def run_pretraining(cfg: PretrainConfig, echo: bool = True,
     """Train (or resume) the run; returns its per-epoch metrics history. The driver of
     ``simgraph pretrain`` and ``simgraph run`` (``command``: which, for a refusal's words).
 
-    1.-2. :func:`components.run_dir.writing_run` (as every sweep trial): the run dir's
+    1.-2. :func:`components.runs.run_dir.writing_run` (as every sweep trial): the run dir's
        one-writer lock, held until training ends (a second writer is refused in one line
        naming the first), a folder of someone else's files refused; then check the dataset dir
        against what the loss needs (labels, a class graph, captions) before any Ray work, and
@@ -92,7 +93,7 @@ def run_pretraining(cfg: PretrainConfig, echo: bool = True,
         PretrainError: training failed (the message says where; the last good checkpoint
             stays in the run dir).
     """
-    from components.storage import display
+    from components.io.storage import display
 
     with writing_run(cfg, command=command) as run:
         cfg, facts, run_dir, history = run.cfg, run.facts, run.run_dir, run.finished
@@ -102,7 +103,7 @@ def run_pretraining(cfg: PretrainConfig, echo: bool = True,
                 print(history_table(history))
             return history
         if echo:
-            print(console.run_summary(cfg, facts, display(run_dir)), flush=True)
+            print(run_summary(cfg, facts, display(run_dir)), flush=True)
         history = (_train_in_process if trains_in_process(cfg) else _train_on_ray)(
             cfg, facts, run_dir)
     if echo:
@@ -114,9 +115,9 @@ def run_pretraining(cfg: PretrainConfig, echo: bool = True,
 def _train_on_ray(cfg: PretrainConfig, facts: RunFacts, run_dir: str) -> list[dict[str, Any]]:
     """Fit :func:`make_trainer`'s ``TorchTrainer`` on a local Ray started for the job or the
     ``RAY_ADDRESS`` cluster; returns the run's history."""
-    from components.checkpoint import TrainingState
     from components.errors import SimgraphError, root_cause
-    from components.session import check_placement, ray_session
+    from components.runs.checkpoint import TrainingState
+    from components.runtime.session import check_placement, ray_session
 
     with ray_session(None):
         s = cfg.scaling  # a worker no node can hold: the numbers now, not Ray's timeout later
@@ -152,12 +153,12 @@ def trains_in_process(cfg: PretrainConfig) -> bool:
 
 def _train_in_process(cfg: PretrainConfig, facts: RunFacts,
                       run_dir: str) -> list[dict[str, Any]]:
-    """The recipe without Ray, with an :class:`~components.run_host.InProcess` host
+    """The recipe without Ray, with an :class:`~components.runs.hosts.InProcess` host
     (checkpoints published and pruned as a Ray Train run's, resumed from the run dir's newest
     complete one); returns the run's history."""
     from components.errors import SimgraphError
-    from components.run_dir import latest_state
-    from components.run_host import InProcess
+    from components.runs.hosts import InProcess
+    from components.runs.run_dir import latest_state
 
     try:
         PretrainRecipe(loop_config(cfg, run_dir, facts),
@@ -176,7 +177,7 @@ def _train_in_process(cfg: PretrainConfig, facts: RunFacts,
 def _training_failed(cfg: PretrainConfig, run_dir: str, e: BaseException) -> PretrainError:
     """The one line a failed training ends with, on either host."""
     from components.errors import describe
-    from components.storage import display
+    from components.io.storage import display
 
     return PretrainError(f"training {cfg.name!r} failed: {describe(e)}\n"
                          f"completed checkpoints stay in {display(run_dir)}; re-run the same "
@@ -233,7 +234,7 @@ def loop_config(cfg: PretrainConfig, run_dir: str, facts: RunFacts,
                 score: dict[str, Any] | None = None) -> dict[str, Any]:
     """What :class:`PretrainRecipe` is built from (plain containers: Ray ships it to workers).
     ``pause_at_step`` ``None``: read :data:`PAUSE_ENV` here, once. ``live``: rank 0 sends
-    progress events for the driver's live bar (:func:`components.console.live`) instead of
+    progress events for the driver's live bar (:func:`components.runtime.console.live`) instead of
     a progress line every :data:`PROGRESS_EVERY_S`. ``score`` (sweep trials): ``metric``,
     ``mode`` and the :class:`~components.search_space.Statistic` fields ``name``, ``k``:
     every epoch's row gets ``sweep_score``, that statistic of the metric so far."""
@@ -251,9 +252,9 @@ def loop_config(cfg: PretrainConfig, run_dir: str, facts: RunFacts,
 def train_in_trial(cfg: PretrainConfig, run_dir: str, facts: RunFacts, metric: str,
                    score: dict[str, Any] | None = None) -> None:
     """Train one-worker ``cfg`` in this process, a Ray Tune trial actor
-    (:class:`~components.run_host.TuneTrial`: no Ray Train worker group): resumes from the
+    (:class:`~components.runs.hosts.TuneTrial`: no Ray Train worker group): resumes from the
     run dir's newest complete checkpoint and reports every epoch to Tune, ``metric`` first."""
-    from components.run_host import TuneTrial
+    from components.runs.hosts import TuneTrial
 
     if cfg.scaling.num_workers != 1:
         raise RunError(f"scaling.num_workers={cfg.scaling.num_workers} cannot train inside a "
@@ -311,8 +312,8 @@ class PretrainRecipe:
 
         from components.data.reader import DatasetInfo, set_jit
         from components.data.staging import local_dataset
-        from components.optim import build_for_run
-        from components.training import build_model, compile_encoder, uses_projector
+        from components.training.optim import build_for_run
+        from components.training.step import build_model, compile_encoder, uses_projector
 
         cfg, facts = self.cfg, self.facts
         if self.host is None:
@@ -351,7 +352,7 @@ class PretrainRecipe:
         if gpu_paths and cfg.model.sync_bn and self.world > 1:
             # BatchNorm over the global batch without SyncBatchNorm's host syncs (docs/gpu.md);
             # its running-mean shift stays equal on every rank: each applies the same update
-            from components.distributed import convert_global_batchnorm
+            from components.runtime.distributed import convert_global_batchnorm
 
             model.encoder = convert_global_batchnorm(model.encoder)
         model.to(device)
@@ -432,7 +433,7 @@ class PretrainRecipe:
 
     def restore(self, ckpt_dir: Path | None) -> None:
         """Load the full state of the host's latest checkpoint (``None``: a fresh start)."""
-        from components.checkpoint import CheckpointError, TrainingState
+        from components.runs.checkpoint import CheckpointError, TrainingState
 
         if ckpt_dir is None:
             return
@@ -463,7 +464,7 @@ class PretrainRecipe:
     def _continue_schedule(self, state: TrainingState, fresh_lrs: list[float]) -> int:
         """Elastic resume: re-place the restored optimizer and schedule where a run started
         with this config and cluster shape is after the samples the checkpoint has seen
-        (:func:`~components.optim.continue_schedule`); returns that step, this run's global
+        (:func:`~components.training.optim.continue_schedule`); returns that step, this run's global
         step from now on. One mechanism for what may change on a resume and moves the LR:
         ``scaling.num_workers`` (the global batch: ``optim.lr_scaling``'s base LR, the steps
         per epoch, warm-up and decay lengths), ``optim.lr`` (a diverged run lowers it),
@@ -474,7 +475,7 @@ class PretrainRecipe:
             RunError: the samples seen are past the end of this shape's schedule (before any
                 step; names what changed and how to go on).
         """
-        from components.optim import continue_schedule, schedule_position
+        from components.training.optim import continue_schedule, schedule_position
 
         samples = state.samples_seen()
         step = schedule_position(samples, self.global_batch)
@@ -496,11 +497,11 @@ class PretrainRecipe:
     def way_back(self) -> str:
         """What a run that diverged can go back to (the run dir's newest complete finite
         checkpoint, by its path) and what to change before re-running — only settings a resume
-        may change (:data:`components.run_dir.RESUMABLE_CHANGES`). Rank 0's words; other ranks
+        may change (:data:`components.runs.run_dir.RESUMABLE_CHANGES`). Rank 0's words; other ranks
         say less (their message is not the one shown)."""
-        from components.checkpoint import CheckpointUnreadable
-        from components.run_dir import latest_complete
-        from components.storage import display
+        from components.io.storage import display
+        from components.runs.checkpoint import CheckpointUnreadable
+        from components.runs.run_dir import latest_complete
 
         cfg = self.cfg
         change = f"lower optim.lr (now {cfg.optim.lr:g})"
@@ -532,8 +533,8 @@ class PretrainRecipe:
         data-wait fraction)."""
         import torch
 
-        from components import distributed
-        from components.training import (
+        from components.runtime import distributed
+        from components.training.step import (
             NonFiniteLossError,
             SkipGuard,
             SkippedStep,
@@ -618,7 +619,7 @@ class PretrainRecipe:
         (:attr:`RunFacts.knn`)."""
         from components.data.reader import ViewLoader
         from components.evaluation.knn import KnnRule
-        from components.training import extract_features
+        from components.training.step import extract_features
 
         cfg, d = self.cfg, self.cfg.data
         if not self.facts.knn or not ((epoch + 1) % cfg.knn.every_epochs == 0
@@ -678,7 +679,7 @@ class PretrainRecipe:
             samples=self.start_samples + (self.step - self.start_step) * self.global_batch,
         )
         self._check_finite(state)
-        from components.checkpoint import CheckpointWriteError
+        from components.runs.checkpoint import CheckpointWriteError
 
         try:
             with tempfile.TemporaryDirectory(prefix="simgraph-ckpt-") as tmp:
@@ -703,8 +704,8 @@ class PretrainRecipe:
         """
         import torch
 
-        from components import distributed
-        from components.checkpoint import NonFiniteState
+        from components.runs.checkpoint import NonFiniteState
+        from components.runtime import distributed
 
         bad = state.nonfinite()
         diverged = bool(bad)
@@ -720,8 +721,8 @@ class PretrainRecipe:
 
     def _kept(self) -> str:
         """What is left after a failed checkpoint write, and how to go on."""
-        from components.run_dir import latest_complete
-        from components.storage import display
+        from components.io.storage import display
+        from components.runs.run_dir import latest_complete
 
         try:
             found = latest_complete(self.run_dir)
@@ -755,9 +756,9 @@ def checkpoint_state(cfg: PretrainConfig, *, model: Any, ema: Any, optimizer: An
     """What a checkpoint holds: the full training state after ``epoch`` epochs (``samples``:
     the training samples consumed, all ranks), the history, the dataset identity and the
     run's config — without the credentials of any URI in it
-    (:func:`components.storage.redacted`), as in ``config.yaml``."""
-    from components.checkpoint import TrainingState
-    from components.storage import redacted
+    (:func:`components.io.storage.redacted`), as in ``config.yaml``."""
+    from components.io.storage import redacted
+    from components.runs.checkpoint import TrainingState
 
     return TrainingState(
         model=model.state_dict(), ema=None if ema is None else ema.state_dict(),
@@ -821,20 +822,20 @@ class _RunLog:
     def __init__(self, run_dir: str, start_epoch: int, cfg: PretrainConfig) -> None:
         from tensorboardX import SummaryWriter
 
-        from components.storage import LocalMirror
+        from components.io.storage import LocalMirror
 
         self.mirror = LocalMirror(run_dir)
         self.tb = SummaryWriter(str(self.mirror.local / "tb"), purge_step=start_epoch + 1)
         self.mlflow = None
         t = cfg.tracking
         if t.mlflow:
-            from components.tracking import MLflowRun
+            from components.training.tracking import MLflowRun
 
             self.mlflow = MLflowRun(self.mirror.local, cfg.name, to_dict(cfg), t.mlflow_uri,
                                     t.mlflow_experiment)
         self.wandb = None
         if t.wandb:
-            from components.tracking import WandbRun
+            from components.training.tracking import WandbRun
 
             self.wandb = WandbRun(self.mirror.local, cfg.name, to_dict(cfg), t.wandb_project,
                                   t.wandb_mode)
@@ -870,7 +871,7 @@ class _RunLog:
 
 
 def _pause_once(run_dir: str, rank: int, step: int, seconds: float = 300.0) -> None:
-    from components import storage
+    from components.io import storage
 
     flag = storage.join(run_dir, "workers", f"paused-rank{rank}-step{step}")
     if not storage.exists(flag):
@@ -884,10 +885,10 @@ def _worker_info(run_dir: str, rank: int, world: int, device: Any,
     ``train.amp`` gives there) — for operators and for tests that kill a worker or check
     placement.
 
-    The node / local ranks are computed from Ray node ids (:func:`~components.distributed.
+    The node / local ranks are computed from Ray node ids (:func:`~components.runtime.distributed.
     node_layout`), not taken from Ray Train, which ranks nodes by IP: nodes sharing an IP
     would all be node 0 (``ray_ranks``: Ray Train's, kept for comparison; ``None`` outside Ray
-    Train). The device is the host's (:mod:`components.run_host`: this worker's GPU ids within
+    Train). The device is the host's (:mod:`components.runs.hosts`: this worker's GPU ids within
     ``CUDA_VISIBLE_DEVICES``), checked against what this node has.
 
     Raises:
@@ -896,8 +897,8 @@ def _worker_info(run_dir: str, rank: int, world: int, device: Any,
     import ray
     import torch
 
-    from components import distributed
-    from components.paths import project_root
+    from components.io.paths import project_root
+    from components.runtime import distributed
 
     # Outside Ray (a host in a test or a plain process): one node.
     node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
@@ -921,7 +922,7 @@ def _worker_info(run_dir: str, rank: int, world: int, device: Any,
             f"rank {rank} on node {node_id} was given {device} but sees "
             f"{torch.cuda.device_count()} GPUs (CUDA_VISIBLE_DEVICES="
             f"{info['cuda_visible_devices']!r}); do not set CUDA_VISIBLE_DEVICES yourself")
-    from components.training import resolve_amp
+    from components.training.step import resolve_amp
 
     info["amp"] = resolve_amp(amp, device)  # what `auto` became on this worker's device
     if (info["ray_node_rank"], info["ray_local_rank"]) != (layout["node_rank"],
@@ -929,7 +930,7 @@ def _worker_info(run_dir: str, rank: int, world: int, device: Any,
         console.say(f"[simgraph] rank {rank}: Ray Train says node_rank {info['ray_node_rank']} / "
                     f"local_rank {info['ray_local_rank']} (it ranks nodes by IP), node ids say "
                     f"{layout['node_rank']} / {layout['local_rank']}")
-    from components import storage
+    from components.io import storage
 
     storage.write_text(storage.join(run_dir, "workers", f"rank{rank}.json"), json.dumps(info))
     return info

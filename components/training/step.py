@@ -19,12 +19,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from components import distributed
 from components.config import LossConfig, ModelConfig, TrainConfig
 from components.errors import NonFiniteError, SimgraphError
-from components.memory import EMA, cosine_momentum
-from components.models import Encoder, build_backbone, projector
+from components.models.encoders import Encoder, build_backbone, projector
 from components.objectives import ContrastiveBatch, Metrics, Objective, build_objective
+from components.objectives.memory import EMA, cosine_momentum
+from components.runtime import distributed
 
 
 class NonFiniteLossError(SimgraphError, RuntimeError):

@@ -1,6 +1,7 @@
-"""Ray Tune's MLflow and W&B callbacks for a sweep (:func:`components.tracking.tune_callbacks`),
+"""Ray Tune's MLflow and W&B callbacks for a sweep
+(:func:`components.training.tracking.tune_callbacks`),
 logging each trial's parameters without the credentials of any URI among them
-(:func:`components.storage.redacted`): a swept ``data.dataset: {choice: [s3://KEY:SECRET@...]}``
+(:func:`components.io.storage.redacted`): a swept ``data.dataset: {choice: [s3://KEY:SECRET@...]}``
 reaches the trials, never the trackers.
 
 :data:`RedactingMLflowLoggerCallback` / :data:`RedactingWandbLoggerCallback` are made on first
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.storage import redacted
+from components.io.storage import redacted
 
 _BASES = {
     "RedactingMLflowLoggerCallback": ("ray.air.integrations.mlflow", "MLflowLoggerCallback"),
