@@ -12,7 +12,9 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import sys
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 MOVED = {
     "components.files": "components.io.files",
@@ -39,8 +41,24 @@ MOVED = {
 }
 """Old module name -> where it lives now (the 2026-11-26 package move, issue 41). Three old
 names are packages now (``components.models``, ``components.training``,
-``components.export``): those import as the packages, whose ``__getattr__`` gives what their
-old module had (``components.models.ConvNet``)."""
+``components.export``): those import as the packages, whose ``__getattr__``
+(:func:`old_module_getattr`) gives what their old module had (``components.models.ConvNet``)."""
+
+
+def old_module_getattr(package: str, module: str) -> Callable[[str], Any]:
+    """A package's ``__getattr__`` for what the module ``package`` had before it became a
+    package (now ``package.module``): old pickles and imports load. Dunders are not forwarded
+    (the import system probes them)."""
+
+    def getattr_(name: str) -> Any:
+        if not name.startswith("__"):
+            try:
+                return getattr(importlib.import_module(f"{package}.{module}"), name)
+            except AttributeError:
+                pass
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return getattr_
 
 
 class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
