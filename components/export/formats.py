@@ -17,7 +17,7 @@ weights for the **backbone** (and, on request, the **projector**), in one of thr
 
 The backbone's output is named ``features`` ``[N, F]``; with the projector the TorchScript
 and ONNX models return ``(features, projection [N, D])``. The modules behind every format are
-the ones ``model.py`` defines (:data:`MODEL_SOURCE`), imported from that text, so the file a
+the ones ``model.py`` defines (:data:`MODEL_MODULE`), imported from that text, so the file a
 user reads is the code the TorchScript and ONNX files were made from. Every export is checked
 before it is described: the written file, loaded the way the card says, must reproduce the
 simgraph encoder's output on a fixed input (:func:`check_export`).
@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import hashlib
 import importlib.util
+import re
 import sys
 import tempfile
 import warnings
@@ -194,130 +195,47 @@ def plain_state_dicts(encoder: Encoder) -> tuple[dict[str, Tensor], dict[str, Te
 # ---------------------------------------------------------------------------------------------
 # model.py: the plain modules, written beside safetensors weights and used for every format.
 
-MODEL_SOURCE = '''"""The encoder of run {run} exported by `simgraph export`: plain PyTorch
-(torchvision for the ResNets), no simgraph needed. See model_card.md and config.json beside it.
-
-    import model
-    backbone, projector = model.load()  # eval mode; projector is None when not exported
-    features = backbone(images)  # [N, 3, {resolution}, {resolution}] float32, RGB, normalised
-"""
-
-import os
-from typing import Optional, Tuple
-
-import torch
-from torch import nn
-
-BACKBONE = {backbone!r}
-SMALL_IMAGES = {small_images!r}  # ResNets: 3x3 stride-1 stem, no max-pool
-WIDTH = {width!r}  # ConvNet only
-BLOCKS = {blocks!r}  # ConvNet only
-FEATURE_DIM = {feature_dim!r}
-PROJECTOR_HIDDEN = {projector_hidden!r}
-PROJECTOR_DIM = {projector_dim!r}
-PROJECTOR_LAYERS = {projector_layers!r}
-PROJECTOR_BN = {projector_bn!r}
-RESOLUTION = {resolution!r}
-MEAN = {mean!r}  # on RGB values in [0, 1]
-STD = {std!r}
-HERE = os.path.dirname(os.path.abspath(__file__))
+# ``model.py``: a real module of this package, exported as text with the run's constants.
+MODEL_MODULE = Path(__file__).with_name("standalone_model.py")
+# The lines of its constants block that an export replaces: NAME = value  [# comment]
+_CONSTANT = re.compile(r"^([A-Z_]+) = [^#\n]*?(\s*#[^\n]*)?$", re.M)
 
 
-class ConvNet(nn.Module):
-    """blocks x (3x3 conv -> BN -> ReLU -> 2x2 max-pool), width * 2^i channels (at most
-    8 * width), then global average pooling: [N, 3, H, W] -> [N, out_dim]."""
-
-    def __init__(self, width: int = WIDTH, blocks: int = BLOCKS) -> None:
-        super().__init__()
-        layers = []
-        c_in = 3
-        for i in range(blocks):
-            c_out = width * 2 ** min(i, 3)
-            layers += [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out),
-                       nn.ReLU(inplace=True), nn.MaxPool2d(2)]
-            c_in = c_out
-        self.features = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
-        self.out_dim = c_in
-        self.min_side = 2 ** blocks
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-2] < self.min_side or x.shape[-1] < self.min_side:
-            raise ValueError("this ConvNet needs images of at least " + str(self.min_side)
-                             + " px on each side")
-        return self.features(x)
-
-
-def resnet(name: str = BACKBONE, small_images: bool = SMALL_IMAGES) -> nn.Module:
-    """torchvision's ResNet without its classifier (fc = Identity), optionally with the
-    small-image stem."""
-    import torchvision
-
-    net = getattr(torchvision.models, name)(weights=None)
-    if small_images:
-        net.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
-        net.maxpool = nn.Identity()
-    net.fc = nn.Identity()
-    return net
-
-
-def build() -> nn.Module:
-    """The backbone, randomly initialised: load model.safetensors into it."""
-    return ConvNet(WIDTH, BLOCKS) if BACKBONE == "convnet" else resnet(BACKBONE, SMALL_IMAGES)
-
-
-def build_projector(in_dim: int = FEATURE_DIM, hidden: int = PROJECTOR_HIDDEN,
-                    out: int = PROJECTOR_DIM, layers: int = PROJECTOR_LAYERS,
-                    bn: bool = PROJECTOR_BN) -> nn.Sequential:
-    """The projector MLP, randomly initialised: (Linear -> [BatchNorm1d] -> ReLU) x
-    (layers - 1) -> Linear. Load projector.safetensors into it."""
-    mods = []
-    d = in_dim
-    for _ in range(layers - 1):
-        mods.append(nn.Linear(d, hidden, bias=not bn))
-        if bn:
-            mods.append(nn.BatchNorm1d(hidden))
-        mods.append(nn.ReLU(inplace=True))
-        d = hidden
-    mods.append(nn.Linear(d, out))
-    return nn.Sequential(*mods)
-
-
-class WithProjector(nn.Module):
-    """images -> (features [N, FEATURE_DIM], projection [N, PROJECTOR_DIM])."""
-
-    def __init__(self, backbone: nn.Module, projector: nn.Module) -> None:
-        super().__init__()
-        self.backbone = backbone
-        self.projector = projector
-
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        h = self.backbone(x)
-        return h, self.projector(h)
-
-
-def load(directory: str = HERE) -> Tuple[nn.Module, Optional[nn.Module]]:
-    """The exported backbone and projector (None when not exported), weights loaded, in eval
-    mode. Needs the safetensors package."""
-    from safetensors.torch import load_file
-
-    backbone = build()
-    backbone.load_state_dict(load_file(os.path.join(directory, "{backbone_file}")))
-    projector = None
-    path = os.path.join(directory, "{projector_file}")
-    if os.path.exists(path):
-        projector = build_projector()
-        projector.load_state_dict(load_file(path))
-        projector.eval()
-    return backbone.eval(), projector
-'''
+def _model_template() -> str:
+    return MODEL_MODULE.read_text(encoding="utf-8")
 
 
 def model_source(arch: Architecture, augment: AugmentConfig, run: str) -> str:
-    """``model.py``'s text for ``arch`` (constants baked in)."""
-    return MODEL_SOURCE.format(
-        run=run, resolution=augment.resolution, mean=[float(m) for m in augment.mean],
-        std=[float(s) for s in augment.std], backbone_file=BACKBONE_FILE,
-        projector_file=PROJECTOR_FILE, **dataclasses.asdict(arch))
+    """``model.py``'s text for ``arch``: :data:`MODEL_MODULE` with the run's name and its
+    constants (architecture, resolution, normalisation, file names) baked in.
+
+    Raises:
+        ExportError: the module lacks a constant an export sets (a broken edit of it).
+    """
+    values: dict[str, Any] = {k.upper(): v for k, v in dataclasses.asdict(arch).items()}
+    values.update(RESOLUTION=augment.resolution, MEAN=[float(m) for m in augment.mean],
+                  STD=[float(v) for v in augment.std], BACKBONE_FILE=BACKBONE_FILE,
+                  PROJECTOR_FILE=PROJECTOR_FILE)
+    text = _model_template()
+    # The docstring (with the run's name), then the code; the note to maintainers between
+    # them stays here.
+    head = text.partition("# This file is `simgraph export`'s model.py")[0]
+    body = text[text.index("\nimport os") + 1:]
+    head = head.replace("RUN", run, 1).replace("RESOLUTION, RESOLUTION",
+                                                f"{augment.resolution}, {augment.resolution}")
+    seen: set[str] = set()
+
+    def constant(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name not in values:
+            return m.group(0)
+        seen.add(name)
+        return f"{name} = {values[name]!r}{m.group(2) or ''}"
+
+    body = _CONSTANT.sub(constant, body)
+    if seen != set(values):
+        raise ExportError(f"{MODEL_MODULE} lacks the constants {sorted(set(values) - seen)}")
+    return head.rstrip("\n") + "\n\n" + body
 
 
 @contextlib.contextmanager
