@@ -24,6 +24,7 @@ removed (:func:`components.export.formats.claim_export_dir`).
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from components.config import PretrainConfig, to_dict
 from components.errors import run_command
 from components.export.formats import CARD, CONFIG, ExportError, check_format
+from components.runs.run_dir import load_run as run_dir_load_run
 
 if TYPE_CHECKING:
     from components.runs.checkpoint import TrainingState
@@ -39,18 +41,8 @@ if TYPE_CHECKING:
 EVAL_METRICS = ("eval", "metrics.json")  # what `simgraph evaluate` writes into a run dir
 
 
-def load_run(run_dir: str, checkpoint: str | None = None
-             ) -> tuple[PretrainConfig, TrainingState, str]:
-    """The run's config, a verified checkpoint state and its path.
-
-    Raises:
-        ExportError: not a run dir, no complete checkpoint, or a checkpoint from another
-            config.
-    """
-    from components.runs.run_dir import load_run as load
-
-    return load(str(run_dir), None if checkpoint is None else str(checkpoint),
-                error=ExportError, command="export")
+# The run's config, a verified checkpoint state and its path (ExportError when it cannot).
+load_run = functools.partial(run_dir_load_run, error=ExportError, command="export")
 
 
 def _manifest(dataset: str) -> dict[str, Any] | None:

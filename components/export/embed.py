@@ -35,6 +35,7 @@ input, data). Written whole or not at all (:func:`components.io.files.replacing`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -50,6 +51,7 @@ import components.data  # noqa: F401  (its FFCV import hook, before any FFCV imp
 from components.config import AugmentConfig, PretrainConfig
 from components.errors import SimgraphError
 from components.models.encoders import Encoder
+from components.runs.run_dir import load_run as run_dir_load_run
 
 if TYPE_CHECKING:
     from components.runs.checkpoint import TrainingState
@@ -96,19 +98,8 @@ class Embedded:
 # The encoder of a run.
 
 
-def load_run(run_dir: str, checkpoint: str | None = None
-             ) -> tuple[PretrainConfig, TrainingState, str]:
-    """The run's config, a verified checkpoint state and its path.
-
-    :func:`components.runs.run_dir.load_run` (the rules every command that reads a run shares),
-    raising this command's error type.
-
-    Raises:
-        EmbedError: not a run dir, no complete checkpoint, or a checkpoint from another config.
-    """
-    from components.runs.run_dir import load_run as load
-
-    return load(run_dir, checkpoint, error=EmbedError, command="embed")
+# The run's config, a verified checkpoint state and its path (EmbedError when it cannot).
+load_run = functools.partial(run_dir_load_run, error=EmbedError, command="embed")
 
 
 def run_encoder(cfg: PretrainConfig, state: TrainingState) -> Encoder:

@@ -683,13 +683,16 @@ def check_resume(cfg: PretrainConfig, facts: RunFacts, run_dir: str) -> None:
                                          global_batch, total))
 
 
-def load_run(run_dir: str, checkpoint: str | None = None, *,
+def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
              error: type[SimgraphError] = RunError, command: str = "evaluate"
              ) -> tuple[PretrainConfig, TrainingState, str]:
     """A finished (or interrupted) run as the commands that read one need it: its config, a
     verified checkpoint's :class:`~components.runs.checkpoint.TrainingState` (``checkpoint``, or
     the newest complete one) and that checkpoint's path. A corrupt ``config.yaml`` falls back
     to the checkpoint's config with a warning on stderr (``simgraph <command>: warning: ...``).
+    Each reading command binds its error type and name once (``functools.partial``:
+    ``components.runs.scoring.load_run``, ``components.export.embed.load_run``,
+    ``pipelines.export.load_run``).
 
     Raises:
         ``error`` (the command's error type): not a run dir, no complete checkpoint, an
@@ -701,6 +704,7 @@ def load_run(run_dir: str, checkpoint: str | None = None, *,
     from components.io import storage
     from components.runs.checkpoint import CheckpointError, TrainingState, local_copy
 
+    run_dir, checkpoint = str(run_dir), None if checkpoint is None else str(checkpoint)
     shown = storage.display(run_dir)
     try:
         raw = read_run_config(run_dir)

@@ -6,14 +6,15 @@ per-image kNN hits by the one kNN rule (:func:`split_knn_hits`)."""
 
 from __future__ import annotations
 
+import functools
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from components.config import PretrainConfig
 from components.errors import SimgraphError
+from components.runs.run_dir import load_run as run_dir_load_run
 
 if TYPE_CHECKING:  # torch and the readers load only when a run is scored
     from components.data.reader import ViewLoader
@@ -24,18 +25,8 @@ class EvaluateError(SimgraphError, RuntimeError):
     """A run cannot be evaluated; the message says why and what to do."""
 
 
-def load_run(run_dir: str | Path, checkpoint: str | Path | None = None
-             ) -> tuple[PretrainConfig, TrainingState, str]:
-    """The run's config, a verified checkpoint state and its path.
-
-    Raises:
-        EvaluateError: not a run dir, no complete checkpoint, or a checkpoint from another
-            config.
-    """
-    from components.runs.run_dir import load_run as load
-
-    return load(str(run_dir), None if checkpoint is None else str(checkpoint),
-                error=EvaluateError, command="evaluate")
+# The run's config, a verified checkpoint state and its path (EvaluateError when it cannot).
+load_run = functools.partial(run_dir_load_run, error=EvaluateError, command="evaluate")
 
 
 def run_dataset(cfg: PretrainConfig, state: TrainingState) -> Any:
