@@ -224,7 +224,7 @@ def test_results_files_and_plots_of_a_small_sweep(tmp_path: Path,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pipelines.sweep import _log_axis
+    from components.sweep.plots import _log_axis
 
     fig, ax = plt.subplots()
     ax.scatter([0.05, 0.1, 0.3, 0.5], [1, 2, 3, 4])
@@ -456,7 +456,7 @@ def test_one_seed_per_setting_has_its_own_error_bar_where_one_is_known(tmp_path:
     """One seed: the row's own ``<metric>_se`` when it carries one, else for knn_top1 the
     spread of its curve's last k evaluations / √k; a single evaluation, or a metric whose
     epoch-to-epoch moves are trend (loss), gets no bar."""
-    from pipelines.sweep import _se_caption, setting_se
+    from components.sweep.plots import _se_caption, setting_se
 
     sweep = load_sweep(_space(tmp_path))  # knn_top1, mean_last, k = 3
 
