@@ -37,10 +37,12 @@ from components.runtime.session import ray_session
 
 def _build(
     cfg: PreprocessConfig, out: Path, params: dict[str, Any], params_digest: str,
-    listed: Listed, echo: bool, dest: Path,
+    listed: Listed, record: SourceRecord, echo: bool, dest: Path,
 ) -> dict[str, Any]:
     """Steps 2–5 into ``out`` (the dataset dir, or its ``.next`` staging dir for ``dest``),
-    reusing the shards already there that match the plan; the manifest is written last."""
+    reusing the shards already there that match the plan; the manifest is written last.
+    ``record``: ``listed`` with each item's file metadata (:class:`SourceRecord`, made once by
+    the caller: the content cache, the shard digests and ``source.json.gz`` all read it)."""
     import ray
 
     if echo:
@@ -51,7 +53,7 @@ def _build(
         content = None
         if listed.items and dedupe_enabled(cfg):
             t0 = time.perf_counter()
-            content = hash_with_ray(cfg, listed.items, out)
+            content = hash_with_ray(cfg, listed.items, out, record.stat)
             if echo:
                 print(f"simgraph preprocess: hashed {len(listed.items)} items "
                       f"in {time.perf_counter() - t0:.1f} s")
@@ -61,7 +63,6 @@ def _build(
         by_shard: dict[str, list[Planned]] = collections.defaultdict(list)
         for r in rows:
             by_shard[r.shard].append(r)
-        record = SourceRecord.of(listed)
         for name, members in by_shard.items():
             # Field tuples as dataclasses.astuple gives them (same digest), without its deep
             # copy; each item's file metadata too: a shard of a killed build is reused only

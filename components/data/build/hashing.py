@@ -7,8 +7,9 @@ resulting :class:`Content`; the pass runs only when :func:`dedupe_enabled`."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,20 +85,27 @@ def hash_local(cfg: PreprocessConfig, items: Sequence[Item]) -> Content:
     return Content.from_columns(hash_batch(batch, cfg.image.max_side, cfg.image.min_side))
 
 
-def _content_key(cfg: PreprocessConfig, items: Sequence[Item]) -> str:
-    cache: dict[str, Stat] = {}
-    stats = [(it.path, *(item_stat(it.path, cache) or (None,) * 4)) for it in items]
+def _content_key(cfg: PreprocessConfig, items: Sequence[Item],
+                 stat: Callable[[str], Stat] | None = None) -> str:
+    """The cache key of the content pass over ``items``: their paths and file metadata
+    (``stat``: an item path -> its :func:`item_stat`, e.g. ``SourceRecord.stat`` of the
+    listing being built; default: stat each file now)."""
+    if stat is None:
+        cache: dict[str, Stat] = {}
+        stat = functools.partial(item_stat, cache=cache)
+    stats = [(it.path, *(stat(it.path) or (None,) * 4)) for it in items]
     return _digest({"items": stats, "image": [cfg.image.max_side, cfg.image.min_side],
                     "hash": "sha256+phash64+thumb16/1"})
 
 
-def hash_with_ray(cfg: PreprocessConfig, items: Sequence[Item], out: Path) -> Content:
+def hash_with_ray(cfg: PreprocessConfig, items: Sequence[Item], out: Path,
+                  stat: Callable[[str], Stat] | None = None) -> Content:
     """The content pass as Ray tasks of about ``ITEMS_PER_TASK`` items (:func:`map_tasks`);
-    cached in ``content.npz`` (keyed by the items' paths and :func:`~components.io.files.stat_key`:
-    size, mtime_ns, inode, ctime_ns), so a resumed run
-    does not hash again."""
+    cached in ``content.npz`` (keyed by the items' paths and
+    :func:`~components.io.files.stat_key`: size, mtime_ns, inode, ctime_ns; ``stat`` as in
+    :func:`_content_key`), so a resumed run does not hash again."""
     cache = out / "content.npz"
-    key = _content_key(cfg, items)
+    key = _content_key(cfg, items, stat)
     if cache.exists():
         with np.load(cache, allow_pickle=False) as z:
             if str(z["key"]) == key:

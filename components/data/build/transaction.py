@@ -260,13 +260,15 @@ def _run_locked(
             return done_manifest
         listed = list_items(cfg)
         (out / "shards").mkdir(exist_ok=True)
-        return _build(cfg, out, params, params_digest, listed, echo, out)
+        return _build(cfg, out, params, params_digest, listed, SourceRecord.of(listed), echo,
+                      out)
 
     # List first: a mistyped source fails here, before the staging dir (which may hold a
     # resumable build with the right source) or the dataset is touched.
     listed = list_items(cfg)
+    record = SourceRecord.of(listed)
     manifest = _verified_manifest(stage, params_digest)
-    if manifest is not None and _source_digest(manifest) != SourceRecord.of(listed).digest():
+    if manifest is not None and _source_digest(manifest) != record.digest():
         # Complete, but from the source as it was when it was built (a run killed before
         # the swap, the source changed since): built again, from the source as it is now.
         if echo:
@@ -276,7 +278,7 @@ def _run_locked(
         manifest = None
     if manifest is None:
         _open_stage(stage, params_digest, echo)
-        _build(cfg, stage, params, params_digest, listed, echo, out)
+        _build(cfg, stage, params, params_digest, listed, record, echo, out)
         manifest = _verified_manifest(stage, params_digest)
         if manifest is None:
             raise PreprocessError(
