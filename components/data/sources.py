@@ -383,6 +383,17 @@ def _idx_images(path: str) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8, offset=16).reshape(n, h, w)
 
 
+def item_file(path: str) -> str | None:
+    """The local file the item ``path`` is read from (a built-in's archive for its
+    ``fashion-mnist://`` items: ``<root>#<prefix>/<index>``); ``None`` for an object-store
+    URI. What :func:`read_item` opens, and what a build's source record stats."""
+    if path.startswith(FASHION_SCHEME):
+        root, _, rest = path[len(FASHION_SCHEME) :].partition("#")
+        prefix = rest.partition("/")[0]
+        return os.path.join(root, f"{prefix}-images-idx3-ubyte.gz")
+    return None if "://" in path else path
+
+
 def read_item(path: str) -> bytes | np.ndarray:
     """The item's encoded bytes (files, ``s3://``/``gs://`` URIs) or decoded pixels (built-ins).
 
@@ -390,9 +401,7 @@ def read_item(path: str) -> bytes | np.ndarray:
         FileNotFoundError / OSError: the file cannot be read.
     """
     if path.startswith(FASHION_SCHEME):
-        root, _, rest = path[len(FASHION_SCHEME) :].partition("#")
-        prefix, _, idx = rest.partition("/")
-        return _idx_images(os.path.join(root, f"{prefix}-images-idx3-ubyte.gz"))[int(idx)]
+        return _idx_images(str(item_file(path)))[int(path.rpartition("/")[2])]
     if "://" in path:
         import pyarrow.fs as pafs
 

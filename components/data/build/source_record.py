@@ -28,7 +28,7 @@ from typing import Any
 
 from components.data.build.common import PreprocessError
 from components.data.build.listing import Listed
-from components.data.sources import FASHION_SCHEME
+from components.data.sources import item_file
 from components.io.files import replacing, stat_key
 
 SOURCE_FILE = "source.json.gz"
@@ -36,16 +36,6 @@ _FORMAT = 1
 NAMED = 3  # paths named per kind of change in a message
 
 Stat = tuple[int, int, int, int] | None  # stat_key of the file an item is read from, or None
-
-
-def item_file(path: str) -> str | None:
-    """The local file the item ``path`` is read from (a built-in's archive for its
-    ``fashion-mnist://`` items); ``None`` for an object-store URI."""
-    if path.startswith(FASHION_SCHEME):
-        root, _, rest = path[len(FASHION_SCHEME):].partition("#")
-        prefix = rest.partition("/")[0]
-        return os.path.join(root, f"{prefix}-images-idx3-ubyte.gz")
-    return None if "://" in path else path
 
 
 def item_stat(path: str, cache: dict[str, Stat] | None = None) -> Stat:
