@@ -213,16 +213,6 @@ def job_configs(ns: argparse.Namespace) -> tuple[list[tuple[str, str]], list[Wor
     return [(k, v) for k, v in out if v], [s for s in shapes if s is not None]
 
 
-def data_paths(ns: argparse.Namespace) -> list[tuple[str, str]]:
-    """(key, value) of every data / storage / output path the command will use
-    (:func:`job_configs`).
-
-    Raises:
-        SubmitError: a config does not load (the message names the file and key).
-    """
-    return job_configs(ns)[0]
-
-
 @dataclasses.dataclass(frozen=True)
 class PreparedJob:
     """The checked command line the job runs, and the worker groups it will ask for."""
