@@ -51,8 +51,11 @@ $(STAMP): pyproject.toml
 # Two phases: every test but the cluster ones on TEST_WORKERS pytest-xdist workers (a test
 # file stays on one worker: its module fixtures are built once; most slow tests wait on Ray
 # and process start-up, so two streams overlap well on 2 cores), then tests/test_cluster.py
-# alone (it runs `ray stop --force`, which would kill the other stream's Rays). Exit status 5
-# (nothing selected, e.g. PYTEST_ARGS="-k cone" in the cluster phase) counts as success.
+# alone. Its cluster is removed by killing its own network namespace's processes (no `ray
+# stop --force`: other Rays on the machine survive), but beside the other stream its sweep
+# over both nodes waited forever for a placement group (2026-11-26: a freed trial's bundles
+# not yet returned under load), so it keeps a phase of its own. Exit status 5 (nothing
+# selected, e.g. PYTEST_ARGS="-k cone" in the cluster phase) counts as success.
 PYTEST_ARGS ?= --durations=25
 TEST_WORKERS ?= 2
 
@@ -115,7 +118,7 @@ gpu-kit: setup
 # level OFFLINE_XZ (`make gpu-kit`'s format at level 9, ~4x faster to pack). Then a venv of that
 # Python with no packages, install.sh in a network namespace without network, and simgraph run
 # from the kit alone: imports, validate, preprocess (Ray Data), a 1-epoch pretrain
-# (pipelines/offline_kit.py: check_install; docs/gpu.md has a run). OFFLINE_KIT_ARGS: more
+# (components/deploy/kit_check.py: check_install; docs/gpu.md has a run). OFFLINE_KIT_ARGS: more
 # builder options, e.g. `--wheel torch-X+cpu-....whl --require torchvision==Y+cpu`.
 .PHONY: offline-install-check
 OFFLINE_PYTHON ?= $(shell $(PY) -c 'import sys; print(sys._base_executable)')

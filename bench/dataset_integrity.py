@@ -24,7 +24,7 @@ def main() -> None:
     import ray
 
     from components.config import PreprocessConfig, from_dict
-    from pipelines import inspect_dataset as inspect
+    from components.data import inspection as inspect
     from pipelines import preprocess
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

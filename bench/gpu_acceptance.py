@@ -360,7 +360,7 @@ def check_ffcv_cuda(cfg: PretrainConfig, dataset: Path) -> Check:
     import torch
 
     from components.data.reader import DatasetInfo, set_jit
-    from components.runs.recipe import train_views
+    from components.runs.worker import train_views
 
     set_jit(cfg.data.jit)
     loader = train_views(cfg, DatasetInfo.load(dataset), 0, 1, torch.device("cuda", 0), False)

@@ -1,5 +1,5 @@
 """Peak memory and time of one forward + backward of each objective at large batches on CPU,
-row-chunked (the default above ``core.LOGIT_BUDGET_BYTES`` of logits) against unchunked.
+row-chunked (the default above ``reducers.LOGIT_BUDGET_BYTES`` of logits) against unchunked.
 
 Each (objective, 2B, mode) runs in a fresh subprocess; the number is the growth of its peak
 resident set (``ru_maxrss``) over the step: inputs and imports excluded. Labels: 1,000

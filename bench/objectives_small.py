@@ -141,8 +141,10 @@ def make_cases(b: int, baseline: ModuleType | None, classes: int = CLASSES
                             module.SupCon(TAU, "in"))
         batch = module.ContrastiveBatch
         # training's step: hot_path(equal_batches=True), sample ids in every batch
-        # (the module's own core: a baseline's is not in sys.modules)
-        context = (functools.partial(module.core.hot_path, equal_batches=True) if step
+        # (the module's own hot_path: a baseline's is not in sys.modules; in batch.py since
+        # issue 41, in core.py before)
+        home = getattr(module, "batch", None) or module.core
+        context = (functools.partial(home.hot_path, equal_batches=True) if step
                    else contextlib.nullcontext)
         extra = {"sample_ids": sample_ids} if step else {}
 

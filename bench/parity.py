@@ -313,8 +313,9 @@ def main() -> None:
 
     from components.data.reader import DatasetInfo
     from components.evaluation.baseline import random_init_model
+    from components.runs.scoring import load_run
     from components.runtime.session import ray_session
-    from pipelines import evaluate, preprocess, pretrain
+    from pipelines import preprocess, pretrain
 
     torch.set_num_threads(2)
     work = Path(args.work).resolve()
@@ -372,7 +373,7 @@ def main() -> None:
                     t_pipe = time.perf_counter() - t0
                     times["plain"] += t_plain
                     times["pipeline"] += t_pipe
-                    _, state, _ = evaluate.load_run(work / "runs" / name)
+                    _, state, _ = load_run(work / "runs" / name)
                     piped = copy.deepcopy(rand)
                     piped.load_state_dict(state.model)
                     torch.set_num_threads(2)  # pretrain imported ffcv, which sets 1

@@ -75,14 +75,15 @@ def _timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def child(config: str, events: str) -> None:
     """``simgraph pretrain config`` with timers around its phases; events to ``events``."""
-    import components.runs.recipe as recipe
+    import components.runs.diagnostics as diagnostics
+    import components.runs.worker as worker
     import components.training.step as training
     from components.data import reader
 
-    R = recipe.PretrainRecipe
+    R = worker.PretrainRecipe
     wrap: list[tuple[Any, str, str]] = [
         *((R, n, n) for n in ("setup", "train_epoch", "evaluate_epoch", "save", "cleanup")),
-        (reader.ViewLoader, "__init__", "loader_build"), (recipe.DataWait, "next", "batch")]
+        (reader.ViewLoader, "__init__", "loader_build"), (diagnostics.DataWait, "next", "batch")]
     for owner, attr, label in wrap:
         setattr(owner, attr, _timed(label, getattr(owner, attr)))
     training.train_step = _timed("step", training.train_step)

@@ -60,8 +60,10 @@ sys.path.insert(0, str(ROOT))
 
 from components.config import PreprocessConfig, PretrainConfig, load_config  # noqa: E402
 from components.errors import SimgraphError  # noqa: E402
+from components.runs.evaluate import evaluate_run  # noqa: E402
 from components.runtime.session import ray_session  # noqa: E402
-from pipelines import evaluate, preprocess, pretrain, sweep  # noqa: E402
+from components.sweep.driver import run as run_sweep  # noqa: E402
+from pipelines import preprocess, pretrain  # noqa: E402
 
 RECIPE = ROOT / "pipelines/configs/pretrain/small_data.yaml"
 
@@ -172,7 +174,7 @@ def tune(loss: str, trials: int, epochs: int, dataset: Path, work: Path,
         params = {k: yaml.safe_load(v) for k, v in rows[0].items()
                   if k.startswith(("loss.", "optim."))}
     else:
-        params = sweep.run(str(path), overrides, echo=False)[0]["params"]
+        params = run_sweep(str(path), overrides, echo=False)[0]["params"]
     return [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
             for k, v in sorted(params.items())]
 
@@ -182,9 +184,9 @@ def tune(loss: str, trials: int, epochs: int, dataset: Path, work: Path,
 
 
 def measure(run_dir: Path, coarse_labels: str) -> dict[str, float]:
-    fine = evaluate.evaluate_run(run_dir)
-    coarse = evaluate.evaluate_run(run_dir, labels=coarse_labels)
-    proj = evaluate.evaluate_run(run_dir, projector=True, probe_epochs=1)
+    fine = evaluate_run(run_dir)
+    coarse = evaluate_run(run_dir, labels=coarse_labels)
+    proj = evaluate_run(run_dir, projector=True, probe_epochs=1)
     return {"knn20": fine.knn[20]["top1"], "probe": fine.probe["top1"],
             "coarse_knn20": coarse.knn[20]["top1"], "coarse_probe": coarse.probe["top1"],
             "margin": proj.separation["margin"], "label_error": fine.graph["label_error"]}

@@ -8,13 +8,13 @@ of epochs with the online kNN on the val split each epoch:
 1. **The grid**: a real ``simgraph sweep`` with ``searcher: {name: grid}`` (every point once,
    FIFO). It records each setting's per-epoch kNN top-1.
 2. **Each searcher × searcher seed**: Ray Tune with the sweep's own searcher and scheduler
-   (``pipelines.sweep.make_searcher`` / ``make_scheduler``: Optuna over the same choices,
+   (``components.sweep.tuner.make_searcher`` / ``make_scheduler``: Optuna over the same choices,
    ASHA on the trial score) where each trial *replays* the grid's recorded run of its setting
    epoch by epoch. Every trial of a sweep trains with the same ``train.seed``, and a CPU run
    of a setting is deterministic, so a real sweep's trial at that setting is that run
    (``--check-replay`` trains one real TPE + ASHA sweep and compares its trial scores with
    the replay's). The searcher's answer is the product's: the best row of
-   ``pipelines.sweep.trial_rows``. Epochs spent = the epochs its trials reported.
+   ``components.sweep.results.trial_rows``. Epochs spent = the epochs its trials reported.
 3. **Confirmation** (the product's stage, ``components/sweep/confirmation.py``): every setting a
    searcher chose, plus the grid's top ``--grid-top``, retrained with ``--confirm-seeds``
    fresh seeds and scored by kNN top-1 on the test split (never used for choosing), with 95 %
@@ -53,8 +53,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.config import PreprocessConfig, load_config  # noqa: E402
 from components.search_space import SCORE, load_sweep, score_history, score_spec  # noqa: E402
+from components.sweep.confirm_runs import confirm  # noqa: E402
+from components.sweep.driver import run as run_sweep  # noqa: E402
+from components.sweep.results import trial_rows  # noqa: E402
+from components.sweep.tuner import make_scheduler, make_searcher  # noqa: E402
 from pipelines import preprocess  # noqa: E402
-from pipelines import sweep as sweep_pipeline  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "pipelines/configs/pretrain/small_data.yaml"
@@ -93,13 +96,13 @@ def run_grid(path: Path) -> list[dict[str, Any]]:
     """The grid sweep's trial rows (resumed when its dir exists)."""
     sweep = load_sweep(path)
     resume = (Path(sweep.storage) / sweep.name).exists()
-    return sweep_pipeline.run(str(path), [], resume=resume, echo=False, trust=True)
+    return run_sweep(str(path), [], resume=resume, echo=False, trust=True)
 
 
 def replay_fn(config: dict[str, Any], curves: dict[str, list[list[float]]],
               spec: dict[str, Any]) -> None:
     """A Tune trial that reports the grid's recorded run of its setting, epoch by epoch, as
-    ``pipelines.sweep.trial_fn`` reports a real run (metric, epoch, trial score)."""
+    ``components.sweep.tuner.trial_fn`` reports a real run (metric, epoch, trial score)."""
     from ray import tune
 
     curve = curves[json.dumps(key(config))]
@@ -117,14 +120,14 @@ def replay(path: Path, overrides: Sequence[str], curves: dict[str, list[list[flo
     sweep = load_sweep(path, list(overrides))
     tuner = ray.tune.Tuner(
         ray.tune.with_parameters(replay_fn, curves=curves, spec=score_spec(sweep)),
-        tune_config=ray.tune.TuneConfig(search_alg=sweep_pipeline.make_searcher(sweep),
-                                        scheduler=sweep_pipeline.make_scheduler(sweep),
+        tune_config=ray.tune.TuneConfig(search_alg=make_searcher(sweep),
+                                        scheduler=make_scheduler(sweep),
                                         num_samples=sweep.num_samples),
         run_config=ray.tune.RunConfig(name="_".join(o.replace("=", "-") for o in overrides),
                                       storage_path=str(storage), verbose=0),
     )
     results = tuner.fit()
-    rows = sweep_pipeline.trial_rows(results, sweep)
+    rows = trial_rows(results, sweep)
     return rows, sum(int(r["epochs"]) for r in rows)
 
 
@@ -132,9 +135,9 @@ def check_replay(path: Path, overrides: Sequence[str], curves: dict[str, list[li
                  storage: Path) -> str:
     """Train one real sweep with ``overrides`` and compare each trial's score with the grid's
     recorded run of its setting (the replay's assumption)."""
-    real = sweep_pipeline.run(str(path), [*overrides, "name=replay-check"], echo=False,
-                              resume=(Path(load_sweep(path).storage) / "replay-check").exists(),
-                              trust=True)
+    real = run_sweep(str(path), [*overrides, "name=replay-check"], echo=False,
+                     resume=(Path(load_sweep(path).storage) / "replay-check").exists(),
+                     trust=True)
     sweep = load_sweep(path, list(overrides))
     spec = score_spec(sweep)
     worst = 0.0
@@ -218,8 +221,7 @@ def main() -> None:
     rows = sorted(finished, key=lambda r: first.get(key(r["params"]), len(first)))
     confirm_over = [f"confirm.top={len(confirm_keys)}", f"confirm.seeds={args.confirm_seeds}",
                     "confirm.split=test"]
-    conf = sweep_pipeline.confirm(load_sweep(path, confirm_over), rows, str(path),
-                                  confirm_over, echo=False)
+    conf = confirm(load_sweep(path, confirm_over), rows, str(path), confirm_over, echo=False)
     confirmed = {key(c.candidate.params): c for c in conf.settings}
     grid_choice = by_score[0]
     grid_test = confirmed[grid_choice].score.value

@@ -31,7 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.search_space import load_sweep, trial_config  # noqa: E402
-from pipelines import sweep as sweep_pipeline  # noqa: E402
+from components.sweep.driver import run as run_sweep  # noqa: E402
+from components.sweep.tuner import concurrency  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,9 +41,9 @@ def measure(space: str, overrides: list[str], mode: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         args = [f"storage={tmp}", f"resources.mode={mode}", *overrides]
         sweep = load_sweep(space, args)
-        slots = sweep_pipeline.concurrency(sweep)
+        slots = concurrency(sweep)
         t0 = time.perf_counter()
-        rows = sweep_pipeline.run(space, args, echo=False)
+        rows = run_sweep(space, args, echo=False)
         wall = time.perf_counter() - t0
         train_s = eval_s = 0.0
         epochs = 0

@@ -67,7 +67,7 @@ FILE_KINDS = {
     "loss": "loss only (pipelines/configs/losses/)",
 }
 
-# ``evaluate`` / ``embed``: where they read and compute (components.data.reader.resolve_device).
+# ``evaluate`` / ``embed``: where they read and compute (components.data.devices.resolve_device).
 DEVICE_HELP = ("cpu, cuda or cuda:N (cuda = cuda:0); default: cuda:0 when torch sees a GPU, "
                "else cpu")
 
@@ -154,7 +154,8 @@ def _validate_sweep(path: str, overrides: Sequence[str]) -> None:
 def _check_pretrain_dataset(cfg: Any) -> None:
     from components.io import storage
     from components.io.paths import is_uri
-    from components.runs.run_dir import absolute_paths, check_dataset
+    from components.runs.dataset_checks import check_dataset
+    from components.runs.run_dir import absolute_paths
     from components.runs.summary import run_summary
 
     cfg = absolute_paths(cfg)

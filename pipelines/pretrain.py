@@ -6,7 +6,7 @@ for ``simgraph pretrain``, ``simgraph run`` and every sweep trial); the dataset 
 against what the loss needs before any Ray work; the run dir ``storage/name`` is prepared
 (``config.yaml`` written on the first run; a re-run with the same name must match it, except
 keys that may change on a resume such as ``train.epochs``, and resumes from the latest
-complete checkpoint); Ray Train V2 runs the recipe (:class:`components.runs.recipe.PretrainRecipe`)
+complete checkpoint); Ray Train V2 runs the recipe (:class:`components.runs.worker.PretrainRecipe`)
 on ``scaling.num_workers`` workers; the per-epoch metrics table is printed at the end.
 
 **One writer per run dir.** The lock ``<storage>/.<name>.lock`` (beside the run dir) is held

@@ -3,18 +3,21 @@
 :class:`LoopbackCluster` creates the namespace ``simgraph-<pid>-<n>`` (only ``lo``), starts a
 head (``ray start --head``, dashboard on 127.0.0.1) and worker raylets in it with Ray 2.60's
 token authentication (a fresh token file, ``RAY_AUTH_MODE=token``), runs commands in it, and
-on :meth:`close` removes everything it started — ``ray stop --force``, then SIGKILL of every
-process still in the namespace, then the namespace — whatever happened before, and checks
+on :meth:`close` removes everything it started — SIGTERM, then SIGKILL, of every process in
+the namespace (not ``ray stop --force``, which stops every Ray on the machine: the rest of the
+suite runs beside this cluster), then the namespace — whatever happened before, and checks
 that nothing is left.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -85,7 +88,12 @@ class LoopbackCluster:
             shutil.rmtree(self.tmp, ignore_errors=True)
             return
         try:
-            self.run(["ray", "stop", "--force"], timeout=120, check=False)
+            for pid in self.pids():  # a chance to exit cleanly: raylets reap their workers
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+            self.wait(lambda: not self.pids(), 10, "the cluster's processes to exit")
+        except TimeoutError:
+            pass
         finally:
             kill_until_gone(self.pids, rounds=50, pause=0.2)
             subprocess.run(["ip", "netns", "del", self.ns], check=False)

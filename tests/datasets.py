@@ -101,7 +101,8 @@ def run_with_checkpoint(dataset: Path, storage: Path, name: str, checkpoint: boo
 
     from components.config import PretrainConfig, from_dict
     from components.data.reader import DatasetInfo
-    from components.runs.run_dir import check_dataset, prepare_run_dir
+    from components.runs.dataset_checks import check_dataset
+    from components.runs.run_dir import prepare_run_dir
     from components.training.step import build_model
 
     cfg = from_dict(PretrainConfig, tiny_run_config(dataset, storage, name=name, **over))

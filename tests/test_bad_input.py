@@ -10,7 +10,9 @@ import pytest
 import yaml
 
 from components.config import PretrainConfig, from_dict, to_dict
-from components.runs.run_dir import RUN_CONFIG, RunError, check_dataset, prepare_run_dir
+from components.runs.dataset_checks import check_dataset
+from components.runs.errors import RunError
+from components.runs.run_dir import RUN_CONFIG, prepare_run_dir
 from pipelines.cli import main
 from tests.datasets import model_checkpoint, synthetic_dataset, tiny_run_config
 
@@ -62,7 +64,7 @@ def test_a_corrupt_run_config_falls_back_to_the_checkpoints(
 
 def test_evaluate_reads_a_run_with_a_corrupt_config(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from pipelines.evaluate import EvaluateError, load_run
+    from components.runs.scoring import EvaluateError, load_run
 
     cfg, _, run_dir = _run_dir(tmp_path)
     (run_dir / RUN_CONFIG).write_bytes(b"\xff\xfe not yaml")

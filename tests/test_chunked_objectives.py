@@ -1,4 +1,4 @@
-"""Row-chunked objectives (``core.chunked_rows``): with a logit budget small enough to force
+"""Row-chunked objectives (``reducers.chunked_rows``): with a logit budget small enough to force
 several chunks (uneven last chunk included), every A×M objective gives the unchunked loss,
 metrics and gradients in float64 — with labels, captions, a class graph, SINCERE's noise mask,
 ε's margin, a memory bank and CLIP's two directions."""
@@ -14,8 +14,8 @@ import torch
 
 from components.objectives import ContrastiveBatch, Objective
 from components.objectives.clip import CLIP
-from components.objectives.core import chunk_rows
 from components.objectives.infonce import InfoNCE
+from components.objectives.reducers import chunk_rows
 from components.objectives.sincere import SINCERE
 from components.objectives.supcon import SupCon
 from components.objectives.xclr import XCLR

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from components.runs.checkpoint import is_complete
-from components.runs.run_dir import latest_complete
+from components.runs.checkpoints import latest_complete
 from tests.cluster import BIN, DASHBOARD, LoopbackCluster, can_make_namespaces
 from tests.datasets import synthetic_dataset
 

@@ -85,7 +85,7 @@ def check_simgraph(argv: list[str]) -> None:
     except SystemExit:
         pytest.fail(f"not a valid simgraph command: {shlex.join(argv)}")
     if args.command == "submit":
-        from pipelines.submit import prepare_command
+        from components.deploy.jobs import prepare_command
 
         with contextlib.chdir(ROOT):  # what `simgraph submit` checks before it sends the job
             prepare_command(args.job, args.base_dir, cli.build_parser())

@@ -139,7 +139,7 @@ def test_config_diff_treats_keys_added_later_as_their_defaults() -> None:
     """A run stored before model.blocks / model.projector_bn / optim.schedule existed still
     resumes and evaluates; a real change is still a difference."""
     from components.config import PretrainConfig, from_dict, to_dict
-    from components.runs.run_dir import config_diff
+    from components.runs.resume import config_diff
 
     new = to_dict(from_dict(PretrainConfig, {"name": "r", "data": {"dataset": "d"}}))
     old = {k: dict(v) if isinstance(v, dict) else v for k, v in new.items()}

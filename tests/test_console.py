@@ -15,7 +15,7 @@ import yaml
 from PIL import Image
 
 from components.config import PretrainConfig, from_dict
-from components.runs.run_dir import RunFacts
+from components.runs.dataset_checks import RunFacts
 from components.runs.summary import run_summary
 from components.runtime import console
 from tests.procs import kill_session
@@ -243,7 +243,7 @@ def test_building_the_sweep_searcher_prints_no_optuna_study_line(
     """Optuna's INFO "A new study created in memory with name: ..." (OptunaSearch makes its
     study when it is built) only with --verbose; its warnings stay."""
     from components.search_space import load_sweep
-    from pipelines.sweep import make_searcher
+    from components.sweep.tuner import make_searcher
 
     monkeypatch.delenv(console.VERBOSE_ENV, raising=False)
     sweep = load_sweep(_sweep_file(tmp_path))
@@ -263,7 +263,7 @@ def test_exporting_the_study_prints_no_optuna_study_line(
     import optuna
 
     from components.search_space import load_sweep
-    from pipelines.sweep import export_study
+    from components.sweep.study import export_study
 
     monkeypatch.delenv(console.VERBOSE_ENV, raising=False)
     url = f"sqlite:///{tmp_path / 'study.db'}"

@@ -35,7 +35,7 @@ from components.objectives import (
     Objective,
     SupCon,
 )
-from components.objectives.core import hot_path
+from components.objectives.batch import hot_path
 from components.runtime import distributed
 from tests.gloo import free_port
 
@@ -124,7 +124,7 @@ def _run(name: str, slices: list[slice], rank: int, equal: bool = False) -> dict
 @contextlib.contextmanager
 def _counting_exchanges() -> Iterator[list[int]]:
     """``[n]``: how many times ``distributed.gathered_sizes`` (the size exchange) ran inside
-    (distributed.py, core.py and memory.py all look it up on the module)."""
+    (distributed.py, batch.py and memory.py all look it up on the module)."""
     calls = [0]
     real = distributed.gathered_sizes
 

@@ -30,8 +30,9 @@ import torch
 from components.config import PretrainConfig, from_dict
 from components.errors import SimgraphError
 from components.runs.checkpoint import STATE, TrainingState, is_complete, read_meta, save_state
-from components.runs.recipe import PretrainRecipe, run_pretraining
-from components.runs.run_dir import latest_complete, prune_checkpoints
+from components.runs.checkpoints import latest_complete, prune_checkpoints
+from components.runs.recipe import run_pretraining
+from components.runs.worker import PretrainRecipe
 from components.training import step as training
 from tests.datasets import synthetic_dataset, tiny_run_config
 

@@ -40,8 +40,9 @@ import yaml
 
 from components.config import OptimConfig, PretrainConfig, from_dict
 from components.runs.checkpoint import TrainingState
+from components.runs.checkpoints import latest_complete
+from components.runs.errors import RunError
 from components.runs.recipe import run_pretraining
-from components.runs.run_dir import RunError, latest_complete
 from components.training import step as training
 from tests.datasets import synthetic_dataset, tiny_run_config
 from tests.procs import kill_session

@@ -30,9 +30,9 @@ from components.export.embed import (
     normalise,
     read_metadata,
 )
+from components.export.run_embed import embed_run
 from components.runs.checkpoint import load_state
 from components.training.step import build_model, extract_features
-from pipelines.embed import embed_run
 from tests.datasets import run_with_checkpoint, synthetic_dataset
 
 # Max |difference| allowed between an image's features embedded from its folder and from a

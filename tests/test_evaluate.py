@@ -15,7 +15,10 @@ import torch
 from components.evaluation.graph import graph_metrics, target_noise_separation
 from components.evaluation.knn import knn_top1
 from components.evaluation.probe import linear_probe
-from pipelines.evaluate import EvaluateError, evaluate_run, load_run, main, paired_differences
+from components.evaluation.run_eval import paired_differences
+from components.runs.evaluate import evaluate_run
+from components.runs.scoring import EvaluateError, load_run
+from pipelines.evaluate import main
 from tests.datasets import run_with_checkpoint, synthetic_dataset
 
 pytestmark = pytest.mark.usefixtures("no_jit")
@@ -204,8 +207,8 @@ def test_embedding_map_has_every_query_image_or_a_stratified_cap(dataset: Path,
     the same subsample every time (PCA first for wide features)."""
     import csv
 
+    from components.evaluation.report import write_report
     from components.evaluation.visuals import MAP_POINTS, embedding_map, write_map_csv
-    from pipelines.evaluate import write_report
 
     e = evaluate_run(_run(dataset, tmp_path, "m"), probe_epochs=20)
     write_report(e)
@@ -267,7 +270,7 @@ def test_neighbour_grid_of_a_run_shows_the_right_images(dataset: Path, tmp_path:
     """8 queries spread over the 4 classes, 5 neighbours each (48 tiles); the images are the
     centre views of exactly those rows of the splits (compared with a full pass)."""
     from components.evaluation.visuals import centre_views, plot_neighbours, to_uint8
-    from pipelines.evaluate import eval_loader
+    from components.runs.scoring import eval_loader
 
     run = _run(dataset, tmp_path, "n")
     e = evaluate_run(run, probe_epochs=20, baseline=False)
@@ -292,8 +295,8 @@ def test_neighbour_grid_of_a_run_shows_the_right_images(dataset: Path, tmp_path:
 
 
 def test_per_class_recall_is_the_mean_of_each_class_hits(dataset: Path, tmp_path: Path) -> None:
+    from components.evaluation.report import write_report
     from components.evaluation.visuals import per_class_recall
-    from pipelines.evaluate import write_report
 
     hits = np.array([1, 0, 1, 1, 0, 0, 1, 1, 1], dtype=bool)
     labels = np.array([0, 0, 0, 0, 1, 1, 1, 2, 2])
@@ -329,8 +332,8 @@ def test_random_init_baseline_row(dataset: Path, tmp_path: Path,
     from components.data.reader import DatasetInfo
     from components.evaluation import baseline
     from components.evaluation.baseline import random_init_model
+    from components.runs.scoring import split_features
     from pipelines.cli import main as cli
-    from pipelines.evaluate import split_features
 
     run = _run(dataset, tmp_path, "r0")
     e = evaluate_run(run, probe_epochs=20)

@@ -296,18 +296,20 @@ def test_model_py_is_the_standalone_module_with_the_runs_constants(
     """``model.py`` is ``components/export/standalone_model.py``'s code with the run's name and
     constants baked in; a module that lost a constant an export sets is named, not exported."""
     from components.config import AugmentConfig
-    from components.export import formats
+    from components.export import model_file
+    from components.export.architecture import Architecture
+    from components.export.formats import ExportError
 
-    arch = formats.Architecture("resnet18", False, 32, 4, 512, 2048, 128, 3, False)
-    src = formats.model_source(arch, AugmentConfig(), "my-run")
-    module = formats.MODEL_MODULE.read_text()
+    arch = Architecture("resnet18", False, 32, 4, 512, 2048, 128, 3, False)
+    src = model_file.model_source(arch, AugmentConfig(), "my-run")
+    module = model_file.MODEL_MODULE.read_text()
     assert src.startswith('"""The encoder of run my-run exported by `simgraph export`')
     assert "PROJECTOR_LAYERS = 3\n" in src and "BACKBONE = 'resnet18'\n" in src
     assert "# This file is `simgraph export`'s model.py" not in src  # the maintainers' note
     code = module[module.index("\nclass ConvNet"):]
     assert code in src  # the code itself is exported as it is
     broken = module.replace("PROJECTOR_BN = True\n", "")
-    monkeypatch.setattr(formats, "_model_template", lambda: broken)
-    with pytest.raises(formats.ExportError, match=r"standalone_model.py lacks the constants "
-                                                  r"\['PROJECTOR_BN'\]"):
-        formats.model_source(arch, AugmentConfig(), "my-run")
+    monkeypatch.setattr(model_file, "_model_template", lambda: broken)
+    with pytest.raises(ExportError, match=r"standalone_model.py lacks the constants "
+                                          r"\['PROJECTOR_BN'\]"):
+        model_file.model_source(arch, AugmentConfig(), "my-run")

@@ -25,7 +25,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from components.config import AugmentConfig, ConfigError, PretrainConfig, from_dict
-from components.data.reader import ViewLoader, pipeline_ops
+from components.data.reader import ViewLoader
+from components.data.view_ops import pipeline_ops
 from tests.datasets import synthetic_dataset, tiny_run_config
 from tests.gloo import free_port
 from tests.strict_device import DeviceRuleError, strict_device
@@ -143,8 +144,10 @@ class _Host:
 
 
 def _strict_worker(rank: int, world: int, port: int, cfg: dict[str, Any], out: str) -> None:
-    from components.runs.recipe import PretrainRecipe, loop_config
-    from components.runs.run_dir import check_dataset, prepare_run_dir
+    from components.runs.dataset_checks import check_dataset
+    from components.runs.recipe import loop_config
+    from components.runs.run_dir import prepare_run_dir
+    from components.runs.worker import PretrainRecipe
 
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -351,8 +354,10 @@ def test_a_cpu_reader_never_calls_into_cuda(no_jit: None, tmp_path: Path,
 
 def test_cuda_sync_debug_mode_is_read_once_and_checked(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from components.runs.recipe import SYNC_DEBUG_ENV, loop_config
-    from components.runs.run_dir import RunError, RunFacts
+    from components.runs.dataset_checks import RunFacts
+    from components.runs.diagnostics import SYNC_DEBUG_ENV
+    from components.runs.errors import RunError
+    from components.runs.recipe import loop_config
 
     cfg = from_dict(PretrainConfig, tiny_run_config(tmp_path, tmp_path / "runs"))
     facts = RunFacts(num_classes=4, caption_dim=0, dataset={}, knn=True, knn_note="",

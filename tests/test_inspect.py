@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from components.data.inspection import run
 from pipelines.cli import main as cli_main
-from pipelines.inspect_dataset import run
 from tests.datasets import synthetic_dataset
 
 

@@ -19,22 +19,24 @@ import torch
 
 from components.config import PretrainConfig, from_dict
 from components.runs.checkpoint import TrainingState, is_complete, save_state
+from components.runs.checkpoints import latest_complete
 from components.runs.hosts import TuneTrial
-from components.runs.recipe import PretrainRecipe, loop_config
-from components.runs.run_dir import latest_complete, prepare_run
+from components.runs.recipe import loop_config
+from components.runs.run_dir import prepare_run
+from components.runs.worker import PretrainRecipe
 from tests.datasets import synthetic_dataset, tiny_run_config
 
 ROOT = Path(__file__).parents[1]
 
 # Publish epoch 3 into a run dir holding epochs 1-2 (keep 2), as an in-trial sweep trial
-# does, SIGKILLed at the n-th call of argv[3] (a function of components.runs.run_dir).
+# does, SIGKILLed at the n-th call of argv[3] (a function of components.runs.checkpoints).
 KILL_PUBLISH = """
 import os, signal, sys
-from components.runs import run_dir
+from components.runs import checkpoints
 from components.io import storage
 from components.runs.hosts import TuneTrial
 where, n = sys.argv[3], int(sys.argv[4])
-owner = storage if where == "delete_dir" else run_dir
+owner = storage if where == "delete_dir" else checkpoints
 real, calls = getattr(owner, where), [0]
 def killing(*a, **k):
     calls[0] += 1
@@ -90,7 +92,8 @@ class TuneTrialQuiet(TuneTrial):
 TRAIN = """
 import json, sys
 from components.config import PretrainConfig, from_dict
-from components.runs.recipe import PretrainRecipe, loop_config
+from components.runs.recipe import loop_config
+from components.runs.worker import PretrainRecipe
 from components.runs.run_dir import prepare_run
 from components.runs.hosts import TuneTrial
 class Host(TuneTrial):

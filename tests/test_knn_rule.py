@@ -78,15 +78,10 @@ def test_the_rule_is_named_from_the_config() -> None:
 def test_evaluate_confirmation_and_the_online_kNN_give_one_number(
         dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from components.evaluation.knn import knn_hits, weighted_knn_predict
+    from components.evaluation.report import write_comparison, write_report
+    from components.runs.evaluate import evaluate_run
+    from components.runs.scoring import load_run, split_features, split_knn_hits
     from components.sweep.confirmation import Candidate, closing_line, summarise, table
-    from pipelines.evaluate import (
-        evaluate_run,
-        load_run,
-        split_features,
-        split_knn_hits,
-        write_comparison,
-        write_report,
-    )
 
     cfg = from_dict(PretrainConfig, tiny_run_config(
         dataset, tmp_path, name="r", train__epochs=1,

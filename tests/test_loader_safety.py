@@ -21,14 +21,10 @@ import pytest
 import torch
 
 from components.config import AugmentConfig
-from components.data.reader import (
-    STALL_TIMEOUT_ENV,
-    LoaderError,
-    LoaderStalledError,
-    ReaderSettingError,
-    ViewLoader,
-    resolve_device,
-)
+from components.data.devices import resolve_device
+from components.data.loader_thread import STALL_TIMEOUT_ENV
+from components.data.reader import ViewLoader
+from components.data.reader_errors import LoaderError, LoaderStalledError, ReaderSettingError
 from components.data.shards import page_size_for, write_shard
 
 AUG = AugmentConfig(resolution=8, jitter_p=0.0, grayscale_p=0.0, blur_p=0.0)
@@ -139,7 +135,7 @@ def test_evaluation_and_embedding_of_splits_with_a_lone_last_image(tmp_path: Pat
     splits of 33 images with batch 16 (2 full batches + 1 image) ran into ``torch.cat`` /
     ``np.concatenate`` of a 0-d label tensor."""
     from components.export.embed import embed_dataset, load_run, run_encoder
-    from pipelines.evaluate import split_knn_hits
+    from components.runs.scoring import split_knn_hits
     from tests.datasets import run_with_checkpoint, synthetic_dataset
 
     ds = synthetic_dataset(tmp_path / "ds", classes=3, train_per_class=11, val_per_class=11)
@@ -333,11 +329,11 @@ def _in_task(run_dir: str | None, gpus_torch_sees: int) -> str:
 
     torch.cuda.is_available = lambda: gpus_torch_sees > 0  # type: ignore[assignment]
     torch.cuda.device_count = lambda: gpus_torch_sees  # type: ignore[assignment]
-    from components.data.reader import resolve_device
+    from components.data.devices import resolve_device
 
     if run_dir is None:
         return str(resolve_device(None))
-    from pipelines.evaluate import split_knn_hits
+    from components.runs.scoring import split_knn_hits
 
     return f"{len(split_knn_hits(run_dir, 'val', jit=False))} hits"
 

@@ -44,7 +44,17 @@ def _pickled_under(obj: object, old: str, new: str) -> bytes:
     ("components.tune_loggers", "components.sweep.tune_loggers", "DeferredTBXLoggerCallback"),
     ("components.models", "components.models.encoders", "ConvNet"),
     ("components.export", "components.export.formats", "ExportError"),
+    ("components.export", "components.export.architecture", "Architecture"),
     ("components.recipe", "components.runs.recipe", "run_pretraining"),
+    ("pipelines.sweep", "components.sweep.tuner", "trial_fn"),  # Tune's trainable
+    ("pipelines.sweep", "components.sweep.confirm_runs", "confirm_fn"),
+    # a run's error in Tune's error.pkl (or Ray's), pickled before run_dir.py was split
+    ("components.runs.run_dir", "components.runs.errors", "RunError"),
+    ("components.run_dir", "components.runs.errors", "RunError"),
+    # a trial's error in Tune's error.pkl, pickled before reader.py was split
+    ("components.data.reader", "components.data.reader_errors", "LoaderError"),
+    ("components.data.reader", "components.data.reader_errors", "LoaderStalledError"),
+    ("components.data.reader", "components.data.reader_errors", "ReaderSettingError"),
 ])
 def test_a_pickle_naming_an_old_module_loads(old: str, new: str, name: str) -> None:
     obj = getattr(importlib.import_module(new), name)

@@ -12,7 +12,9 @@ import torch
 
 from components.errors import NonFiniteError
 from components.objectives import ContrastiveBatch, InfoNCE, SupCon
-from components.objectives.core import SINGLE_SHIFT_SPREAD, Pairs, _row_numbers, hot_path
+from components.objectives.batch import hot_path
+from components.objectives.pairing import Pairs, _row_numbers
+from components.objectives.reducers import SINGLE_SHIFT_SPREAD
 from components.objectives.targets import _equal_key_mask, _equal_key_pairs, soft_targets
 
 

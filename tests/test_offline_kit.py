@@ -1,4 +1,4 @@
-"""The offline install kit (pipelines/offline_kit.py): what it leaves to the node, how it is cut
+"""The offline install kit (components/deploy/): what it leaves to the node, how it is cut
 into pieces, and that its install.sh needs nothing but the kit (no index, no network) and
 refuses a damaged kit or another Python. The real build (wheels for the node, FFCV compiled and
 its libraries vendored) runs in ``make gpu-kit`` and on the GPU node (docs/gpu.md)."""
@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import offline_kit as kit
+from components.deploy import offline_kit as kit
+from components.deploy import wheels
+from pipelines import offline_kit as command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,17 +25,17 @@ def test_have_file_takes_freeze_output_and_bare_names(tmp_path: Path) -> None:
     f = tmp_path / "have.txt"
     f.write_text("# node\nTorch==2.11.0+cu130\nopencv_python_headless==5.0.0\nPyYAML\n"
                  "ray[default] @ file:///x\n\n")
-    assert kit.read_have(f) == {"torch", "opencv-python-headless", "pyyaml", "ray"}
+    assert wheels.read_have(f) == {"torch", "opencv-python-headless", "pyyaml", "ray"}
     (tmp_path / "empty.txt").write_text("# nothing\n")
-    with pytest.raises(kit.KitError, match="no package names"):
-        kit.read_have(tmp_path / "empty.txt")
+    with pytest.raises(wheels.KitError, match="no package names"):
+        wheels.read_have(tmp_path / "empty.txt")
 
 
 def test_requirements_leave_the_nodes_packages_to_the_node() -> None:
-    have = kit.read_have(ROOT / "examples/offline/gpu-node-packages.txt")
+    have = wheels.read_have(ROOT / "examples/offline/gpu-node-packages.txt")
     assert {"torch", "torchvision", "numpy", "numba", "sentence-transformers"} <= have
-    reqs = kit.project_requirements(have, kit.DEFAULT_WITHOUT, "train,tune,data")
-    names = {kit.requirement_name(r) for r in reqs}
+    reqs = wheels.project_requirements(have, wheels.DEFAULT_WITHOUT, "train,tune,data")
+    names = {wheels.requirement_name(r) for r in reqs}
     # torch cannot be replaced by a kit; ffcv and simgraph are built here, not resolved
     assert not names & (have | {"ffcv", "simgraph", "openvino"})
     ray = next(r for r in reqs if r.startswith("ray"))
@@ -118,7 +120,7 @@ def test_a_foreign_output_folder_is_refused(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("mine")
     have = tmp_path / "have.txt"
     have.write_text("torch\n")
-    with pytest.raises(kit.KitError, match="not a kit"):
+    with pytest.raises(wheels.KitError, match="not a kit"):
         kit.build(sys.executable, have, tmp_path)
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
@@ -129,27 +131,27 @@ def test_a_kit_for_a_clean_venv_carries_torch_ffcvs_imports_and_replaced_pins(
     ``--wheel``: its pin leaves the resolve), ``--require`` replaces a pin or adds one, and
     FFCV's run-time imports (cv2, tqdm: FFCV is installed without its declared dependencies)
     are carried unless the node has a distribution that provides them."""
-    reqs = kit.project_requirements(set(), kit.DEFAULT_WITHOUT, "train,tune,data",
+    reqs = wheels.project_requirements(set(), wheels.DEFAULT_WITHOUT, "train,tune,data",
                                     require=["torchvision==0.28.0"])
-    by_name = {kit.requirement_name(r): r for r in reqs}
+    by_name = {wheels.requirement_name(r): r for r in reqs}
     assert by_name["torch"] == "torch==2.14.1" and by_name["torchvision"] == "torchvision==0.28.0"
     assert {"opencv-python-headless", "tqdm"} <= set(by_name)
     assert len(reqs) == len(by_name)  # one requirement per distribution
     # A node with any OpenCV build has cv2.
-    node = kit.project_requirements({"opencv-python", "tqdm"}, (), "train")
-    assert not {kit.requirement_name(r) for r in node} & {"opencv-python-headless", "tqdm"}
-    with pytest.raises(kit.KitError, match=r"--require '==1' names no distribution"):
-        kit.project_requirements(set(), (), "train", require=["==1"])
+    node = wheels.project_requirements({"opencv-python", "tqdm"}, (), "train")
+    assert not {wheels.requirement_name(r) for r in node} & {"opencv-python-headless", "tqdm"}
+    with pytest.raises(wheels.KitError, match=r"--require '==1' names no distribution"):
+        wheels.project_requirements(set(), (), "train", require=["==1"])
     # pip takes --platform tags literally: every glibc from 2.5 to the node's 2.35, no gap
     # (nvidia-nccl-cu13's wheel is manylinux_2_18: the index's torch was not resolvable).
-    tags = set(kit.Target("python3", "3.11").pip_cross())
+    tags = set(wheels.Target("python3", "3.11").pip_cross())
     assert {f"manylinux_2_{v}_x86_64" for v in range(5, 36)} <= tags
     wheel = tmp_path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
     wheel.write_bytes(b"PK")
-    assert kit.wheel_name(wheel) == "torch"
+    assert wheels.wheel_name(wheel) == "torch"
     for bad in (tmp_path / "torch.tar.gz", tmp_path / "missing-1-py3-none-any.whl"):
-        with pytest.raises(kit.KitError, match=r"--wheel .*not a wheel file"):
-            kit.wheel_name(bad)
+        with pytest.raises(wheels.KitError, match=r"--wheel .*not a wheel file"):
+            wheels.wheel_name(bad)
 
 
 def test_the_pack_level_is_free_and_bad_options_are_refused(tmp_path: Path) -> None:
@@ -164,9 +166,9 @@ def test_the_pack_level_is_free_and_bad_options_are_refused(tmp_path: Path) -> N
 
         with tarfile.open(out / pieces[0], mode="r:xz") as t:  # the same format either way
             assert t.extractfile("site/a.txt").read() == b"x" * 100_000  # type: ignore[union-attr]
-    with pytest.raises(kit.KitError, match="--xz-preset 12"):
+    with pytest.raises(wheels.KitError, match="--xz-preset 12"):
         kit.build(sys.executable, None, tmp_path / "k", xz_preset=12)
-    assert kit.main(["--python", sys.executable, "--out", str(tmp_path / "k"),
+    assert command.main(["--python", sys.executable, "--out", str(tmp_path / "k"),
                      "--no-build"]) == 2
-    assert kit.main(["--python", sys.executable, "--out", str(tmp_path / "none"), "--no-build",
+    assert command.main(["--python", sys.executable, "--out", str(tmp_path / "none"), "--no-build",
                      "--check"]) == 2  # no kit there: said in one line, nothing run

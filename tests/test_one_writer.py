@@ -272,8 +272,9 @@ def test_every_run_dir_is_prepared_under_its_writer_lock() -> None:
     assert {(r, f) for r, f, _ in prepares} <= {("components/runs/run_dir.py", "writing_run"),
                                                ("components/runs/run_dir.py", "prepare_run")}, \
         prepares
-    assert {("components/runs/recipe.py", "run_pretraining"), ("pipelines/sweep.py", "trial_fn"),
-            ("pipelines/sweep.py", "confirm_fn")} <= writers, writers
+    assert {("components/runs/recipe.py", "run_pretraining"),
+            ("components/sweep/tuner.py", "trial_fn"),
+            ("components/sweep/confirm_runs.py", "confirm_fn")} <= writers, writers
 
 
 def test_a_stale_run_lock_is_taken_over(data: Path, tmp_path: Path,
@@ -358,13 +359,13 @@ TRIAL = "t0001"
 
 def _trial(space: Path, tmp: Path, monkeypatch: pytest.MonkeyPatch,
            on_report: Any) -> None:
-    """``pipelines.sweep.trial_fn`` as a Tune trial actor runs it (one worker: it trains in
+    """``components.sweep.tuner.trial_fn`` as a Tune trial actor runs it (one worker: it trains in
     this process), with Tune's trial id and ``report`` given here (``on_report(result)``)."""
     import types
 
     from ray import tune
 
-    from pipelines.sweep import trial_fn
+    from components.sweep.tuner import trial_fn
 
     monkeypatch.setattr(tune, "get_context",
                         lambda: types.SimpleNamespace(get_trial_id=lambda: TRIAL))
@@ -433,12 +434,12 @@ def test_a_trial_waits_for_its_run_dir_then_names_the_holder(
     """A trial whose run dir another process holds (a stopping trial's process not yet gone,
     or a ``simgraph pretrain`` pointed at it) waits, bounded, then fails in one line naming
     the holder; nothing is written into the trial's run dir."""
-    import pipelines.sweep
-    from components.runs.run_dir import RunError
+    from components.runs.errors import RunError
+    from components.sweep import tuner
 
     space = _space(tmp_path, data)
     trial_dir = tmp_path / "sweeps" / "s" / "trials" / TRIAL
-    monkeypatch.setattr(pipelines.sweep, "TRIAL_LOCK_WAIT_S", 0.5)
+    monkeypatch.setattr(tuner, "TRIAL_LOCK_WAIT_S", 0.5)
     with holder(trial_dir, "dir") as first, pytest.raises(RunError) as e:
         _trial(space, tmp_path, monkeypatch, lambda result: None)
     msg = str(e.value)
@@ -477,7 +478,8 @@ def test_a_run_refuses_a_dataset_rebuilt_while_it_trains(
     which open the split files only at the first kNN epoch, refuse it naming what changed."""
     from components.config import PretrainConfig, from_dict
     from components.data.reader import DatasetError
-    from components.runs.recipe import PretrainRecipe, run_pretraining
+    from components.runs.recipe import run_pretraining
+    from components.runs.worker import PretrainRecipe
 
     ds = tmp_path / "ds"
     shutil.copytree(data, ds)
@@ -524,9 +526,11 @@ def test_a_worker_refuses_a_dataset_rebuilt_before_it_opens_the_train_split(
     import components.runs.recipe
     from components.config import PretrainConfig, from_dict
     from components.data.reader import DatasetError
+    from components.runs.dataset_checks import check_dataset
     from components.runs.hosts import InProcess
-    from components.runs.recipe import PretrainRecipe, loop_config, run_pretraining
-    from components.runs.run_dir import absolute_paths, check_dataset
+    from components.runs.recipe import loop_config, run_pretraining
+    from components.runs.run_dir import absolute_paths
+    from components.runs.worker import PretrainRecipe
 
     ds = tmp_path / "ds"
     shutil.copytree(data, ds)

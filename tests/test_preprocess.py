@@ -191,7 +191,7 @@ def test_integrity_duplicates_captions_and_identical_rebuild(
         k: v for k, v in m.items() if k != "created"}
 
     # simgraph inspect on the real thing: caption lengths, duplicates with thumbnails.
-    from pipelines.inspect_dataset import run as inspect
+    from components.data.inspection import run as inspect
 
     text = inspect(str(out), per_class=3).read_text()
     for png in ("samples.png", "class_counts.png", "caption_lengths.png",

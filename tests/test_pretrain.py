@@ -19,8 +19,11 @@ import yaml
 
 from components.config import ConfigError, PretrainConfig, from_dict
 from components.runs.checkpoint import load_state
-from components.runs.recipe import PAUSE_ENV
-from components.runs.run_dir import RunError, check_dataset, latest_complete, prepare_run_dir
+from components.runs.checkpoints import latest_complete
+from components.runs.dataset_checks import check_dataset
+from components.runs.diagnostics import PAUSE_ENV
+from components.runs.errors import RunError
+from components.runs.run_dir import prepare_run_dir
 from tests.datasets import synthetic_dataset, tiny_run_config
 from tests.procs import kill_session, session_pids
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from components.config import AugmentConfig
-from components.data.reader import ViewLoader, rank_order
+from components.data.reader import ViewLoader
+from components.data.sample_order import rank_order
 from components.data.shards import page_size_for, write_shard
 
 N = 37

@@ -19,7 +19,8 @@ from components.data.augment.resize import (
     BilinearRandomResizedCrop,
     resize_crop_bilinear,
 )
-from components.data.reader import ViewLoader, pipeline_ops, set_jit
+from components.data.reader import ViewLoader, set_jit
+from components.data.view_ops import pipeline_ops
 
 
 @pytest.mark.parametrize("smooth", [False, True])

@@ -15,15 +15,12 @@ from typing import Any
 import pytest
 
 from components.config import PretrainConfig, from_dict
+from components.runs.dataset_checks import check_dataset
+from components.runs.errors import RunError
 from components.runs.hosts import TuneTrial
-from components.runs.recipe import PretrainRecipe, loop_config
-from components.runs.run_dir import (
-    RUN_DATASET,
-    RunError,
-    check_dataset,
-    prepare_run,
-    prepare_run_dir,
-)
+from components.runs.recipe import loop_config
+from components.runs.run_dir import RUN_DATASET, prepare_run, prepare_run_dir
+from components.runs.worker import PretrainRecipe
 from tests.datasets import synthetic_dataset, tiny_run_config
 
 REFUSAL = (r"run 'run' trained on other data than .*/ds holds now \(build parameters, split "

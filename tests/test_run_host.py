@@ -14,15 +14,12 @@ import torch
 
 from components.config import ConfigError, PretrainConfig, from_dict
 from components.runs.checkpoint import is_complete, load_state, save_state
+from components.runs.checkpoints import latest_complete, prune_checkpoints, publish_checkpoint
+from components.runs.dataset_checks import check_dataset
 from components.runs.hosts import TuneTrial, metric_first
-from components.runs.recipe import PretrainRecipe, loop_config
-from components.runs.run_dir import (
-    check_dataset,
-    latest_complete,
-    prepare_run_dir,
-    prune_checkpoints,
-    publish_checkpoint,
-)
+from components.runs.recipe import loop_config
+from components.runs.run_dir import prepare_run_dir
+from components.runs.worker import PretrainRecipe
 from components.search_space import Resources
 from tests.datasets import synthetic_dataset, tiny_run_config
 

@@ -302,7 +302,7 @@ def test_trial_config_takes_the_sweeps_resources(tmp_path: Path) -> None:
 def test_max_concurrent_auto_packs_trials_into_the_cluster(tmp_path: Path) -> None:
     """``max_concurrent: auto``: as many trials as the cluster's CPUs and GPUs hold, counting
     everything a running trial reserves (its actor, and its worker group if any)."""
-    from pipelines.sweep import concurrency
+    from components.sweep.tuner import concurrency
 
     def fit(resources: dict[str, Any], cluster: dict[str, float], **over: Any) -> int:
         over.setdefault("max_concurrent", "auto")

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from components.deploy.package import EXCLUDES, checked_env, package, runtime_env
 from components.io.paths import project_root
-from pipelines.submit import EXCLUDES, checked_env, package, runtime_env
 
 ROOT = project_root()
 
@@ -91,7 +91,7 @@ def test_submit_refuses_secrets_ignored_files_and_symlinks_out(tmp_path: Path) -
 
 
 def test_submit_sends_a_refused_file_only_with_include(tmp_path: Path) -> None:
-    from pipelines.submit import SubmitError
+    from components.deploy.jobs import SubmitError
 
     root = _project(tmp_path)
     env, pkg = checked_env(runtime_env(root), include=[".env", "scratch", ".aws"])

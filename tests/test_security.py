@@ -92,7 +92,8 @@ def test_a_whole_config_is_redacted_and_nothing_else_changes() -> None:
 def test_run_dir_stores_no_credentials_and_resumes_with_any(s3_uri: str) -> None:
     """config.yaml (and everything else in the run dir) holds no secret; the same run with the
     same or other credentials resumes; another dataset bucket is another run."""
-    from components.runs.run_dir import RunError, prepare_run_dir
+    from components.runs.errors import RunError
+    from components.runs.run_dir import prepare_run_dir
 
     runs = _with_credentials(storage.join(s3_uri, "runs"))
     dataset = _with_credentials(storage.join(s3_uri, "ds"))
@@ -145,7 +146,7 @@ def test_checkpoints_hold_the_config_without_credentials(tmp_path: Path) -> None
     import torch
 
     from components.runs.checkpoint import load_state
-    from components.runs.recipe import checkpoint_state
+    from components.runs.worker import checkpoint_state
 
     cfg = _config(_with_credentials("s3://bucket/runs"), _with_credentials("s3://data/ds"))
     model = torch.nn.Linear(2, 2)
@@ -212,7 +213,7 @@ def test_submitted_job_metadata_holds_no_credentials(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import ray.job_submission
 
-    from pipelines import submit
+    from components.deploy import cluster
 
     sent: dict[str, Any] = {}
 
@@ -227,10 +228,10 @@ def test_submitted_job_metadata_holds_no_credentials(
     monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", Client)
     # submit turns on Ray's token mode in os.environ for its client; kept out of this
     # process, whose later tests start local Rays with the mode Ray was imported with
-    monkeypatch.setattr(submit, "use_token_if_present", lambda: False)
+    monkeypatch.setattr(cluster, "use_token_if_present", lambda: False)
     argv = ["pretrain", "pipelines/configs/pretrain/demo.yaml",
             f"storage={_with_credentials('s3://bucket/runs')}"]
-    assert submit.submit(argv, {}, "http://127.0.0.1:8265", "job1", wait=False) == 0
+    assert cluster.submit(argv, {}, "http://127.0.0.1:8265", "job1", wait=False) == 0
     assert _no_secret(json.dumps(sent["metadata"]))
     assert sent["metadata"]["simgraph"].endswith("storage=s3://bucket/runs")
     assert KEY in sent["entrypoint"]  # the job needs them
@@ -281,7 +282,8 @@ def test_resume_refuses_a_world_writable_tuner_state_before_anything_runs(
     import ray
 
     from components.runtime import session
-    from pipelines.sweep import SweepError, run
+    from components.sweep.driver import run
+    from components.sweep.layout import SweepError
 
     space = _sweep_file(tmp_path)
     d = _tune_state(tmp_path / "sweeps" / "s")
@@ -433,7 +435,7 @@ def test_a_local_ray_starts_without_its_dashboard_unless_asked(
 def test_only_sweeps_with_train_worker_groups_ask_for_the_dashboard(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from components.runtime import session
-    from pipelines.sweep import run
+    from components.sweep.driver import run
 
     asked: list[bool] = []
 

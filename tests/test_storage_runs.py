@@ -16,7 +16,7 @@ import yaml
 from components.data.staging import MARKER
 from components.io import storage
 from components.runs.checkpoint import is_complete_at, load_state, local_copy
-from components.runs.run_dir import latest_complete
+from components.runs.checkpoints import latest_complete
 from tests.datasets import synthetic_dataset, tiny_run_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,6 +9,9 @@ from typing import Any
 
 import pytest
 
+from components.deploy.cluster import entrypoint
+from components.deploy.jobs import SubmitError
+from components.deploy.package import EXCLUDES, project_requirements, runtime_env
 from components.io.paths import (
     BASE_ENV,
     is_relative,
@@ -18,13 +21,6 @@ from components.io.paths import (
     resolve_path,
 )
 from components.runtime.distributed import node_layout
-from pipelines.submit import (
-    EXCLUDES,
-    SubmitError,
-    entrypoint,
-    project_requirements,
-    runtime_env,
-)
 
 ROOT = project_root()
 DEMO = "pipelines/configs/pretrain/demo.yaml"
@@ -32,8 +28,8 @@ DEMO = "pipelines/configs/pretrain/demo.yaml"
 
 def _prepare(job: list[str], base_dir: str | None, root: Path | None = None) -> list[str]:
     """``simgraph submit``'s check of the job, with the CLI's own parser."""
+    from components.deploy.jobs import prepare_command
     from pipelines.cli import build_parser
-    from pipelines.submit import prepare_command
 
     return prepare_command(job, base_dir, build_parser(), root)
 
@@ -317,8 +313,8 @@ def test_submit_warns_in_one_line_and_sends_when_the_cluster_cannot_be_asked(
 
 
 def test_the_worker_groups_each_command_asks_for() -> None:
+    from components.deploy.jobs import WorkerShape, prepare_job
     from pipelines.cli import build_parser
-    from pipelines.submit import WorkerShape, prepare_job
 
     def shapes(*job: str) -> list[WorkerShape]:
         return prepare_job(list(job), "/shared", build_parser()).shapes

@@ -18,8 +18,8 @@ from ray.train import WorkerGroupError
 
 from components.config import ConfigError, PretrainConfig, load_config
 from components.search_space import load_sweep
+from components.sweep.results import markdown, trial_rows
 from components.training.step import NonFiniteLossError
-from pipelines.sweep import markdown, trial_rows
 from tests.datasets import synthetic_dataset, tiny_run_config
 from tests.helpers import tensorboard_events
 from tests.procs import kill_session, session_pids
@@ -179,7 +179,7 @@ def test_results_files_and_plots_of_a_small_sweep(tmp_path: Path,
     history / slice / contour views. No importances: 5 settings cannot rank 3 parameters
     (importance_support wants max(4, 2 × 3) = 6; fANOVA's forest on 5 points ranks where they
     happen to lie) — test_importances_only_where_the_data_supports_them has the written case."""
-    from pipelines.sweep import _write_results
+    from components.sweep.results import _write_results
 
     sweep = load_sweep(_space(tmp_path))
     results = []
@@ -213,7 +213,7 @@ def test_results_files_and_plots_of_a_small_sweep(tmp_path: Path,
     assert float(csv_rows[0]["best_knn_top1"]) == pytest.approx(0.7)
     # one seed per setting: each point's bar is its curve's spread, sd of the last 3 / √3
     # (t0's curve is flat: 0; t2's rises by 0.2/3 an epoch: sd 0.2/3)
-    from pipelines.sweep import setting_points
+    from components.sweep.plots import setting_points
 
     assert setting_points(rows, sweep, "optim.lr")[:2] == [
         (0.02, pytest.approx(0.3), pytest.approx(0.0), "simclr"),
@@ -252,7 +252,8 @@ def test_study_export_never_replaces_a_study_it_did_not_write(tmp_path: Path) ->
     import optuna
 
     from components.search_space import load_sweep
-    from pipelines.sweep import SweepError, check_study_storage, export_study, study_owner
+    from components.sweep.layout import SweepError
+    from components.sweep.study import check_study_storage, export_study, study_owner
 
     sweep = load_sweep(_space(tmp_path))
     url = f"sqlite:///{tmp_path / 'study.db'}"
@@ -275,6 +276,26 @@ def test_study_export_never_replaces_a_study_it_did_not_write(tmp_path: Path) ->
         export_study(sweep, rows)
     assert study_owner(optuna.storages.RDBStorage(url), "s") == ""
     assert len(optuna.load_study(study_name="s", storage=url).trials) == 1  # the hand-made one
+
+
+@pytest.mark.parametrize(("name", "now"), [("trial_fn", "components.sweep.tuner"),
+                                           ("confirm_fn", "components.sweep.confirm_runs")])
+def test_a_pickle_naming_pipelines_sweep_loads_in_a_fresh_interpreter(name: str,
+                                                                      now: str) -> None:
+    """A sweep dir from before the engine moved to ``components/sweep/`` holds Tune state
+    that names ``pipelines.sweep.trial_fn``; a ``--resume`` unpickles it in a new process."""
+    import importlib
+    import pickle
+
+    fn = getattr(importlib.import_module(now), name)
+    data = pickle.dumps(fn, protocol=0)  # protocol 0: module and name as text lines
+    assert f"c{now}\n{name}\n".encode() in data
+    old = data.replace(f"c{now}\n".encode(), b"cpipelines.sweep\n")
+    code = f"import pickle; f = pickle.loads({old!r}); print(f.__module__, f.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [now, name]
 
 
 def test_each_statistic_on_a_hand_made_history() -> None:
@@ -301,21 +322,23 @@ def test_each_statistic_on_a_hand_made_history() -> None:
 def test_sweep_start_notes_say_how_trials_are_scored_and_warn_about_a_small_val_split(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from components.search_space import load_sweep
-    from pipelines.sweep import start_notes
+    from components.sweep.driver import start_notes
 
     monkeypatch.chdir(tmp_path)  # the base config's relative dataset path, as a user runs it
 
     notes = start_notes(load_sweep(_space(tmp_path)))
     assert notes[0].startswith("[simgraph] trials are scored by the mean of the last 3 "
                                "knn_top1 evaluations (statistic: mean_last, k: 3)")
-    assert "set statistic.name=best" in notes[0]
+    assert notes[0].endswith("; set statistic.name=best to score them by the best epoch's "
+                             "value instead")
+    assert "2026" not in notes[0]  # what is true now, not the change history
     assert notes[1] == (
         "[simgraph] warning: the kNN is scored on 32 val images: one image is 3.1 points and an "
         "accuracy near 50 % has a standard error of ±8.8 points, so trials closer than ~18 "
         "points cannot be told apart; a larger split (preprocess split.val) or statistic.k > 1 "
         "helps")
     best = load_sweep(_space(tmp_path), ["statistic.name=best"])
-    assert "the best epoch's knn_top1 (statistic: best)" in start_notes(best)[0]
+    assert start_notes(best)[0].endswith("the best epoch's knn_top1 (statistic: best)")
 
 
 def test_repeats_train_each_setting_with_seeds_and_rank_settings_by_their_mean(
@@ -325,7 +348,8 @@ def test_repeats_train_each_setting_with_seeds_and_rank_settings_by_their_mean(
     import optuna
 
     from components.search_space import REPEAT_INDEX, load_sweep, trial_config
-    from pipelines.sweep import _write_results, export_study
+    from components.sweep.results import _write_results
+    from components.sweep.study import export_study
 
     space = _space(tmp_path)
     with pytest.raises(ConfigError, match=r"repeats=2 with scheduler.name='asha' is not "
@@ -390,7 +414,7 @@ def test_with_repeats_the_error_bars_are_the_standard_errors_of_the_setting_mean
     from matplotlib.collections import PathCollection
     from matplotlib.container import ErrorbarContainer
 
-    from pipelines.sweep import best_per_loss_figure, param_figure, setting_points
+    from components.sweep.plots import best_per_loss_figure, param_figure, setting_points
 
     sweep, rows = _repeat_rows(tmp_path)
     assert setting_points(rows, sweep, "optim.lr") == [
@@ -432,7 +456,7 @@ def test_confirmed_settings_are_marked_with_their_intervals(tmp_path: Path) -> N
     from matplotlib.container import ErrorbarContainer
 
     from components.sweep.confirmation import Candidate, summarise
-    from pipelines.sweep import param_figure
+    from components.sweep.plots import param_figure
 
     sweep, rows = _repeat_rows(tmp_path)
     hits = {1: [np.array([1, 1, 1, 0] * 10)], 2: [np.array([1, 0, 1, 0] * 10)]}
@@ -487,7 +511,8 @@ def test_importances_only_where_the_data_supports_them(
     """param_importances.yaml / optuna_importances.png need max(4, 2 × parameters) finished
     settings (a setting's repeats count once) whose means spread by more than 2 × their
     median standard error; otherwise one line says why and neither is written."""
-    from pipelines.sweep import _write_results, importance_support, param_importances
+    from components.sweep.results import _write_results
+    from components.sweep.study import importance_support, param_importances
 
     sweep = load_sweep(_space(tmp_path))  # 3 swept parameters: 6 settings needed
 

@@ -18,7 +18,7 @@ whose output shape depends on the data (``nonzero``, ``bincount``, boolean-mask 
 ``repeat_interleave`` of a count tensor without ``output_size``, ...), each a host sync on a
 GPU — the H100 run found two per step from SupCon's sparse positive pairs at 2B = 1024
 (docs/gpu.md). The step is audited on the CPU's paths and on the paths an accelerator takes
-(``core.AUDIT_ACCELERATOR_PATHS``), where none may remain.
+(``reducers.AUDIT_ACCELERATOR_PATHS``), where none may remain.
 
 The same file checks that the rewrites that removed reads keep the values: LARS and the EMA
 update as multi-tensor (``torch._foreach_*``) kernels against the per-tensor loops they
@@ -54,13 +54,10 @@ from components.objectives import (
     Objective,
     SupCon,
 )
-from components.objectives.core import (
-    Pairs,
-    dense_graph_limit,
-    hot_path,
-    noise_contrastive,
-)
+from components.objectives.batch import hot_path
 from components.objectives.memory import EMA, MemoryBank
+from components.objectives.pairing import Pairs
+from components.objectives.reducers import dense_graph_limit, noise_contrastive
 from components.objectives.targets import class_similarity_graph
 from components.training.optim import LARS, build_optimizer, build_scheduler, param_groups
 from components.training.step import StepState, build_model, train_step
@@ -186,9 +183,9 @@ def test_train_step_reads_back_at_most_its_budget(name: str, accelerator: bool,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Explicit reads within the budget on both paths; on the paths an accelerator takes,
     no data-shaped operation either (each would be one more host sync a step)."""
-    from components.objectives import core
+    from components.objectives import reducers  # where accelerator_paths looks it up
 
-    monkeypatch.setattr(core, "AUDIT_ACCELERATOR_PATHS", accelerator)
+    monkeypatch.setattr(reducers, "AUDIT_ACCELERATOR_PATHS", accelerator)
     spec = dict(LOSSES[name])
     loss_cfg = from_dict(LOSS_CONFIGS[spec.pop("name", name)], spec)
     model, ema = build_model(MODEL, loss_cfg, C, torch.eye(C) * 0.5 + 0.5, E)

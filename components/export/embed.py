@@ -50,6 +50,8 @@ import torch
 import components.data  # noqa: F401  (its FFCV import hook, before any FFCV import here)
 from components.config import AugmentConfig, PretrainConfig
 from components.errors import SimgraphError
+from components.export.architecture import encoder_from_state
+from components.export.formats import ExportError
 from components.models.encoders import Encoder
 from components.runs.run_dir import load_run as run_dir_load_run
 
@@ -108,8 +110,6 @@ def run_encoder(cfg: PretrainConfig, state: TrainingState) -> Encoder:
     Raises:
         EmbedError: the checkpoint's model does not fit the run config's model section.
     """
-    from components.export.formats import ExportError, encoder_from_state
-
     try:
         return encoder_from_state(cfg.model, state.model)
     except ExportError as e:
@@ -118,8 +118,8 @@ def run_encoder(cfg: PretrainConfig, state: TrainingState) -> Encoder:
 
 def default_device() -> torch.device:
     """``cuda:0`` or ``cpu``, from this process's resources (always indexed: FFCV's loader
-    thread needs it; :func:`components.data.reader.resolve_device`)."""
-    from components.data.reader import resolve_device
+    thread needs it; :func:`components.data.devices.resolve_device`)."""
+    from components.data.devices import resolve_device
 
     return resolve_device(None)
 

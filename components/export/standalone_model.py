@@ -5,7 +5,7 @@
     backbone, projector = model.load()  # eval mode; projector is None when not exported
     features = backbone(images)  # [N, 3, RESOLUTION, RESOLUTION] float32, RGB, normalised
 """
-# This file is `simgraph export`'s model.py (components/export/formats.py: model_source): its
+# This file is `simgraph export`'s model.py (components/export/model_file.py: model_source): its
 # text is copied into every export with the run's name and the constants below replaced, so it
 # must keep importing nothing but torch, torchvision and safetensors, and stay Python 3.8-safe
 # (Optional / Tuple). Everything after this comment block is exported as it is.

@@ -19,9 +19,10 @@ from components.config import (
     SupConConfig,
     XCLRConfig,
 )
+from components.objectives.batch import ContrastiveBatch, Metrics
 from components.objectives.clip import CLIP
 from components.objectives.cone import CoNe, CrossEntropy
-from components.objectives.core import ContrastiveBatch, Metrics, Objective
+from components.objectives.core import Objective
 from components.objectives.infonce import InfoNCE
 from components.objectives.sincere import SINCERE
 from components.objectives.supcon import SupCon

@@ -22,23 +22,17 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from components.objectives.core import (
-    LOGIT_BUDGET_BYTES,
-    ContrastiveBatch,
-    Metrics,
-    Objective,
-    check_positive,
-    chunk_rows,
-    chunked_rows,
-    fused_global_means,
-    unit,
-)
+from components.objectives.batch import ContrastiveBatch, Metrics
+from components.objectives.core import Objective, check_positive
+from components.objectives.global_means import fused_global_means
+from components.objectives.pairing import unit
+from components.objectives.reducers import LOGIT_BUDGET_BYTES, chunk_rows, chunked_rows
 from components.runtime import distributed
 
 
 class CLIP(Objective):
     requires = frozenset({"captions"})
-    logit_budget_bytes: int = LOGIT_BUDGET_BYTES  # per chunk (core.chunk_rows)
+    logit_budget_bytes: int = LOGIT_BUDGET_BYTES  # per chunk (reducers.chunk_rows)
     folds_batch_checks = True  # one read: the loss and the batch's checks
 
     def __init__(self, dim: int, caption_dim: int = 384, tau: float = 0.07) -> None:

@@ -34,18 +34,11 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from components.objectives.core import (
-    ContrastiveBatch,
-    DeferredCheck,
-    Metrics,
-    Objective,
-    at_least_fp32,
-    check_non_negative,
-    check_positive,
-    fused_global_means,
-    unit,
-)
+from components.objectives.batch import ContrastiveBatch, DeferredCheck, Metrics
+from components.objectives.core import Objective, check_non_negative, check_positive
+from components.objectives.global_means import fused_global_means
 from components.objectives.memory import MemoryBank
+from components.objectives.pairing import at_least_fp32, unit
 
 
 def _check_labels(batch: ContrastiveBatch, num_classes: int) -> DeferredCheck | None:

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from components.objectives.core import BatchContrastive, Pairs, hard_graph_loss
+from components.objectives.core import BatchContrastive
+from components.objectives.pairing import Pairs
+from components.objectives.reducers import hard_graph_loss
 from components.objectives.targets import instance_positives
 
 

@@ -21,13 +21,9 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from components.objectives.core import (
-    BatchContrastive,
-    Pairs,
-    check_non_negative,
-    masked_logits,
-    noise_contrastive,
-)
+from components.objectives.core import BatchContrastive, check_non_negative
+from components.objectives.pairing import Pairs
+from components.objectives.reducers import masked_logits, noise_contrastive
 from components.objectives.targets import label_graph
 
 

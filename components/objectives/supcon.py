@@ -23,13 +23,15 @@ from typing import Literal
 
 from torch import Tensor
 
-from components.objectives.core import BatchContrastive, Pairs, hard_graph_loss
+from components.objectives.core import BatchContrastive
+from components.objectives.pairing import Pairs
+from components.objectives.reducers import hard_graph_loss
 from components.objectives.targets import label_positives
 
 
 class SupCon(BatchContrastive):
     requires = frozenset({"labels"})
-    # masks up to 2B = 512 (core.DENSE_GRAPH_ENTRIES): ~M/classes positives per anchor make
+    # masks up to 2B = 512 (reducers.DENSE_GRAPH_ENTRIES): ~M/classes positives per anchor make
     # the sparse path dearer than SimCLR's
     dense_graph_entries = 1 << 18
 

@@ -15,13 +15,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from components.objectives.core import (
-    DeferredCheck,
-    Pairs,
-    PositiveMask,
-    PositivePairs,
-    at_least_fp32,
-)
+from components.objectives.batch import DeferredCheck
+from components.objectives.pairing import Pairs, PositiveMask, PositivePairs, at_least_fp32
 
 
 def _equal_key_pairs(anchor_keys: Tensor, candidate_keys: Tensor,
@@ -140,8 +135,9 @@ def label_positives(pairs: Pairs) -> PositiveMask | PositivePairs:
 def class_label_check(pairs: Pairs, num_classes: int) -> DeferredCheck | None:
     """The class-similarity graph's label check, on the device: one flag per side (anchors,
     candidates) set when a label lies outside ``[0, C)``; nothing is read here. An objective
-    reads it with its loss statistics (:func:`components.objectives.core.fused_global_means`)
-    and builds the graph with ``check=False``; None when there are no labels to check.
+    reads it with its loss statistics
+    (:func:`components.objectives.global_means.fused_global_means`) and builds the graph with
+    ``check=False``; None when there are no labels to check.
 
     Raises:
         ValueError: (now) anchors or candidates without labels; (``raise_failed``) a label

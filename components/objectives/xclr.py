@@ -29,15 +29,10 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from components.objectives.core import (
-    BatchContrastive,
-    DeferredCheck,
-    Pairs,
-    at_least_fp32,
-    check_positive,
-    graph_cross_entropy,
-    masked_logits,
-)
+from components.objectives.batch import DeferredCheck
+from components.objectives.core import BatchContrastive, check_positive
+from components.objectives.pairing import Pairs, at_least_fp32
+from components.objectives.reducers import graph_cross_entropy, masked_logits
 from components.objectives.targets import (
     caption_similarity_graph,
     class_label_check,

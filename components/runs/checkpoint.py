@@ -16,7 +16,7 @@ Only a finite state is a checkpoint: :meth:`TrainingState.save` refuses one whos
 can pass over a non-finite one written by other means. A write that fails (a full disk)
 removes what it wrote and raises :class:`CheckpointWriteError`, one line naming the file.
 Where checkpoints live in a run dir (``epoch_NNNNN``, which is newest, publishing and
-pruning) is :mod:`components.runs.run_dir`'s.
+pruning) belongs to :mod:`components.runs.checkpoints`.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def nonfinite_entries(state: Mapping[str, Any], limit: int = 5) -> list[str]:
 
 
 # What meta.json records of a training state's config: what a resume on another shape needs
-# to check before it starts training (components.runs.run_dir.check_resume), without state.pt.
+# to check before it starts training (components.runs.resume.check_resume), without state.pt.
 SHAPE_KEYS = ("scaling.num_workers", "data.batch_size", "optim.lr", "train.epochs")
 
 

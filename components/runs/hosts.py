@@ -1,4 +1,4 @@
-"""Where a :class:`~components.runs.recipe.PretrainRecipe` runs: what it asks of Ray, in one place.
+"""Where a :class:`~components.runs.worker.PretrainRecipe` runs: what it asks of Ray, in one place.
 
 The recipe needs five things from its host: its rank and the world size, its device, the
 checkpoint to resume from, and a way to report an epoch's metrics (with a checkpoint every
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 
 class RunHost(Protocol):
-    """What :class:`~components.runs.recipe.PretrainRecipe` asks of the process it runs in."""
+    """What :class:`~components.runs.worker.PretrainRecipe` asks of the process it runs in."""
 
     rank: int
     world: int
@@ -48,8 +48,8 @@ class RunHost(Protocol):
     def report(self, row: dict[str, Any], checkpoint: str | None, epoch: int | None) -> None:
         """Report one epoch's ``row``. On a checkpoint epoch every rank passes ``epoch`` (the
         epochs completed) and rank 0 its local checkpoint dir ``checkpoint`` (kept in the run
-        dir as :func:`~components.runs.run_dir.checkpoint_name` ``(epoch)``); on other epochs both
-        are ``None``. Every rank calls this once per epoch."""
+        dir as :func:`~components.runs.checkpoints.checkpoint_name` ``(epoch)``); on other
+        epochs both are ``None``. Every rank calls this once per epoch."""
 
 
 class TrainWorker:
@@ -79,7 +79,7 @@ class TrainWorker:
         import ray.train
 
         from components.runs.checkpoint import local_copy, read_meta
-        from components.runs.run_dir import latest_complete
+        from components.runs.checkpoints import latest_complete
 
         checkpoint = ray.train.get_checkpoint()
         newest = latest_complete(self.run_dir) if self.run_dir is not None else None
@@ -103,7 +103,7 @@ class TrainWorker:
     def report(self, row: dict[str, Any], checkpoint: str | None, epoch: int | None) -> None:
         import ray.train
 
-        from components.runs.run_dir import checkpoint_name
+        from components.runs.checkpoints import checkpoint_name
 
         if epoch is None:
             ray.train.report(row)
@@ -153,7 +153,7 @@ class TuneTrial:
     @contextlib.contextmanager
     def latest_checkpoint(self) -> Iterator[Path | None]:
         from components.runs.checkpoint import local_copy
-        from components.runs.run_dir import latest_complete
+        from components.runs.checkpoints import latest_complete
 
         found = latest_complete(self.run_dir)
         if found is None:
@@ -164,7 +164,7 @@ class TuneTrial:
 
     def report(self, row: dict[str, Any], checkpoint: str | None, epoch: int | None) -> None:
         if checkpoint is not None and epoch is not None:
-            from components.runs.run_dir import prune_checkpoints, publish_checkpoint
+            from components.runs.checkpoints import prune_checkpoints, publish_checkpoint
 
             # The older ones go only once the new one is there, whole, verified and on disk.
             publish_checkpoint(checkpoint, self.run_dir, epoch)

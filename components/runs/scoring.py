@@ -83,7 +83,7 @@ def split_knn_hits(run_dir: str, split: str, *, device: str | None = None,
     section: the online monitor's and ``evaluate``'s) — what a sweep's confirmation stage
     scores on a split no trial was chosen on. ``device``: ``None`` (what the sweep passes) is
     the device of the resources the calling Ray task was given — ``cuda:0`` when it holds a
-    GPU, else the CPU, whatever GPUs the node has (:func:`~components.data.reader.resolve_device`).
+    GPU, else the CPU, whatever GPUs the node has (:func:`~components.data.devices.resolve_device`).
 
     Raises:
         EvaluateError: the run cannot be read, its dataset has no labels or no images in
@@ -91,7 +91,8 @@ def split_knn_hits(run_dir: str, split: str, *, device: str | None = None,
     """
     import torch
 
-    from components.data.reader import resolve_device, set_jit
+    from components.data.devices import resolve_device
+    from components.data.reader import set_jit
     from components.evaluation.knn import KnnRule
     from components.training.step import build_model
 

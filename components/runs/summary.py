@@ -10,7 +10,7 @@ def run_summary(cfg: Any, facts: Any, run_dir: str) -> str:
     """What the run will do, before it starts (nothing silently changed): dataset, loss,
     model, batch and steps, the *effective* peak LR and how it was derived, the run dir.
     ``cfg``: a :class:`~components.config.PretrainConfig`; ``facts``: its
-    :class:`~components.runs.run_dir.RunFacts`."""
+    :class:`~components.runs.dataset_checks.RunFacts`."""
     from components.config import to_dict
     from components.io.storage import display
     from components.training.optim import scaled_lr

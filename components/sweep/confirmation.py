@@ -16,7 +16,7 @@ confirmed answer is the setting with the best mean test kNN top-1 over fresh see
 * the rank agreement (Spearman's ρ, ``scipy.stats.spearmanr``) between sweep scores and
   confirmed scores over the confirmed settings.
 
-The training and scoring of each run is the pipeline's (``pipelines/sweep.py``); this module
+Each run is trained and scored by :mod:`components.sweep.confirm_runs`; this module
 chooses what to confirm, names the runs and summarises their per-image hits.
 """
 
@@ -46,7 +46,7 @@ class Candidate:
 
 def candidates(rows: Sequence[Mapping[str, Any]], top: int) -> list[Candidate]:
     """The ``top`` best finished settings of a sweep's trial rows (sorted best first, as
-    ``pipelines.sweep.trial_rows`` returns them), one per setting."""
+    ``components.sweep.results.trial_rows`` returns them), one per setting."""
     out: list[Candidate] = []
     seen: set[str] = set()
     for row in rows:
@@ -191,7 +191,7 @@ def table(conf: Confirmation, metric: str) -> str:
 
 def format_value(v: Any) -> str:
     """A parameter value in a table cell or a closing line: floats to 4 significant digits,
-    ``None`` as a dash (also the sweep's own tables, ``pipelines/sweep.py``)."""
+    ``None`` as a dash (also the sweep's own tables, :mod:`components.sweep.results`)."""
     if v is None:
         return "—"
     return f"{v:.4g}" if isinstance(v, float) else str(v)

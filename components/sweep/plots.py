@@ -11,7 +11,11 @@ import math
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+if TYPE_CHECKING:
+    from components.search_space import SweepConfig
+    from components.sweep.confirmation import Confirmation
 
 
 def prefetch_plotting() -> None:
@@ -38,7 +42,8 @@ def numeric_params(rows: Sequence[dict[str, Any]]) -> list[str]:
                    if isinstance(v, int | float) and not isinstance(v, bool)})
 
 
-def plot_confirmed(sweep: Any, rows: Sequence[dict[str, Any]], conf: Any, out: Path) -> None:
+def plot_confirmed(sweep: SweepConfig, rows: Sequence[dict[str, Any]], conf: Confirmation,
+                   out: Path) -> None:
     """The metric-vs-parameter plots again, with the confirmed settings marked (only when the
     sweep's metric is the kNN top-1 they are confirmed on: one axis)."""
     if sweep.metric != "knn_top1":
@@ -70,7 +75,7 @@ def settings(rows: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 SeBasis = Literal["seeds", "trial", "curve"]
 
 
-def setting_se(members: Sequence[dict[str, Any]], sweep: Any
+def setting_se(members: Sequence[dict[str, Any]], sweep: SweepConfig
                ) -> tuple[float | None, SeBasis | None]:
     """The standard error of a setting's mean (``setting_mean`` of its finished trials
     ``members``) and what it rests on, or ``(None, None)`` when nothing tells:
@@ -118,7 +123,7 @@ class SettingPoint(NamedTuple):
     loss: str
 
 
-def setting_points(rows: Sequence[dict[str, Any]], sweep: Any,
+def setting_points(rows: Sequence[dict[str, Any]], sweep: SweepConfig,
                    param: str) -> list[SettingPoint]:
     """Every finished setting that has ``param``, by loss then ``param``'s value."""
     pts = [SettingPoint(group[0]["params"][param], group[0]["setting_mean"],
@@ -127,7 +132,7 @@ def setting_points(rows: Sequence[dict[str, Any]], sweep: Any,
     return sorted(pts, key=lambda p: (p.loss, p.x))
 
 
-def _se_caption(sweep: Any, groups: Sequence[Sequence[dict[str, Any]]]) -> str:
+def _se_caption(sweep: SweepConfig, groups: Sequence[Sequence[dict[str, Any]]]) -> str:
     """What the error bars of ``groups`` (settings) are, for a figure's caption."""
     bases = {setting_se(g, sweep)[1] for g in groups}
     k, stat = sweep.statistic.k, sweep.statistic.name
@@ -164,7 +169,7 @@ def _beside(fig: Any, ax: Any) -> Any:
     return offset_copy(ax.transData, fig, x=6, y=0, units="points")
 
 
-def _ylabel(sweep: Any, groups: Sequence[Sequence[dict[str, Any]]], what: str = "") -> str:
+def _ylabel(sweep: SweepConfig, groups: Sequence[Sequence[dict[str, Any]]], what: str = "") -> str:
     k = sweep.statistic.k
     score = {"mean_last": f"mean of last {k}", "last": "last", "best": "best epoch"}
     seeds = ", mean over seeds" if any(len(g) > 1 for g in groups) else ""
@@ -177,7 +182,7 @@ def _caption(ax: Any, text: str) -> None:
     ax.set_title(textwrap.fill(text, 62), fontsize=6.5)
 
 
-def param_figure(sweep: Any, rows: Sequence[dict[str, Any]], param: str,
+def param_figure(sweep: SweepConfig, rows: Sequence[dict[str, Any]], param: str,
                  confirmed: Any = None) -> Any:
     """The metric against ``param`` (X-CLR Fig. 3c's view for τ_s): each setting at its mean
     with ± its standard error (:func:`setting_points`), its seeds' scores (with repeats) as
@@ -227,7 +232,7 @@ def param_figure(sweep: Any, rows: Sequence[dict[str, Any]], param: str,
     return fig
 
 
-def best_per_loss_figure(sweep: Any, rows: Sequence[dict[str, Any]]) -> Any:
+def best_per_loss_figure(sweep: SweepConfig, rows: Sequence[dict[str, Any]]) -> Any:
     """The best setting of each loss (by its mean, as the tables rank them) with ± its
     standard error (:func:`setting_se`), its seeds' scores (with repeats) as faint dots."""
     import matplotlib.pyplot as plt

@@ -11,7 +11,7 @@ import statistics
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
@@ -25,6 +25,9 @@ from components.sweep.plots import (
     setting_se,
     settings,
 )
+
+if TYPE_CHECKING:
+    from components.search_space import SweepConfig
 
 
 @contextlib.contextmanager
@@ -100,7 +103,7 @@ def _optuna_plots(study: Any, out: Path, ranked: Sequence[str],
             plt.close("all")
 
 
-def _study(sweep: Any, rows: Sequence[dict[str, Any]], storage: Any = None) -> Any:
+def _study(sweep: SweepConfig, rows: Sequence[dict[str, Any]], storage: Any = None) -> Any:
     """An Optuna study holding the finished trials (value = best metric), failed ones FAIL."""
     import optuna
 
@@ -130,7 +133,7 @@ def _study(sweep: Any, rows: Sequence[dict[str, Any]], storage: Any = None) -> A
     return study
 
 
-def importance_support(sweep: Any, rows: Sequence[dict[str, Any]]) -> str | None:
+def importance_support(sweep: SweepConfig, rows: Sequence[dict[str, Any]]) -> str | None:
     """Why the finished settings of ``rows`` cannot support parameter importances (one line),
     or None when they can. Over the finished settings (distinct ``params`` with a score; the
     repeats of a setting count once), two rules:
@@ -164,7 +167,7 @@ def importance_support(sweep: Any, rows: Sequence[dict[str, Any]]) -> str | None
     return None
 
 
-def param_importances(sweep: Any, rows: Sequence[dict[str, Any]],
+def param_importances(sweep: SweepConfig, rows: Sequence[dict[str, Any]],
                       study: Any = None) -> dict[str, float]:
     """Optuna's (fANOVA) importances of the swept parameters, or ``{}`` (with one line on
     stderr saying why) where the data does not support them (:func:`importance_support`);
@@ -187,7 +190,7 @@ def param_importances(sweep: Any, rows: Sequence[dict[str, Any]],
 STUDY_OWNER = "simgraph_sweep_dir"  # user attr: the sweep dir whose trials the study holds
 
 
-def _owner(sweep: Any) -> str:
+def _owner(sweep: SweepConfig) -> str:
     from components.io.storage import display
 
     return display(sweep_dir(sweep))
@@ -215,7 +218,7 @@ def _study_storage(spec: str) -> Any:
     return optuna.storages.RDBStorage(spec)
 
 
-def check_study_storage(sweep: Any) -> None:
+def check_study_storage(sweep: SweepConfig) -> None:
     """Before a sweep starts: ``study_storage`` must not hold a study of this name that
     another sweep (or a person) wrote — exporting would replace it.
 
@@ -234,9 +237,10 @@ def check_study_storage(sweep: Any) -> None:
             "another file, or name= another sweep")
 
 
-def export_study(sweep: Any, rows: Sequence[dict[str, Any]]) -> None:
+def export_study(sweep: SweepConfig, rows: Sequence[dict[str, Any]]) -> None:
     """Write the trials to ``study_storage`` (``sqlite:///…`` or ``journal:<file>``) so the
     study opens in Optuna's API and dashboard."""
+    assert sweep.study_storage, "export_study needs study_storage"  # its callers check it
     storage = _study_storage(sweep.study_storage)
     if study_owner(storage, sweep.name) not in (None, _owner(sweep)):  # appeared meanwhile
         raise SweepError(f"study_storage={sweep.study_storage!r} now holds another study named "
@@ -246,7 +250,7 @@ def export_study(sweep: Any, rows: Sequence[dict[str, Any]]) -> None:
         _study(sweep, rows, storage)
 
 
-def plot_results(sweep: Any, rows: Sequence[dict[str, Any]], out: Path) -> None:
+def plot_results(sweep: SweepConfig, rows: Sequence[dict[str, Any]], out: Path) -> None:
     """PNGs beside trials.md: the metric against each numeric parameter and the best setting
     per loss (each setting at its mean with an error bar, :func:`setting_se`; with repeats
     each seed a faint dot; log axes for log distributions, readable ticks), every trial's

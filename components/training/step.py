@@ -250,7 +250,7 @@ def train_step(
 
     Host reads: one per step, for every loss — the objective's read of its loss statistics,
     which also carries the batch's input checks and the loss's own label checks
-    (:func:`components.objectives.core.hot_path`; budgets in tests/test_sync_audit.py);
+    (:func:`components.objectives.batch.hot_path`; budgets in tests/test_sync_audit.py);
     ``amp='fp16'`` adds the gradient scaler's read of its inf/NaN flag in ``scaler.step``.
     ``equal_batches``: every rank's batch has the same size, as the training loader's
     ``drop_last`` guarantees (:mod:`components.data.reader`), so the gathers exchange no
@@ -262,7 +262,7 @@ def train_step(
         SkippedStep: the same with a gradient scaler (``amp='fp16'``): the step is skipped
             instead (:class:`SkipGuard` decides when to stop).
     """
-    from components.objectives.core import hot_path
+    from components.objectives.batch import hot_path
 
     optimizer.zero_grad(set_to_none=True)
     problem = None

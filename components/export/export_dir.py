@@ -1,0 +1,171 @@
+"""An export dir as a whole (``simgraph export``): the encoder written in one format with
+``config.json`` (architecture, input and outputs, the check, what the caller adds) and
+``model_card.md`` (:func:`export_encoder`), and which files of a dir an export may replace or
+delete (:func:`claim_export_dir`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any
+
+from components.config import AugmentConfig, ModelConfig
+from components.export.architecture import Architecture, plain_state_dicts
+from components.export.card import model_card
+from components.export.formats import (
+    CARD,
+    CONFIG,
+    EXPORT_FILES,
+    FEATURES,
+    FORMAT,
+    INPUT,
+    MODEL_PY,
+    PROJECTION,
+    ExportError,
+    check_export,
+    check_format,
+    write_onnx,
+    write_safetensors,
+    write_torchscript,
+)
+from components.export.model_file import imported_source, model_source, plain_module
+from components.io import storage
+from components.io.files import sha256_file, write_json, write_text
+from components.models.encoders import Encoder
+
+
+def input_spec(augment: AugmentConfig) -> dict[str, Any]:
+    """``config.json``'s ``input``: what the encoder expects, as the evaluation reader
+    (``components.data.reader``: centre view, ``(x - 255·mean) / (255·std)`` on uint8 RGB)
+    makes it."""
+    r = augment.resolution
+    return {
+        "name": INPUT, "shape": ["N", 3, r, r], "resolution": r, "layout": "NCHW",
+        "dtype": "float32", "channel_order": "RGB", "value_range": "[0, 1] before normalising",
+        "mean": [float(m) for m in augment.mean], "std": [float(s) for s in augment.std],
+        "normalise": "(x - mean) / std per channel, x = uint8 / 255",
+        "eval_crop": {
+            "ratio": augment.eval_crop_ratio,
+            "crop": "square, side int(ratio * shorter side), centred (offset (H - side) // 2, "
+                    "(W - side) // 2)",
+            "resize": f"to {r}x{r}, "
+                      + ("bilinear with antialias (torchvision's Resize)"
+                         if augment.interpolation == "bilinear"
+                         else "OpenCV INTER_AREA (FFCV's)") + ", rounded to uint8",
+        },
+    }
+
+
+def outputs_spec(arch: Architecture, with_projector: bool) -> list[dict[str, Any]]:
+    out = [{"name": FEATURES, "shape": ["N", arch.feature_dim], "dtype": "float32",
+            "what": "backbone features (what simgraph evaluate scores by default)"}]
+    if with_projector:
+        out.append({"name": PROJECTION, "shape": ["N", arch.projector_dim], "dtype": "float32",
+                    "what": "projector output, not normalised (the losses L2-normalise it)"})
+    return out
+
+
+
+def export_encoder(encoder: Encoder, model: ModelConfig, augment: AugmentConfig, out: Path, *,
+                   fmt: str, with_projector: bool, run: str,
+                   describe: dict[str, Any] | None = None,
+                   card_extra: Callable[[dict[str, Any]], str] | None = None,
+                   replaceable: Collection[str] = ()) -> dict[str, Any]:
+    """Write ``encoder`` (backbone, + projector) in ``fmt`` to the local dir ``out`` with
+    ``config.json`` and ``model_card.md``; check it (:func:`check_export`); remove the files
+    of ``replaceable`` (what :func:`claim_export_dir` found an earlier export wrote there)
+    that this one does not write. ``describe``: more ``config.json`` keys (loss, dataset,
+    metrics, provenance). Returns the ``config.json`` content.
+
+    Raises:
+        UnknownFormat: ``fmt`` is not one of :data:`FORMATS`.
+        ExportError: the export does not reproduce the encoder.
+    """
+    check_format(fmt)
+    encoder = encoder.eval()
+    arch = Architecture.of(model, encoder.feat_dim)
+    backbone_sd, projector_sd = plain_state_dicts(encoder)
+    out.mkdir(parents=True, exist_ok=True)
+    source = model_source(arch, augment, run)
+    with imported_source(source) as mod:
+        written: list[str]
+        if fmt == "safetensors":
+            written = write_safetensors(out, backbone_sd,
+                                        projector_sd if with_projector else None,
+                                        {"backbone": arch.backbone})
+            write_text(out / MODEL_PY, source)
+            written.append(MODEL_PY)
+        else:
+            module = plain_module(mod, backbone_sd, projector_sd if with_projector else None)
+            written = (write_torchscript(out, module) if fmt == "torchscript"
+                       else write_onnx(out, module, augment.resolution, with_projector))
+        check = check_export(fmt, out, mod, encoder, with_projector, augment.resolution)
+    config: dict[str, Any] = {
+        "format": FORMAT,
+        "weights": {"format": fmt, "files": {f: sha256_file(out / f) for f in written}},
+        "architecture": arch.describe(with_projector),
+        "input": input_spec(augment),
+        "outputs": outputs_spec(arch, with_projector),
+        "check": check,
+        **(describe or {}),
+    }
+    write_json(out / CONFIG, config)
+    write_text(out / CARD, model_card(config, card_extra(config) if card_extra else ""))
+    for stale in (set(EXPORT_FILES) - {*written, CONFIG, CARD}) & set(replaceable):
+        (out / stale).unlink(missing_ok=True)
+    return config
+
+
+
+def claim_export_dir(dest: str) -> set[str]:
+    """Check that ``dest`` (a path or URI) may receive an export, and mark a new or empty one
+    as simgraph's (:func:`components.io.storage.claim_dir`); returns the files of
+    :data:`EXPORT_FILES` there that simgraph wrote (an export may replace or delete them).
+
+    Those are: every one, when the dir holds the mark of an export killed before its
+    ``config.json``; else ``config.json``, ``model_card.md`` and the weight files the earlier
+    export's ``config.json`` records, each only while its sha256 is still the recorded one.
+
+    Raises:
+        ExportError: ``dest`` holds files simgraph did not write (a user's ``model.py`` in
+            ``--out .``), another kind of simgraph output, or a file of an export's names
+            that the earlier export did not write or that changed since (naming them).
+    """
+    fix = "give --out a new or empty folder"
+
+    def earlier() -> dict[str, Any] | None:
+        try:
+            data = json.loads(storage.read_text(storage.join(dest, CONFIG)))
+        except (storage.StorageError, ValueError, UnicodeDecodeError):
+            return None
+        return data if isinstance(data, dict) and data.get("format") == FORMAT else None
+
+    prior = earlier()
+    had = storage.claim_dir(dest, "export", lambda _p, _n: prior is not None,
+                            error=ExportError, command="export", fix=fix)
+    if not had:
+        return set()
+    try:
+        names = set(EXPORT_FILES) & set(storage.list_dir(dest))
+    except storage.StorageError as e:
+        raise ExportError(f"cannot use {storage.display(dest)} for an export: {e}") from None
+    if prior is None:  # the mark of an export killed before its config.json: all its own
+        return names
+    files = (prior.get("weights") or {}).get("files") or {}
+    mine, other = {CONFIG, CARD} & names, []
+    for name in sorted(names - {CONFIG, CARD}):
+        try:
+            same = (isinstance(files, dict) and name in files and hashlib.sha256(
+                storage.read_bytes(storage.join(dest, name))).hexdigest() == files[name])
+        except storage.StorageError:
+            same = False
+        (mine.add(name) if same else other.append(name))
+    if other:
+        raise ExportError(
+            f"{storage.display(dest)} holds {', '.join(other)}, which the export there "
+            f"({CONFIG}) did not write or which changed since: simgraph export replaces or "
+            f"deletes only its own files; move them aside, or {fix}")
+    return mine
