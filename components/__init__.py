@@ -45,17 +45,19 @@ names are packages now (``components.models``, ``components.training``,
 (:func:`old_module_getattr`) gives what their old module had (``components.models.ConvNet``)."""
 
 
-def old_module_getattr(package: str, module: str) -> Callable[[str], Any]:
+def old_module_getattr(package: str, *modules: str) -> Callable[[str], Any]:
     """A package's ``__getattr__`` for what the module ``package`` had before it became a
-    package (now ``package.module``): old pickles and imports load. Dunders are not forwarded
-    (the import system probes them)."""
+    package (now in ``package.<module>``, the first of ``modules`` that has the name: a module
+    later split in several): old pickles and imports load. Dunders are not forwarded (the
+    import system probes them)."""
 
     def getattr_(name: str) -> Any:
         if not name.startswith("__"):
-            try:
-                return getattr(importlib.import_module(f"{package}.{module}"), name)
-            except AttributeError:
-                pass
+            for module in modules:
+                try:
+                    return getattr(importlib.import_module(f"{package}.{module}"), name)
+                except AttributeError:
+                    pass
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     return getattr_

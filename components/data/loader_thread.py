@@ -8,7 +8,7 @@ thread's traceback text); a thread that produces nothing for ``stall_timeout`` s
 1.0.2's own iterator waits forever.
 
 Owns: the stall timeout (:func:`stall_timeout_s`), the seeded ``Loader`` class and its epoch
-iterator (:func:`_seeded_loader_class`: a copy of FFCV's ``EpochIterator`` without CUDA for a
+iterator (:func:`seeded_loader_class`: a copy of FFCV's ``EpochIterator`` without CUDA for a
 CPU reader), its unpinned host buffers (:func:`_host_buffers`) and FFCV's stage order made
 deterministic (:func:`_order_stages_by_id`).
 """
@@ -59,7 +59,7 @@ def stall_timeout_s(value: float | None = None) -> float:
     return seconds
 
 
-def _seeded_loader_class() -> type:
+def seeded_loader_class() -> type:
     """FFCV ``Loader`` whose random augmentations are reproducible from (seed, rank, epoch,
     batch index): before each batch the pipeline thread seeds numpy's generator (ops run as
     Python with ``data.jit: false``) and numba's (compiled ops; one generator per thread).
@@ -288,7 +288,7 @@ def _host_buffers(graph: Any, batch_size: int, slots: int) -> dict[str, dict[int
     """FFCV's ``Graph.allocate_memory`` (``batches_ahead`` = ``slots``) without pinning: the
     same buffers (a list of ``slots`` tensors for a torch dtype, one ``[slots, batch, ...]``
     array for a numpy dtype) in pageable memory, since ``pin_memory`` opens a CUDA context on
-    a GPU machine (:func:`_seeded_loader_class`). A buffer an op declares on a device is
+    a GPU machine (:func:`seeded_loader_class`). A buffer an op declares on a device is
     allocated there, as FFCV does."""
     from ffcv.pipeline.allocation_query import AllocationQuery
 

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from components.config import AugmentConfig
-from components.data.loader_thread import _seeded_loader_class, stall_timeout_s
+from components.data.loader_thread import seeded_loader_class, stall_timeout_s
 from components.data.reader_errors import (
     LoaderError as LoaderError,  # pickled by path in older sweep dirs
 )
@@ -52,9 +52,9 @@ from components.data.reader_errors import (
 from components.data.reader_errors import (
     ReaderSettingError as ReaderSettingError,  # pickled by path in older sweep dirs
 )
-from components.data.sample_order import _order_factory
+from components.data.sample_order import order_factory
 from components.data.shards import F16_BITS, FORMAT, MANIFEST
-from components.data.view_ops import _spec, pipeline_ops
+from components.data.view_ops import field_spec, pipeline_ops
 from components.errors import SimgraphError
 
 
@@ -219,17 +219,17 @@ class ViewLoader:
                                          with_captions=self.has_captions)
         self._image_keys = [k for k in self.pipeline_ops if k.startswith("image")]
         pipelines: dict[str, Any] = {
-            k: (ops if k == "image" or not k.startswith("image") else _spec("image", ops))
+            k: (ops if k == "image" or not k.startswith("image") else field_spec("image", ops))
             for k, ops in self.pipeline_ops.items()
         }
         if "caption" in fields and not self.has_captions:
             pipelines["caption"] = None  # stored but not read
         if max_batches is not None and max_batches < 1:
             raise ValueError(f"max_batches={max_batches} must be >= 1 or None")
-        order = _order_factory(max_batches=max_batches, seed=seed, rank=rank,
+        order = order_factory(max_batches=max_batches, seed=seed, rank=rank,
                                world_size=world_size,
                                batch_size=batch_size, shuffle=train, drop_last=drop_last)
-        self.loader = _seeded_loader_class()(
+        self.loader = seeded_loader_class()(
             str(path), batch_size=batch_size, num_workers=num_workers, order=order,
             os_cache=os_cache, drop_last=drop_last, pipelines=pipelines,
         )

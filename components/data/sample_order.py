@@ -1,6 +1,6 @@
 """Which samples each DDP rank reads in an epoch, and the FFCV traversal order that applies it.
 
-:func:`rank_order` (FFCV's side: the ``RankOrder`` that :func:`_order_factory` builds) permutes
+:func:`rank_order` (FFCV's side: the ``RankOrder`` that :func:`order_factory` builds) permutes
 the whole split with ``default_rng([seed, epoch])`` (the same on every rank) and deals it out
 ``perm[rank::W]``, so ranks see disjoint samples, a new shuffle each epoch, reproducible from
 (seed, epoch). With ``drop_last`` the permutation is cut to a multiple of ``W × batch`` first,
@@ -28,7 +28,7 @@ def rank_order(
     return perm[rank::world_size]
 
 
-def _order_factory(max_batches: int | None = None, **kwargs: Any) -> Any:
+def order_factory(max_batches: int | None = None, **kwargs: Any) -> Any:
     """A ``TraversalOrder`` for FFCV's Loader.
 
     FFCV 1.0.2 accepts a custom order only as an *instance* that it then calls with the loader

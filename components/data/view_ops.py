@@ -78,7 +78,7 @@ def _image_ops(a: AugmentConfig, train: bool, batched: bool) -> list[Any]:
     return ops
 
 
-def _spec(field: str, ops: list[Any]) -> Any:
+def field_spec(field: str, ops: list[Any]) -> Any:
     from ffcv.pipeline import PipelineSpec
 
     return PipelineSpec(field, decoder=ops[0], transforms=ops[1:])

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 
 @contextlib.contextmanager
-def _optuna_console() -> Iterator[None]:
+def optuna_console() -> Iterator[None]:
     """Optuna while the searcher is built and the sweep's results are drawn and exported: its
     INFO lines ("A new study created in memory / in RDB") and repeated importance warnings
     ("Some regimes for parameter ... have less than 2 trials") only with ``--verbose``; quiet,
@@ -227,7 +227,7 @@ def check_study_storage(sweep: SweepConfig) -> None:
     """
     if not sweep.study_storage:
         return
-    with _optuna_console():
+    with optuna_console():
         owner = study_owner(_study_storage(sweep.study_storage), sweep.name)
     if owner not in (None, _owner(sweep)):
         who = f"sweep {owner}" if owner else "someone else (not a simgraph sweep)"
@@ -246,7 +246,7 @@ def export_study(sweep: SweepConfig, rows: Sequence[dict[str, Any]]) -> None:
         raise SweepError(f"study_storage={sweep.study_storage!r} now holds another study named "
                          f"{sweep.name!r}; not replaced — the results are in "
                          f"{_owner(sweep)} (trials.csv)")
-    with _optuna_console():
+    with optuna_console():
         _study(sweep, rows, storage)
 
 
@@ -287,7 +287,7 @@ def plot_results(sweep: SweepConfig, rows: Sequence[dict[str, Any]], out: Path) 
         plt.close(fig)
     if len(good) < 2:
         return
-    with _optuna_console():
+    with optuna_console():
         study = _study(sweep, rows)
         importances = param_importances(sweep, rows, study)
         if importances:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from components.io.paths import base_dir, localize, portable, resolve_path
 from components.runs.hosts import metric_first
 from components.sweep.layout import SweepError, sweep_dir
-from components.sweep.study import _optuna_console
+from components.sweep.study import optuna_console
 from components.training.tracking import prepare_sweep_trackers, tune_callbacks
 
 if TYPE_CHECKING:
@@ -158,7 +158,7 @@ def make_searcher(sweep: SweepConfig) -> Any:
 
     from components.search_space import SCORE, define_by_run, make_sampler  # ~0.1 s
 
-    with _optuna_console():  # OptunaSearch creates its study here: Optuna's INFO line
+    with optuna_console():  # OptunaSearch creates its study here: Optuna's INFO line
         optuna_search: Any = OptunaSearch(space=define_by_run(sweep), metric=SCORE,
                                           mode=sweep.mode, sampler=make_sampler(sweep))
     if sweep.repeats > 1:
