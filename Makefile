@@ -50,7 +50,7 @@ $(STAMP): pyproject.toml
 # otherwise ask for it (the suite has none).
 # Two phases: every test but the cluster ones on TEST_WORKERS pytest-xdist workers (a test
 # file stays on one worker: its module fixtures are built once; most slow tests wait on Ray
-# and process start-up, so two streams overlap well on 2 cores), then tests/test_cluster.py
+# and process start-up, so two streams overlap well on 2 cores), then tests/e2e/test_cluster.py
 # alone. Its cluster is removed by killing its own network namespace's processes (no `ray
 # stop --force`: other Rays on the machine survive), but beside the other stream its sweep
 # over both nodes waited forever for a placement group (2026-11-26: a freed trial's bundles
@@ -62,8 +62,8 @@ TEST_WORKERS ?= 2
 test: setup lint
 	@unshare -n true 2>/dev/null || { echo "make test: cannot create a network namespace (unshare -n); run as root or with CAP_SYS_ADMIN" >&2; exit 1; }
 	unshare -n bash -c 'ip link set lo up && export HF_HUB_OFFLINE=1 SIMGRAPH_RAY_DASHBOARD=0 && \
-	  $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --ignore=tests/test_cluster.py $(PYTEST_ARGS) && \
-	  { $(PY) -m pytest -q tests/test_cluster.py $(PYTEST_ARGS); rc=$$?; [ $$rc = 5 ] && rc=0; exit $$rc; }'
+	  $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --ignore=tests/e2e/test_cluster.py $(PYTEST_ARGS) && \
+	  { $(PY) -m pytest -q tests/e2e/test_cluster.py $(PYTEST_ARGS); rc=$$?; [ $$rc = 5 ] && rc=0; exit $$rc; }'
 
 lint: setup
 	$(VENV)/bin/ruff check components pipelines tests bench

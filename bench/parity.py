@@ -4,7 +4,7 @@ For each dataset, loss and seed, three encoders are scored with one evaluation (
 kNN@20, Wu et al. 2018 votes exp(cos / 0.07), and a linear probe, on backbone features of one
 centre view of every train (bank) and test (query) image):
 
-* **random**: the model at its initial weights (``torch.manual_seed(seed)`` → build_model);
+* **random**: the encoder at its initial weights (``torch.manual_seed(seed)`` → build_encoder);
 * **plain**: a plain loop — no Ray, no FFCV loader: images read from the dataset dir's
   ``.beton`` files (``shards.read_samples``), torchvision ``transforms.v2`` views, a
   ``DataLoader``, and a hand-written step over the same model class, objective, optimiser and
@@ -28,7 +28,6 @@ loop's.
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime
 import hashlib
 import json
@@ -312,8 +311,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from components.data.reader import DatasetInfo
-    from components.evaluation.baseline import random_init_model
-    from components.runs.scoring import load_run
+    from components.evaluation.baseline import random_init_encoder
+    from components.runs.run_dir import load_run
     from components.runtime.session import ray_session
     from pipelines import preprocess, pretrain
 
@@ -363,7 +362,7 @@ def main() -> None:
                             times[k] += done[key]["seconds"][k]
                         print(f"[parity] {name}: reused from {log_path}", flush=True)
                         continue
-                    rand = random_init_model(cfg, c, sim, info.caption_dim)  # the run's init
+                    rand = random_init_encoder(cfg)  # the run's initial encoder
                     t0 = time.perf_counter()
                     plain = train_plain(cfg, work / ds, c, sim, info.caption_dim,
                                         args.plain_resize)
@@ -373,14 +372,12 @@ def main() -> None:
                     t_pipe = time.perf_counter() - t0
                     times["plain"] += t_plain
                     times["pipeline"] += t_pipe
-                    _, state, _ = load_run(work / "runs" / name)
-                    piped = copy.deepcopy(rand)
-                    piped.load_state_dict(state.model)
+                    piped = load_run(work / "runs" / name).encoder()
                     torch.set_num_threads(2)  # pretrain imported ffcv, which sets 1
                     scores = {f"{who}.{k}": v
-                              for who, m in (("random", rand), ("plain", plain),
+                              for who, m in (("random", rand), ("plain", plain.encoder),
                                              ("pipeline", piped))
-                              for k, v in score(m.encoder, train, test, a, c).items()}
+                              for k, v in score(m, train, test, a, c).items()}
                     for k, v in scores.items():
                         res.setdefault(k, []).append(v)
                     with open(log_path, "a") as f:

@@ -32,7 +32,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.datasets import synthetic_dataset, tiny_run_config  # noqa: E402
+from tests.support.datasets import synthetic_dataset, tiny_run_config  # noqa: E402
 
 HOSTS = ("in_process", "ray_train")
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from tests.s3 import s3_endpoint, s3_uri  # noqa: F401
+from tests.support.s3 import s3_endpoint, s3_uri  # noqa: F401
 
 # The suite runs offline (make test uses a loopback-only namespace); make libraries agree.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

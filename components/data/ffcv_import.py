@@ -14,7 +14,7 @@ plain ``dict`` with the same items behaves identically. :func:`install` register
 import hook that executes that one module with ``numba.typed.Dict`` bound to ``dict``; nothing
 else in FFCV or numba changes. It applies to the FFCV version it was checked against only
 (:data:`CHECKED_VERSION`); with any other version FFCV imports untouched.
-``tests/test_data_units.py`` checks the resulting dict and that images still decode.
+``tests/data/test_units.py`` checks the resulting dict and that images still decode.
 
 Threads: FFCV's ``Compiler.set_num_threads(n)`` sets numba's threads (thread-local) *and*
 ``torch.set_num_threads(n)``, which is process-wide. FFCV calls it with 1 when
@@ -24,7 +24,7 @@ online kNN and ``simgraph evaluate`` / ``embed`` ran on ``data.num_workers`` tor
 (whenever the pipeline thread last started), not on the CPUs they were given. The same hook
 (:data:`THREADS_MODULE`) keeps the caller's torch count across the compiler's import and
 replaces ``set_num_threads`` with FFCV's own minus the torch call: numba's thread count and
-the ``parallel`` compile flag are untouched (``tests/test_data_units.py``).
+the ``parallel`` compile flag are untouched (``tests/data/test_units.py``).
 """
 
 from __future__ import annotations

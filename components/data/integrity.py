@@ -17,7 +17,7 @@ it will be stored (:func:`components.data.images.decode_image`), then hashed thr
 
 The pHash is the classic one (Zauner 2010; the ``imagehash`` package's ``phash``): grey
 (ITU-R 601 luma), resized to 32×32 with Lanczos, 2-D DCT-II, the 8×8 lowest frequencies
-compared with their median. Measured (tests/test_integrity.py, 40 smooth synthetic pictures):
+compared with their median. Measured (tests/data/test_integrity.py, 40 smooth synthetic pictures):
 a JPEG re-encoding at quality 70–90 after a resize changes 0–6 bits (8 at quality 60 and a
 resize to 5/8) and moves the thumbnail by ≤ 1.2 grey levels; Fashion-MNIST items upsampled 2×,
 saved as JPEG (q60) and shrunk back move it by 2–5. Unrelated pictures differ in ≥ 22 bits. The

@@ -3,9 +3,10 @@ the run started from, scored the same way.
 
 "How much did pretraining buy?" is the gain over this encoder: a random convolutional network
 already separates simple images far above chance (its kNN top-1 on Fashion-MNIST is tens of
-points), so a run's accuracy alone says little. :func:`random_init_model` rebuilds the model
-exactly as the training recipe does before its first step (``torch.manual_seed(train.seed)``
-then :func:`components.training.step.build_model`, on the CPU), without loading a checkpoint;
+points), so a run's accuracy alone says little. :func:`random_init_encoder` rebuilds the
+encoder exactly as the training recipe does before its first step
+(``torch.manual_seed(train.seed)`` then :func:`components.models.encoders.build_encoder`, on
+the CPU), without loading a checkpoint;
 the caller extracts its features through the same loaders as the run's, and
 :func:`score_baseline` computes the weighted kNN top-1 at one k and the linear probe's top-1
 with their per-image hits, so :meth:`Baseline.gain` is a paired difference over the same
@@ -30,9 +31,9 @@ if TYPE_CHECKING:  # torch loads when a baseline is built (the report's types ne
     from torch import Tensor
 
     from components.config import PretrainConfig
-    from components.training.step import PretrainModel
+    from components.models.encoders import Encoder
 
-__all__ = ["BASELINE", "Baseline", "random_init_model", "score_baseline"]
+__all__ = ["BASELINE", "Baseline", "random_init_encoder", "score_baseline"]
 
 BASELINE = "random init"
 
@@ -77,19 +78,20 @@ class Baseline:
                 "intervals": {k: iv.as_dict() for k, iv in self.intervals().items()}}
 
 
-def random_init_model(cfg: PretrainConfig, num_classes: int, class_similarity: Tensor | None,
-                      caption_dim: int) -> PretrainModel:
-    """The model of ``cfg`` at its initial weights, as the training recipe builds it
-    (``torch.manual_seed(cfg.train.seed)``, then ``build_model``), on the CPU. The global
-    torch generator is left as it was (the seeding runs in a forked RNG state)."""
+def random_init_encoder(cfg: PretrainConfig) -> Encoder:
+    """The encoder (backbone and projector) of ``cfg`` at the initial weights of its training
+    run, on the CPU: ``torch.manual_seed(cfg.train.seed)``, then
+    :func:`~components.models.encoders.build_encoder` — the recipe's first draws
+    (:func:`components.training.step.build_model` builds it first, before the objective and a
+    classifier head). The global torch generator is left as it was (the seeding runs in a
+    forked RNG state)."""
     import torch
 
-    from components.training.step import build_model
+    from components.models.encoders import build_encoder
 
     with torch.random.fork_rng(devices=[]):  # the CPU generator only: the build is on the CPU
         torch.manual_seed(cfg.train.seed)
-        model, _ = build_model(cfg.model, cfg.loss, num_classes, class_similarity, caption_dim)
-    return model
+        return build_encoder(cfg.model)
 
 
 def score_baseline(bank_features: Tensor, bank_labels: Tensor, query_features: Tensor,

@@ -2,9 +2,9 @@
 (``simgraph export``).
 
 :class:`Architecture`: the model config's numbers that ``model.py``'s constants and
-``config.json``'s ``architecture`` record. :func:`encoder_from_state`: a checkpoint's backbone
-and projector as an :class:`~components.models.encoders.Encoder`; :func:`plain_state_dicts`:
-their weights under the names plain modules use (torchvision's own keys for a ResNet).
+``config.json``'s ``architecture`` record. :func:`plain_state_dicts`: an encoder's weights
+(from :func:`components.models.encoders.encoder_from_state`) under the names plain modules use
+(torchvision's own keys for a ResNet).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 from torch import Tensor, nn
 
 from components.config import ModelConfig
-from components.export.formats import MODEL_PY, ExportError
-from components.models.encoders import Encoder, build_backbone, projector
+from components.export.formats import MODEL_PY
+from components.models.encoders import Encoder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,31 +80,6 @@ def projector_keys(arch: Architecture) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------
 # From a checkpoint to plain state dicts.
-
-
-def encoder_from_state(model: ModelConfig, state_model: dict[str, Tensor]) -> Encoder:
-    """The checkpoint's backbone and projector (no classifier head, no objective) as an
-    :class:`~components.models.encoders.Encoder`, in eval mode on the CPU.
-
-    Raises:
-        ExportError: the checkpoint's model does not fit ``model`` (missing or other keys).
-    """
-    backbone, dim = build_backbone(model.backbone, model.small_images, model.width,
-                                   model.blocks)
-    proj = projector(dim, model.projector_hidden, model.projector_dim, model.projector_layers,
-                     model.projector_bn)
-    encoder = Encoder(backbone, dim, proj)
-    for name, module in (("backbone", backbone), ("projector", proj)):
-        prefix = f"encoder.{name}."
-        part = {k[len(prefix):]: v for k, v in state_model.items() if k.startswith(prefix)}
-        try:
-            module.load_state_dict(part)
-        except RuntimeError as e:
-            first = str(e).strip().splitlines()
-            raise ExportError(
-                f"the checkpoint's {name} does not fit the run config's model section "
-                f"({first[1].strip() if len(first) > 1 else first[0]})") from None
-    return encoder.eval()
 
 
 def plain_state_dict(module: nn.Module) -> dict[str, Tensor]:

@@ -18,8 +18,9 @@ Two inputs, one centre view per image exactly as ``simgraph evaluate`` sees it:
   (FFCV's ``get_center_crop``) and the *same* resize kernel the reader's decoder runs
   (:func:`~components.data.augment.resize.resize_crop_bilinear`, or ``libffcv.resize_crop``),
   and the reader's normalisation. An image embedded from its folder and from a raw-stored
-  dataset dir built from that folder therefore gets the same features (``tests/test_embed.py``
-  measures the difference). Files that do not decode are skipped and reported.
+  dataset dir built from that folder therefore gets the same features
+  (``tests/export/test_embed.py`` measures the difference). Files that do not decode are
+  skipped and reported.
 
 Both go through :func:`components.training.step.extract_features` (eval mode, backbone or
 projector),
@@ -35,7 +36,6 @@ input, data). Written whole or not at all (:func:`components.io.files.replacing`
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -48,15 +48,12 @@ import numpy as np
 import torch
 
 import components.data  # noqa: F401  (its FFCV import hook, before any FFCV import here)
-from components.config import AugmentConfig, PretrainConfig
+from components.config import AugmentConfig
 from components.errors import SimgraphError
-from components.export.architecture import encoder_from_state
-from components.export.formats import ExportError
 from components.models.encoders import Encoder
-from components.runs.run_dir import load_run as run_dir_load_run
 
 if TYPE_CHECKING:
-    from components.runs.checkpoint import TrainingState
+    pass
 
 FORMAT = "simgraph-embeddings/1"
 METADATA_KEY = b"simgraph"
@@ -98,22 +95,6 @@ class Embedded:
 
 # ---------------------------------------------------------------------------------------------
 # The encoder of a run.
-
-
-# The run's config, a verified checkpoint state and its path (EmbedError when it cannot).
-load_run = functools.partial(run_dir_load_run, error=EmbedError, command="embed")
-
-
-def run_encoder(cfg: PretrainConfig, state: TrainingState) -> Encoder:
-    """The checkpoint's backbone and projector, in eval mode on the CPU (no dataset needed).
-
-    Raises:
-        EmbedError: the checkpoint's model does not fit the run config's model section.
-    """
-    try:
-        return encoder_from_state(cfg.model, state.model)
-    except ExportError as e:
-        raise EmbedError(str(e)) from None
 
 
 def default_device() -> torch.device:
@@ -476,5 +457,5 @@ def describe_input(augment: AugmentConfig) -> dict[str, Any]:
 
 
 __all__ = ["EmbedArgumentError", "EmbedError", "Embedded", "FORMAT", "embed_dataset",
-           "embed_folder", "embeddings_of", "eval_view", "list_images", "load_run",
-           "normalise", "read_metadata", "run_encoder", "to_table", "write_parquet"]
+           "embed_folder", "embeddings_of", "eval_view", "list_images",
+           "normalise", "read_metadata", "to_table", "write_parquet"]

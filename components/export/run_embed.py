@@ -43,12 +43,11 @@ from components.export.embed import (
     embed_dataset,
     embed_folder,
     list_images,
-    load_run,
-    run_encoder,
     to_table,
     write_parquet,
 )
 from components.io import storage
+from components.runs.run_dir import load_run
 
 
 def data_kind(data: str) -> str:
@@ -106,8 +105,9 @@ def embed_run(run_dir: str, data: str, out: str, *, split: str | None = None,
     else:
         data = str(local_dataset(data, stage=False))  # a URI: a verified local copy
         dataset_splits(DatasetInfo.load(data), split)  # an unknown split: before loading
-    cfg, state, ckpt = load_run(run_dir, checkpoint)
-    encoder = run_encoder(cfg, state)
+    run = load_run(run_dir, checkpoint, error=EmbedError, command="embed")
+    cfg, state, ckpt = run.config, run.state, run.checkpoint
+    encoder = run.encoder()
     meta: dict[str, Any] = {
         "run": storage.basename(run_dir), "run_dir": storage.display(run_dir),
         "checkpoint": storage.display(ckpt), "epoch": state.epoch,

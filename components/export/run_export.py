@@ -25,7 +25,6 @@ This module owns what a run's export adds to ``config.json`` (``run``, ``loss``,
 from __future__ import annotations
 
 import datetime
-import functools
 import importlib.metadata
 import json
 import subprocess
@@ -35,22 +34,17 @@ from typing import TYPE_CHECKING, Any
 from components.config import PretrainConfig, to_dict
 from components.data.identity import dataset_identity
 from components.data.shards import MANIFEST
-from components.export.architecture import encoder_from_state
 from components.export.card import card_sections
 from components.export.export_dir import claim_export_dir, export_encoder
 from components.export.formats import ExportError, check_format
 from components.io import storage
 from components.io.paths import project_root
-from components.runs.run_dir import load_run as run_dir_load_run
+from components.runs.run_dir import load_run
 
 if TYPE_CHECKING:
     from components.runs.checkpoint import TrainingState
 
 EVAL_METRICS = ("eval", "metrics.json")  # what `simgraph evaluate` writes into a run dir
-
-
-# The run's config, a verified checkpoint state and its path (ExportError when it cannot).
-load_run = functools.partial(run_dir_load_run, error=ExportError, command="export")
 
 
 def _manifest(dataset: str) -> dict[str, Any] | None:
@@ -139,8 +133,9 @@ def export_run(run_dir: str, checkpoint: str | None = None, fmt: str = "safetens
         ExportError: not a run dir, no complete checkpoint, a checkpoint of another config.
     """
     check_format(fmt)
-    cfg, state, ckpt = load_run(run_dir, checkpoint)
-    encoder = encoder_from_state(cfg.model, state.model)
+    run = load_run(run_dir, checkpoint, error=ExportError, command="export")
+    cfg, state, ckpt = run.config, run.state, run.checkpoint
+    encoder = run.encoder()
     name = storage.basename(run_dir)
     loss = to_dict(cfg.loss)
     loss = {"name": loss.pop("name"), **loss}

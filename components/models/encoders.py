@@ -1,6 +1,8 @@
 """Encoders: a small-image ConvNet (the default for 28–64 px data), torchvision ResNets
 (optionally with the small-image stem), the SupCon/SimCLR projector MLP and a linear
-classifier head (CoNe).
+classifier head (CoNe) — and the one builder of a config's encoder (:func:`build_encoder`)
+and of a checkpoint's (:func:`encoder_from_state`), which training, evaluation, export and
+embed all use.
 
 ``small_images=True`` swaps the ImageNet stem (7×7 stride-2 conv + max-pool) for a 3×3
 stride-1 conv without pooling, the usual CIFAR recipe (SimCLR App. B.9) for 28–64 px inputs.
@@ -8,10 +10,14 @@ stride-1 conv without pooling, the usual CIFAR recipe (SimCLR App. B.9) for 28�
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from components.config import ModelConfig
 
 Backbone = Literal["convnet", "resnet18", "resnet34", "resnet50"]
 
@@ -109,8 +115,55 @@ class Encoder(nn.Module):
         self.projector = proj
         self.classifier = nn.Linear(feat_dim, num_classes) if num_classes > 0 else None
 
+    def add_classifier(self, num_classes: int) -> None:
+        """A linear classifier ``[N, F] -> [N, num_classes]`` on the backbone features (CoNe,
+        cross-entropy), drawn from the generator's state at this call."""
+        self.classifier = nn.Linear(self.feat_dim, num_classes)
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         h = self.backbone(x)
         z = self.projector(h)
         logits = self.classifier(h) if self.classifier is not None else None
         return h, z, logits
+
+
+class EncoderStateError(ValueError):
+    """A checkpoint's weights do not fit the model config they are loaded under."""
+
+
+def build_encoder(model: ModelConfig) -> Encoder:
+    """``model``'s backbone and projector at their initial weights (drawn from the global
+    torch generator, backbone first), without a classifier (:meth:`Encoder.add_classifier`).
+
+    Raises:
+        ValueError: an unknown backbone, or fewer than one projector layer.
+    """
+    backbone, dim = build_backbone(model.backbone, model.small_images, model.width,
+                                   model.blocks)
+    proj = projector(dim, model.projector_hidden, model.projector_dim, model.projector_layers,
+                     model.projector_bn)
+    return Encoder(backbone, dim, proj)
+
+
+def encoder_from_state(model: ModelConfig, state_model: Mapping[str, torch.Tensor]) -> Encoder:
+    """A checkpoint's backbone and projector (``state_model``: the training model's state
+    dict, keys ``encoder.backbone.*`` / ``encoder.projector.*``; a classifier head and the
+    objective's state are not read) as an :class:`Encoder` in eval mode on the CPU. Each part
+    is loaded strictly.
+
+    Raises:
+        EncoderStateError: the checkpoint's model does not fit ``model`` (missing, other or
+            differently shaped tensors).
+    """
+    encoder = build_encoder(model)
+    for name in ("backbone", "projector"):
+        prefix = f"encoder.{name}."
+        part = {k[len(prefix):]: v for k, v in state_model.items() if k.startswith(prefix)}
+        try:
+            getattr(encoder, name).load_state_dict(part)
+        except RuntimeError as e:
+            first = str(e).strip().splitlines()
+            raise EncoderStateError(
+                f"the checkpoint's {name} does not fit the run config's model section "
+                f"({first[1].strip() if len(first) > 1 else first[0]})") from None
+    return encoder.eval()

@@ -49,7 +49,7 @@ DENSE_GRAPH_ENTRIES = 3 << 16
 # (:data:`LOGIT_BUDGET_BYTES` of float32), where their buffers (~2.3 × A·M float32 kept for
 # backward) are a few hundred MiB at most; beyond it, chunked rows as before.
 ACCELERATOR_DENSE_GRAPH_ENTRIES = LOGIT_BUDGET_BYTES // 4
-# Set by tests/test_sync_audit.py to audit, on the CPU, the paths an accelerator takes.
+# Set by tests/training/test_sync_audit.py to audit, on the CPU, the paths an accelerator takes.
 AUDIT_ACCELERATOR_PATHS = False
 
 
@@ -380,7 +380,7 @@ def noise_contrastive(
     noise-masked logits); on the CPU the per-pair terms are computed on the positive entries
     only. ``dense`` (default: off the CPU) computes them for every entry and masks instead:
     two more A×M buffers, but no ``nonzero`` / ``bincount``, whose data-dependent sizes are
-    host synchronisations on an accelerator (tests/test_sync_audit.py).
+    host synchronisations on an accelerator (tests/training/test_sync_audit.py).
     """
     min_value = torch.finfo(logits.dtype).min
     noise = ~(positives | self_mask)

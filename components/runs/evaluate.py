@@ -17,7 +17,6 @@ from components.runs.scoring import (
     EvaluateError,
     eval_loader,
     load_run,
-    run_dataset,
     split_features,
 )
 
@@ -41,7 +40,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
 
     from components.data.devices import resolve_device
     from components.data.reader import set_jit
-    from components.evaluation.baseline import random_init_model, score_baseline
+    from components.evaluation.baseline import random_init_encoder, score_baseline
     from components.evaluation.graph import (
         class_similarity_matrix,
         graph_metrics,
@@ -58,12 +57,12 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
         with_images,
     )
     from components.io.storage import basename
-    from components.training.step import build_model
 
     dev = resolve_device(device)  # a bad --device: before anything loads
-    cfg, state, _ = load_run(run_dir, checkpoint)
+    run = load_run(run_dir, checkpoint)
+    cfg, state = run.config, run.state
     name = basename(str(run_dir))
-    info = run_dataset(cfg, state)
+    info = run.dataset()
     classes, index = list(info.classes), torch.arange(len(info.classes))
     if labels is not None:
         try:
@@ -71,11 +70,8 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
         except LabelMapError as e:
             raise EvaluateError(str(e)) from None
     set_jit(cfg.data.jit if jit is None else jit)
-    sim = info.class_similarity()
-    sim_t = None if sim is None else torch.as_tensor(sim, dtype=torch.float32)
-    model, _ = build_model(cfg.model, cfg.loss, len(info.classes), sim_t, info.caption_dim)
-    model.load_state_dict(state.model)
-    encoder = model.encoder.to(dev)
+    sim = info.class_similarity()  # the loss's target graph over classes, when it has one
+    encoder = run.encoder().to(dev)
     query_split = "test" if info.splits.get("test", 0) else "val"
     rule = KnnRule.of(cfg.knn)  # the one kNN rule: the online monitor's and confirmation's
     bank_split = rule.bank_split
@@ -110,7 +106,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
     grid = with_images(grid, loaders[query_split], loaders[bank_split], a.mean, a.std)
     base = None
     if baseline and k_head is not None:  # the same loaders, labels, rule, k and probe
-        rand = random_init_model(cfg, len(info.classes), sim_t, info.caption_dim).encoder.to(dev)
+        rand = random_init_encoder(cfg).to(dev)
         rand_bank_f, _ = features(rand, bank_split, f"{name} ({BASELINE})")
         rand_query_f, _ = features(rand, query_split, f"{name} ({BASELINE})")
         base = score_baseline(rand_bank_f, bank_y, rand_query_f, query_y, c, k=k_head,

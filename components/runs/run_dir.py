@@ -21,7 +21,9 @@ whether it has already finished. Whatever trains in a run dir — ``simgraph pre
 ``simgraph run`` (``components.runs.recipe.run_pretraining``), each sweep trial and confirmation run
 — calls it only through :func:`writing_run`, which holds the run dir's one-writer lock and
 claims the folder around it for as long as the run trains. Read back by ``evaluate`` /
-``export`` / ``embed`` through :func:`load_run`."""
+``export`` / ``embed`` / a sweep's confirmation through one reader, :func:`load_run`: a typed
+:class:`LoadedRun` giving the run's config, a verified checkpoint's state, its encoder and its
+dataset."""
 
 from __future__ import annotations
 
@@ -43,6 +45,8 @@ from components.runs.errors import RunError
 from components.runs.resume import check_resume, config_diff
 
 if TYPE_CHECKING:
+    from components.data.reader import DatasetInfo
+    from components.models.encoders import Encoder
     from components.runs.checkpoint import TrainingState
 
 RUN_CONFIG = "config.yaml"
@@ -260,16 +264,71 @@ def writing_run(cfg: PretrainConfig, base: str | Path | None = None, *,
         yield prepare_run(cfg, base)
 
 
+@dataclasses.dataclass(frozen=True)
+class LoadedRun:
+    """A run read back by :func:`load_run`: its config, a verified checkpoint's state and that
+    checkpoint's path; :meth:`encoder` and :meth:`dataset` build what the reading commands
+    score, export or embed with, failing with the reading command's error type ``error``."""
+
+    config: PretrainConfig
+    state: TrainingState
+    checkpoint: str
+    error: type[SimgraphError] = RunError
+
+    def encoder(self) -> Encoder:
+        """The checkpoint's backbone and projector (no classifier head, no objective: the one
+        route from a run to its encoder, :func:`~components.models.encoders.encoder_from_state`),
+        in eval mode on the CPU.
+
+        Raises:
+            ``error``: the checkpoint's model does not fit the run config's model section.
+        """
+        from components.models.encoders import EncoderStateError, encoder_from_state
+
+        try:
+            return encoder_from_state(self.config.model, self.state.model)
+        except EncoderStateError as e:
+            raise self.error(str(e)) from None
+
+    def dataset(self) -> DatasetInfo:
+        """The labelled dataset the run trained on (a URI or ``data.stage``: a verified
+        node-local copy), checked to be that data by its identity.
+
+        Raises:
+            ``error``: the dataset cannot be read, has no labels, or is not the data the run
+                trained on.
+        """
+        from components.data.identity import dataset_identity
+        from components.data.reader import DatasetError, DatasetInfo
+        from components.data.staging import local_dataset
+        from components.io.storage import StorageError
+
+        data = self.config.data
+        try:
+            info = DatasetInfo.load(local_dataset(data.dataset, data.stage, data.stage_dir))
+        except (DatasetError, StorageError) as e:
+            raise self.error(str(e)) from None
+        if not info.classes:
+            raise self.error(f"{info.root} has no labels: kNN, the probe and the graph "
+                             "metrics need labelled data")
+        trained_on = self.state.dataset
+        if trained_on is not None and trained_on != dataset_identity(info.manifest):
+            raise self.error(
+                f"{info.root} does not hold the data this run trained on (its manifest's "
+                "digest, split checksums or classes differ); point data.dataset at the "
+                "original dataset dir")
+        return info
+
+
 def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
-             error: type[SimgraphError] = RunError, command: str = "evaluate"
-             ) -> tuple[PretrainConfig, TrainingState, str]:
-    """A finished (or interrupted) run as the commands that read one need it: its config, a
-    verified checkpoint's :class:`~components.runs.checkpoint.TrainingState` (``checkpoint``, or
-    the newest complete one) and that checkpoint's path. A corrupt ``config.yaml`` falls back
-    to the checkpoint's config with a warning on stderr (``simgraph <command>: warning: ...``).
-    Each reading command binds its error type and name once (``functools.partial``:
-    ``components.runs.scoring.load_run``, ``components.export.embed.load_run``,
-    ``pipelines.export.load_run``).
+             error: type[SimgraphError] = RunError, command: str = "evaluate") -> LoadedRun:
+    """A finished (or interrupted) run as the commands that read one need it
+    (:class:`LoadedRun`): its config, a verified checkpoint's
+    :class:`~components.runs.checkpoint.TrainingState` (``checkpoint``, or the newest complete
+    one) and that checkpoint's path. A corrupt ``config.yaml`` falls back to the checkpoint's
+    config with a warning on stderr (``simgraph <command>: warning: ...``). ``error`` and
+    ``command``: the reading command's error type (``EvaluateError``, ``ExportError``,
+    ``EmbedError``: its exit code) and name.
 
     Raises:
         ``error`` (the command's error type): not a run dir, no complete checkpoint, an
@@ -315,4 +374,4 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
         raise error(
             f"checkpoint {storage.display(checkpoint)} was written by another config than "
             f"{shown} ({', '.join(diff[:5])} differ); {command} it with its own run dir")
-    return cfg, state, str(checkpoint)
+    return LoadedRun(cfg, state, str(checkpoint), error)

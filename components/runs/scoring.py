@@ -1,55 +1,39 @@
 """A run's checkpoint scored on a split of its dataset — what ``simgraph evaluate``
 (:mod:`pipelines.evaluate`) and a sweep's confirmation stage share: the run read back
-(:func:`load_run`, :func:`run_dataset`: its dataset, checked to be the one it trained on), the
-evaluation view of a split (:func:`eval_loader`), its features (:func:`split_features`), and
+(:func:`load_run`: :func:`components.runs.run_dir.load_run` failing with
+:class:`EvaluateError`; its ``dataset()`` checked to be the one it trained on), the evaluation
+view of a split (:func:`eval_loader`), its features (:func:`split_features`), and
 per-image kNN hits by the one kNN rule (:func:`split_knn_hits`)."""
 
 from __future__ import annotations
 
-import functools
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from components.config import PretrainConfig
 from components.errors import SimgraphError
-from components.runs.run_dir import load_run as run_dir_load_run
+from components.runs.run_dir import LoadedRun
+from components.runs.run_dir import load_run as read_run
 
 if TYPE_CHECKING:  # torch and the readers load only when a run is scored
     from components.data.reader import ViewLoader
-    from components.runs.checkpoint import TrainingState
 
 
 class EvaluateError(SimgraphError, RuntimeError):
     """A run cannot be evaluated; the message says why and what to do."""
 
 
-# The run's config, a verified checkpoint state and its path (EvaluateError when it cannot).
-load_run = functools.partial(run_dir_load_run, error=EvaluateError, command="evaluate")
+def load_run(run_dir: str | Path, checkpoint: str | Path | None = None) -> LoadedRun:
+    """:func:`components.runs.run_dir.load_run` for ``simgraph evaluate`` and a sweep's
+    confirmation stage.
 
-
-def run_dataset(cfg: PretrainConfig, state: TrainingState) -> Any:
-    from components.data.identity import dataset_identity
-    from components.data.reader import DatasetError, DatasetInfo
-    from components.data.staging import local_dataset
-    from components.io.storage import StorageError
-
-    try:  # a URI (or data.stage): a verified node-local copy
-        info = DatasetInfo.load(local_dataset(cfg.data.dataset, cfg.data.stage,
-                                              cfg.data.stage_dir))
-    except (DatasetError, StorageError) as e:
-        raise EvaluateError(str(e)) from None
-    if not info.classes:
-        raise EvaluateError(f"{info.root} has no labels: kNN, the probe and the graph metrics "
-                            "need labelled data")
-    trained_on = state.dataset
-    if trained_on is not None and trained_on != dataset_identity(info.manifest):
-        raise EvaluateError(
-            f"{info.root} does not hold the data this run trained on (its manifest's digest, "
-            "split checksums or classes differ); point data.dataset at the original dataset dir"
-        )
-    return info
+    Raises:
+        EvaluateError: see :func:`components.runs.run_dir.load_run`.
+    """
+    return read_run(run_dir, checkpoint, error=EvaluateError, command="evaluate")
 
 
 def eval_loader(cfg: PretrainConfig, info: Any, split: str, device: Any) -> ViewLoader:
@@ -89,26 +73,18 @@ def split_knn_hits(run_dir: str, split: str, *, device: str | None = None,
         EvaluateError: the run cannot be read, its dataset has no labels or no images in
             ``split``.
     """
-    import torch
-
     from components.data.devices import resolve_device
     from components.data.reader import set_jit
     from components.evaluation.knn import KnnRule
-    from components.training.step import build_model
 
     dev = resolve_device(device)
-    cfg, state, _ = load_run(run_dir)
-    info = run_dataset(cfg, state)
+    run = load_run(run_dir)
+    cfg, info = run.config, run.dataset()
     if not info.splits.get(split, 0):
         raise EvaluateError(f"{info.root} has no {split} images to score on; preprocess with "
                             f"split.{split} > 0")
     set_jit(cfg.data.jit if jit is None else jit)
-    sim = info.class_similarity()
-    model, _ = build_model(cfg.model, cfg.loss, len(info.classes),
-                           None if sim is None else torch.as_tensor(sim, dtype=torch.float32),
-                           info.caption_dim)
-    model.load_state_dict(state.model)
-    encoder = model.encoder.to(dev)
+    encoder = run.encoder().to(dev)
     rule = KnnRule.of(cfg.knn)
     bank_f, bank_y = split_features(cfg, info, encoder, rule.bank_split, dev)
     query_f, query_y = split_features(cfg, info, encoder, split, dev)

@@ -34,7 +34,7 @@ def _all_gather_single(output: Tensor, input: Tensor) -> None:
     """Equal-size all-gather into one tensor. torch >= 2.12 names it ``all_gather_single``;
     older torch (2.11 is what the lent GPU image and many preinstalled nodes have: its absence
     stopped every training run there) has it as ``all_gather_into_tensor``. Looked up at each
-    call, so that a patched ``dist`` (tests/strict_device.py) is what runs."""
+    call, so that a patched ``dist`` (tests/support/strict_device.py) is what runs."""
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     fn(output, input)
 

@@ -25,7 +25,7 @@ start, in this process and (through the environment) in the processes Ray spawns
 authentication stays as Ray 2.60 sets it for a new local cluster (on, unless ``RAY_AUTH_MODE``
 says otherwise): loopback ports are still reachable by the machine's other users.
 Tested in a network namespace with a routable 10.x address and a default route
-(``tests/test_secrets_and_ports.py::test_a_local_ray_listens_on_loopback_only_with_a_token``).
+(``tests/deploy/test_secrets_and_ports.py::test_a_local_ray_listens_on_loopback_only_with_a_token``).
 """
 
 from __future__ import annotations

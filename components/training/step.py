@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from components.config import LossConfig, ModelConfig, TrainConfig
 from components.errors import NonFiniteError, SimgraphError
-from components.models.encoders import Encoder, build_backbone, projector
+from components.models.encoders import Encoder, build_encoder
 from components.objectives import ContrastiveBatch, Metrics, Objective, build_objective
 from components.objectives.memory import EMA, cosine_momentum
 from components.runtime import distributed
@@ -119,14 +119,11 @@ def build_model(
     Raises:
         ValueError: the dataset lacks what the loss needs (see ``build_objective``).
     """
-    backbone, feat_dim = build_backbone(model_cfg.backbone, model_cfg.small_images,
-                                        model_cfg.width, model_cfg.blocks)
-    proj = projector(feat_dim, model_cfg.projector_hidden, model_cfg.projector_dim,
-                     model_cfg.projector_layers, model_cfg.projector_bn)
+    encoder = build_encoder(model_cfg)
     objective = build_objective(loss_cfg, model_cfg.projector_dim, num_classes=num_classes,
                                 class_similarity=class_similarity, caption_dim=caption_dim)
-    head = num_classes if "logits" in objective.requires else 0
-    encoder = Encoder(backbone, feat_dim, proj, num_classes=head)
+    if "logits" in objective.requires:  # drawn after the objective's weights (CLIP's head),
+        encoder.add_classifier(num_classes)  # as every run so far: seeded inits unchanged
     ema = EMA(encoder) if {"ema_z", "ema_logits"} & objective.requires else None
     return PretrainModel(encoder, objective), ema
 
@@ -250,7 +247,7 @@ def train_step(
 
     Host reads: one per step, for every loss — the objective's read of its loss statistics,
     which also carries the batch's input checks and the loss's own label checks
-    (:func:`components.objectives.batch.hot_path`; budgets in tests/test_sync_audit.py);
+    (:func:`components.objectives.batch.hot_path`; budgets in tests/training/test_sync_audit.py);
     ``amp='fp16'`` adds the gradient scaler's read of its inf/NaN flag in ``scaler.step``.
     ``equal_batches``: every rank's batch has the same size, as the training loader's
     ``drop_last`` guarantees (:mod:`components.data.reader`), so the gathers exchange no

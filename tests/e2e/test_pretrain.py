@@ -1,0 +1,330 @@
+"""``simgraph pretrain`` on Ray Train: exact resume after a SIGKILL, worker failover,
+interrupted checkpoints, and the driver's checks (all on a synthetic dataset, 2 CPU workers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from components.config import ConfigError, PretrainConfig, from_dict
+from components.runs.checkpoint import load_state
+from components.runs.checkpoints import latest_complete
+from components.runs.dataset_checks import check_dataset
+from components.runs.diagnostics import PAUSE_ENV
+from components.runs.errors import RunError
+from components.runs.run_dir import prepare_run_dir
+from tests.support.datasets import synthetic_dataset, tiny_run_config
+from tests.support.procs import kill_session, session_pids
+
+ROOT = Path(__file__).resolve().parents[2]
+# Rank-local timings: everything else in a history row must match exactly.
+TIMING = {"samples_per_s", "data_wait", "time_s", "eval_s"}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return synthetic_dataset(tmp_path_factory.mktemp("pretrain") / "ds")
+
+
+def _start(cfg: dict[str, Any], tmp: Path, pause_at_step: int = 0,
+           verbose: bool = False) -> subprocess.Popen:
+    path = tmp / f"{cfg['name']}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, PAUSE_ENV: str(pause_at_step)}
+    env.pop("SIMGRAPH_VERBOSE", None)
+    log = open(tmp / f"{cfg['name']}.log", "a")  # noqa: SIM115 - closed with the process
+    flags = ["--verbose"] if verbose else []
+    return subprocess.Popen([sys.executable, "-m", "pipelines.cli", *flags, "pretrain", str(path)],
+                            cwd=ROOT, env=env, start_new_session=True, stdout=log,
+                            stderr=subprocess.STDOUT, preexec_fn=_as_from_a_terminal)
+
+
+def _as_from_a_terminal() -> None:
+    """SIGINT at its default, as in a shell at a terminal: a test suite started in the
+    background (``make test &``) hands its children SIGINT ignored, and Python then never
+    raises KeyboardInterrupt, so the Ctrl-C test would wait on a run that cannot hear it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _finish(proc: subprocess.Popen, tmp: Path, name: str, timeout: float = 400) -> None:
+    try:
+        rc = proc.wait(timeout=timeout)
+    finally:
+        kill_session(proc.pid)
+    assert rc == 0, (tmp / f"{name}.log").read_text()[-4000:]
+
+
+def _wait_for(cond: Any, proc: subprocess.Popen, tmp: Path, name: str, timeout: float = 300):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"{name} exited early:\n"
+                                 + (tmp / f"{name}.log").read_text()[-4000:])
+        time.sleep(0.2)
+    kill_session(proc.pid)
+    raise AssertionError(f"timed out waiting; log:\n{(tmp / f'{name}.log').read_text()[-4000:]}")
+
+
+def _final(run_dir: Path) -> dict[str, Any]:
+    best = latest_complete(run_dir)
+    assert best is not None, f"no complete checkpoint in {run_dir}"
+    return load_state(best[1])
+
+
+def _registered(run_dir: Path, name: str) -> bool:
+    snap = run_dir / "checkpoint_manager_snapshot.json"
+    return snap.exists() and name in snap.read_text()
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_identical_weights_and_metrics(dataset: Path,
+                                                             tmp_path: Path) -> None:
+    """4 epochs straight vs 2 epochs, SIGKILL of the whole process tree, re-run: identical.
+
+    A half-written ``epoch_00003`` (what a kill during the upload leaves) is planted before
+    the re-run: it must not be used, and the resumed run writes a complete one over it.
+    """
+    straight = tiny_run_config(dataset, tmp_path / "runs", name="straight")
+    _finish(_start(straight, tmp_path, verbose=True), tmp_path, "straight")
+    loud = (tmp_path / "straight.log").read_text()
+    assert "TrainingReport(" in loud  # --verbose: Ray Train's own lines too
+
+    killed = tiny_run_config(dataset, tmp_path / "runs", name="killed",
+                             tracking={"mlflow": True, "wandb": True})
+    steps = 4  # 128 train samples / (2 workers × 16)
+    proc = _start(killed, tmp_path, pause_at_step=2 * steps + 1)
+    run_dir = tmp_path / "runs" / "killed"
+    _wait_for(lambda: (run_dir / "workers" / "paused-rank0-step9").exists()
+              and _registered(run_dir, "epoch_00002"), proc, tmp_path, "killed")
+    kill_session(proc.pid)
+    assert proc.wait(timeout=30) != 0 and not session_pids(proc.pid)
+    assert latest_complete(run_dir)[0] == 2  # type: ignore[index]
+    partial = run_dir / "epoch_00003"
+    partial.mkdir()
+    (partial / "state.pt").write_bytes(b"\x80\x02 half a pickle")
+
+    _finish(_start(killed, tmp_path), tmp_path, "killed")
+    quiet = (tmp_path / "killed.log").read_text()
+    assert quiet.count("resumed 'killed' after epoch 2") == 1
+    # Quiet by default: the run summary and one line per epoch, none of Ray Train's dumps.
+    assert "TrainingReport(" not in quiet and "Checkpoint successfully created" not in quiet
+    assert "peak LR" in quiet and "2 worker(s) x 16 = 32 global" in quiet
+    # (the killed process got through epochs 1-2, the re-run did 3-4; each line once)
+    assert [line.split("  ")[0] for line in quiet.splitlines()
+            if line.startswith("[simgraph] epoch")] == [f"[simgraph] epoch {e}/4"
+                                                        for e in (1, 2, 3, 4)]
+    # tracking.mlflow: one MLflow run, continued by the resume, every epoch once
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{run_dir / 'mlflow.db'}")
+    (mrun,) = client.search_runs([client.get_experiment_by_name("simgraph").experiment_id])
+    assert mrun.info.status == "FINISHED" and mrun.data.params["loss.name"] == "supcon"
+    assert [m.step for m in client.get_metric_history(mrun.info.run_id, "loss")] == [1, 2, 3, 4]
+    # tracking.wandb (offline): the resumed process continues the same W&B run id with the
+    # epochs it trained (the killed process's run may have lost unflushed records)
+    from tests.support.wandb_offline import offline_runs
+
+    *_, resumed = offline_runs(run_dir)
+    dirs = sorted((run_dir / "wandb").glob("offline-run-*"))  # <time>-<run id>, per process
+    assert len(dirs) == 2 and {d.name.rsplit("-", 1)[1] for d in dirs} == {resumed.run_id}
+    assert resumed.name == "killed" and resumed.config["loss"]["name"] == "supcon"
+    assert [h["epoch"] for h in resumed.history if "loss" in h] == [3, 4]
+
+    a, b = _final(tmp_path / "runs" / "straight"), _final(run_dir)
+    assert a["epoch"] == b["epoch"] == 4 and a["step"] == b["step"] == 16
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    for key in ("optimizer", "scheduler"):
+        assert repr(a[key]) == repr(b[key]), key
+    strip = [{k: v for k, v in row.items() if k not in TIMING} for row in a["history"]]
+    assert strip == [{k: v for k, v in row.items() if k not in TIMING} for row in b["history"]]
+    assert [r["epoch"] for r in b["history"]] == [1, 2, 3, 4]
+    assert 0.0 <= b["history"][-1]["knn_top1"] <= 1.0
+    assert b["model"]["objective.bank.features"].abs().sum() > 0  # the memory bank was restored
+    # metrics.csv holds each epoch once, even though the killed run had logged epoch 2
+    rows = (run_dir / "metrics.csv").read_text().splitlines()
+    assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3", "4"]
+
+
+@pytest.mark.slow
+def test_in_process_run_matches_ray_train_and_resumes_the_same_way(dataset: Path,
+                                                                   tmp_path: Path) -> None:
+    """``scaling.host``: a one-worker run trained in the ``simgraph pretrain`` process (the
+    default for a local one-worker CPU run) gives Ray Train's weights, optimizer state and
+    history for the same seed, and either resumes the other's checkpoints to the same end."""
+    def cfg(name: str, host: str) -> dict[str, Any]:
+        return tiny_run_config(dataset, tmp_path / "runs", name=name, train__epochs=3,
+                               scaling__num_workers=1, scaling__cpus_per_worker=1.0,
+                               scaling__host=host)
+
+    for name, host in (("ray", "ray_train"), ("local", "auto")):
+        _finish(_start(cfg(name, host), tmp_path), tmp_path, name)
+    local_log = (tmp_path / "local.log").read_text()
+    assert "hiding known-harmless Ray" not in local_log  # no Ray was started
+    # Switching host on a resume: Ray Train killed in epoch 2, the rest in-process.
+    steps = 8  # 128 train samples / (1 worker × 16)
+    proc = _start(cfg("mixed", "ray_train"), tmp_path, pause_at_step=steps + 1)
+    run_dir = tmp_path / "runs" / "mixed"
+    _wait_for(lambda: (run_dir / "workers" / f"paused-rank0-step{steps + 1}").exists()
+              and _registered(run_dir, "epoch_00001"), proc, tmp_path, "mixed")
+    kill_session(proc.pid)
+    assert proc.wait(timeout=30) != 0 and latest_complete(run_dir)[0] == 1  # type: ignore[index]
+    _finish(_start(cfg("mixed", "in_process"), tmp_path), tmp_path, "mixed")
+    assert "resumed 'mixed' after epoch 1" in (tmp_path / "mixed.log").read_text()
+    ray, *others = (_final(tmp_path / "runs" / n) for n in ("ray", "local", "mixed"))
+    for other in others:
+        assert other["epoch"] == ray["epoch"] == 3 and other["step"] == ray["step"]
+        for key in ray["model"]:
+            assert torch.equal(ray["model"][key], other["model"][key]), key
+        for key in ("optimizer", "scheduler"):
+            assert repr(ray[key]) == repr(other[key]), key
+        assert ([{k: v for k, v in r.items() if k not in TIMING} for r in ray["history"]]
+                == [{k: v for k, v in r.items() if k not in TIMING} for r in other["history"]])
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_one_line_and_the_run_resumes_to_the_same_weights(dataset: Path,
+                                                                   tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT) in epoch 2 of an in-process run: exit 130, one line and no traceback;
+    the same command resumes after epoch 1 and ends where an uninterrupted run ends."""
+    def cfg(name: str) -> dict[str, Any]:
+        return tiny_run_config(dataset, tmp_path / "runs", name=name, train__epochs=3,
+                               scaling__num_workers=1, scaling__cpus_per_worker=1.0)
+
+    _finish(_start(cfg("straight"), tmp_path), tmp_path, "straight")
+    steps = 8  # 128 train samples / (1 worker × 16)
+    proc = _start(cfg("stopped"), tmp_path, pause_at_step=steps + 1)
+    run_dir = tmp_path / "runs" / "stopped"
+    _wait_for(lambda: (run_dir / "workers" / f"paused-rank0-step{steps + 1}").exists(),
+              proc, tmp_path, "stopped")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    log = (tmp_path / "stopped.log").read_text()
+    assert "Traceback" not in log and log.count("simgraph pretrain: interrupted (Ctrl-C)") == 1
+    _finish(_start(cfg("stopped"), tmp_path), tmp_path, "stopped")
+    assert "resumed 'stopped' after epoch 1" in (tmp_path / "stopped.log").read_text()
+    a, b = _final(tmp_path / "runs" / "straight"), _final(run_dir)
+    assert a["epoch"] == b["epoch"] == 3
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+
+
+def test_where_a_run_trains() -> None:
+    from components.runs.recipe import trains_in_process
+
+    def config(**scaling: Any) -> PretrainConfig:
+        return from_dict(PretrainConfig, {"name": "r", "data": {"dataset": "d"},
+                                          "scaling": scaling})
+
+    assert trains_in_process(config(num_workers=1))
+    assert not trains_in_process(config(num_workers=2))
+    assert not trains_in_process(config(num_workers=1, max_failures=2))  # Train restarts it
+    assert not trains_in_process(config(num_workers=1, use_gpu=True))
+    assert not trains_in_process(config(num_workers=1, host="ray_train"))
+    with pytest.MonkeyPatch.context() as mp:  # a cluster: its workers, not this process
+        mp.setenv("RAY_ADDRESS", "ray://head:10001")
+        assert not trains_in_process(config(num_workers=1))
+        assert trains_in_process(config(num_workers=1, host="in_process"))
+    for scaling, needs in (({"num_workers": 2}, "scaling.num_workers=1"),
+                           ({"use_gpu": True}, "scaling.use_gpu=false"),
+                           ({"max_failures": 1}, r"scaling.max_failures=0")):
+        with pytest.raises(ConfigError, match=rf"scaling.host=in_process needs {needs}.*use "
+                                              r"scaling.host=ray_train \(or auto\)"):
+            config(host="in_process", **scaling)
+
+
+@pytest.mark.slow
+def test_sigkilled_worker_is_restarted_from_checkpoint(dataset: Path, tmp_path: Path) -> None:
+    # CoNe: its first step (empty bank) leaves the projector without a gradient under DDP
+    cfg = tiny_run_config(dataset, tmp_path / "runs", name="failover", scaling__max_failures=1,
+                          loss={"name": "cone", "bank_size": 40, "top_n": 4})
+    proc = _start(cfg, tmp_path, pause_at_step=6)  # mid-epoch 2 (4 steps per epoch)
+    run_dir = tmp_path / "runs" / "failover"
+    _wait_for(lambda: (run_dir / "workers" / "paused-rank1-step6").exists(), proc, tmp_path,
+              "failover")
+    victim = json.loads((run_dir / "workers" / "rank1.json").read_text())["pid"]
+    os.kill(victim, signal.SIGKILL)
+    _finish(proc, tmp_path, "failover")
+    state = _final(run_dir)
+    assert state["epoch"] == 4 and state["step"] == 16
+    assert [r["epoch"] for r in state["history"]] == [1, 2, 3, 4]
+    assert json.loads((run_dir / "workers" / "rank1.json").read_text())["pid"] != victim
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver checks (no Ray).
+
+
+def test_rerun_with_another_config_is_refused(dataset: Path, tmp_path: Path) -> None:
+    cfg = from_dict(PretrainConfig, tiny_run_config(dataset, tmp_path))
+    prepare_run_dir(cfg)
+    # allowed on resume: more epochs, other scaling, what a diverged run is told to change
+    prepare_run_dir(from_dict(PretrainConfig, tiny_run_config(dataset, tmp_path, train__epochs=8,
+                                                      scaling__num_workers=1)))
+    prepare_run_dir(from_dict(PretrainConfig, tiny_run_config(dataset, tmp_path, optim__lr=0.05,
+                                                      train__grad_clip=1.0)))
+    other = from_dict(PretrainConfig, tiny_run_config(dataset, tmp_path, optim__momentum=0.5))
+    with pytest.raises(RunError, match=r"optim\.momentum differ"):
+        prepare_run_dir(other)
+
+
+@pytest.mark.parametrize(
+    ("loss", "error"),
+    [
+        ({"name": "clip"}, "caption_dim=384 but .* 8-d"),
+        ({"name": "clip", "caption_dim": 8}, None),
+        ({"name": "xclr", "graph": "class"}, None),
+        ({"name": "cone", "bank_size": 64, "top_n": 4}, None),
+    ],
+)
+def test_dataset_checks(dataset: Path, tmp_path: Path, loss: dict, error: str | None) -> None:
+    cfg = from_dict(PretrainConfig, tiny_run_config(dataset, tmp_path, loss=loss))
+    if error is not None:
+        with pytest.raises(RunError, match=error):
+            check_dataset(cfg)
+        return
+    facts = check_dataset(cfg)
+    assert facts.num_classes == 4 and facts.knn and facts.caption_dim == 8
+
+
+def test_dataset_without_captions_or_enough_samples(tmp_path: Path) -> None:
+    ds = synthetic_dataset(tmp_path / "nocap", train_per_class=2, val_per_class=1)
+    manifest = json.loads((ds / "manifest.json").read_text())
+    del manifest["fields"]["caption"]
+    (ds / "manifest.json").write_text(json.dumps(manifest))
+    cfg = from_dict(PretrainConfig, tiny_run_config(ds, tmp_path, loss={"name": "xclr",
+                                                                 "graph": "caption"}))
+    with pytest.raises(RunError, match="needs caption embeddings"):
+        check_dataset(cfg)
+    cfg = from_dict(PretrainConfig, tiny_run_config(ds, tmp_path))  # 8 samples < 2 × 16
+    with pytest.raises(RunError, match="fewer than one global batch"):
+        check_dataset(cfg)
+    with pytest.raises(RunError, match="no manifest.json"):
+        check_dataset(from_dict(PretrainConfig, tiny_run_config(tmp_path / "missing", tmp_path)))
+
+
+def test_latest_complete_skips_interrupted_writes(tmp_path: Path) -> None:
+    from components.runs.checkpoint import save_state
+
+    save_state(tmp_path / "epoch_00001", {"epoch": 1, "step": 4, "w": torch.ones(3)})
+    save_state(tmp_path / "epoch_00002", {"epoch": 2, "step": 8, "w": torch.ones(3)})
+    shutil.copytree(tmp_path / "epoch_00002", tmp_path / "epoch_00003")
+    (tmp_path / "epoch_00003" / "meta.json").unlink()  # killed before meta.json was written
+    shutil.copytree(tmp_path / "epoch_00002", tmp_path / "epoch_00004")
+    with open(tmp_path / "epoch_00004" / "state.pt", "r+b") as f:  # truncated state
+        f.truncate(10)
+    best = latest_complete(tmp_path)
+    assert best is not None and best[0] == 2 and Path(best[1]).name == "epoch_00002"
