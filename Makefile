@@ -33,14 +33,26 @@ apt-deps:
 bench-deps: setup
 	$(call apt_install,$(BENCH_APT_PKGS))
 
+# Installs with uv: the same pins and versions as pip (compared with `pip freeze`), from the
+# same sources (pip's configuration passed on by .ci/pip_sources.py; pip's resolution across
+# indexes: unsafe-best-match), in ~40 s from a cold cache against pip's ~3 min
+# (docs/benchmarks.md). pip is the fallback wherever uv cannot install.
+UV_VERSION := 0.13.9
+UV_PIP = $(VENV)/bin/uv pip install -q -p $(PY) --index-strategy unsafe-best-match $$($(PY) .ci/pip_sources.py)
+
 $(STAMP): pyproject.toml
 	@$(MAKE) --no-print-directory apt-deps
 	@[ -x $(PY) ] || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	# numpy first: ffcv's setup.py imports it at build time.
-	$(PY) -m pip install -q numpy==2.4.6
-	$(PY) -m pip install -q --no-build-isolation ffcv==1.0.2 || $(PY) -m pip install -q ffcv==1.0.2
-	$(PY) -m pip install -q -e '.[dev,bench]'
+	@if $(PY) -m pip install -q uv==$(UV_VERSION) && \
+	    $(UV_PIP) setuptools wheel numpy==2.4.6 && \
+	    $(UV_PIP) --no-build-isolation ffcv==1.0.2 && \
+	    $(UV_PIP) -e '.[dev,bench]'; then echo "installed with uv"; else \
+	  echo "uv could not install: installing with pip" >&2 && \
+	  $(PY) -m pip install -q --upgrade pip setuptools wheel && \
+	  $(PY) -m pip install -q numpy==2.4.6 && \
+	  { $(PY) -m pip install -q --no-build-isolation ffcv==1.0.2 || $(PY) -m pip install -q ffcv==1.0.2; } && \
+	  $(PY) -m pip install -q -e '.[dev,bench]'; fi
 	@touch $(STAMP)
 
 # The suite runs inside a loopback-only network namespace: Ray stays on 127.0.0.1 and

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import nn
 
+from components.errors import SimgraphError
+
 if TYPE_CHECKING:
     from components.config import ModelConfig
 
@@ -127,8 +129,9 @@ class Encoder(nn.Module):
         return h, z, logits
 
 
-class EncoderStateError(ValueError):
-    """A checkpoint's weights do not fit the model config they are loaded under."""
+class EncoderStateError(SimgraphError, ValueError):
+    """A checkpoint's weights do not fit the model config they are loaded under (the reading
+    commands re-raise it as their own error: :meth:`components.runs.run_dir.LoadedRun.encoder`)."""
 
 
 def build_encoder(model: ModelConfig) -> Encoder:

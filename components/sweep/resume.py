@@ -82,8 +82,8 @@ def check_resume(sweep: SweepConfig, identity: dict[str, Any], flag: str = "--re
     if not storage.exists(path):
         if storage.exists(sweep_dir(sweep)):
             console.say(f"[simgraph] warning: {storage.display(sweep_dir(sweep))} has no "
-                        f"{SWEEP_RECORD} (a sweep from an older simgraph): its files cannot be "
-                        "checked against the ones given now")
+                        f"{SWEEP_RECORD} (the record of the files the sweep started from): "
+                        "the files given now cannot be checked against them")
         return
     changed = identity_changes(storage.redacted(json.loads(storage.read_text(path))),
                                storage.redacted(identity))  # other credentials: the same

@@ -23,7 +23,7 @@ from components.objectives import (
     Objective,
     SupCon,
 )
-from tests import reference as ref
+from tests.support import reference as ref
 from tests.support.helpers import batch_from, label_patterns, numeric_grad
 
 SHAPES = [(5, 1), (5, 2), (8, 2), (6, 3)]  # (N, V)

@@ -461,3 +461,21 @@ def test_joining_a_cluster_leaves_its_dashboard_alone() -> None:
                                 "SIMGRAPH_RAY_DASHBOARD": "1"})
     assert "include_dashboard" not in kwargs and "address" not in kwargs
 
+
+
+def test_resuming_a_sweep_dir_without_its_record_warns_and_changes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A sweep dir without ``sweep.json`` (nothing to compare the files given now with): one
+    warning naming the dir and the record, no history in it, and nothing in the dir touched."""
+    from components.search_space import SWEEP_RECORD, load_sweep
+    from components.sweep.resume import check_resume
+
+    space = Path(__file__).resolve().parents[2] / "search_spaces" / "xclr_temperature.yaml"
+    sweep = load_sweep(space, [f"storage={tmp_path}", "name=s"])
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "trials.csv").write_text("trial,status\n")
+    check_resume(sweep, {"anything": 1})
+    said = capsys.readouterr().out
+    assert f"has no {SWEEP_RECORD} (the record of the files the sweep started from)" in said
+    assert "older" not in said and str(tmp_path / "s") in said
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["trials.csv"]
