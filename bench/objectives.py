@@ -89,12 +89,13 @@ def make_cases(b: int, device: torch.device) -> dict[str, Callable[[Tensor], Ten
     cases: dict[str, Callable[[Tensor], Tensor]] = {
         "floor": floor_loss,
         "simclr": ours(InfoNCE(TAU)),
-        "supcon_out": ours(SupCon(TAU, "out"), labels=labels),
-        "supcon_in": ours(SupCon(TAU, "in"), labels=labels),
-        "xclr_class": ours(XCLR(TAU, 0.1, "class", class_sim), labels=labels),
-        "xclr_caption": ours(XCLR(TAU, 0.1, "caption"), captions=captions),
+        "supcon_out": ours(SupCon(TAU, variant="out"), labels=labels),
+        "supcon_in": ours(SupCon(TAU, variant="in"), labels=labels),
+        "xclr_class": ours(XCLR(TAU, tau_s=0.1, graph="class", class_similarity=class_sim),
+                           labels=labels),
+        "xclr_caption": ours(XCLR(TAU, tau_s=0.1, graph="caption"), captions=captions),
         # the search spaces' low end: G/τ_s spans 100 per unit of similarity
-        "xclr_caption(τ_s=0.01)": ours(XCLR(TAU, 0.01, "caption"), captions=captions),
+        "xclr_caption(τ_s=0.01)": ours(XCLR(TAU, tau_s=0.01, graph="caption"), captions=captions),
         "sincere": ours(SINCERE(TAU), labels=labels),
         "eps_supinfonce": ours(SINCERE(TAU, epsilon=0.1), labels=labels),
         "cone(K=4096,N=32)": cone_run,

@@ -40,7 +40,8 @@ def _child(loss: str, anchors: int, chunked: bool) -> None:
     torch.manual_seed(0)
     b, d, e = anchors // 2, 128, 384
     objective = {"simclr": lambda: InfoNCE(0.1), "supcon": lambda: SupCon(0.1),
-                 "sincere": lambda: SINCERE(0.1), "xclr_caption": lambda: XCLR(0.1, 0.1, "caption"),
+                 "sincere": lambda: SINCERE(0.1),
+                 "xclr_caption": lambda: XCLR(0.1, tau_s=0.1, graph="caption"),
                  "clip": lambda: CLIP(d, caption_dim=e)}[loss]()
     if not chunked:
         objective.logit_budget_bytes = 1 << 62  # type: ignore[misc]

@@ -137,8 +137,8 @@ def make_cases(b: int, baseline: ModuleType | None, classes: int = CLASSES
     sample_ids = torch.randperm(50 * b, generator=g)[:b]  # dataset-wide ids, as training's
 
     def ours(module: ModuleType, step: bool) -> dict[str, Case]:
-        simclr, out, inn = (module.InfoNCE(TAU), module.SupCon(TAU, "out"),
-                            module.SupCon(TAU, "in"))
+        simclr, out, inn = (module.InfoNCE(TAU), module.SupCon(TAU, variant="out"),
+                            module.SupCon(TAU, variant="in"))
         batch = module.ContrastiveBatch
         # training's step: hot_path(equal_batches=True), sample ids in every batch
         # (the module's own hot_path: a baseline's is not in sys.modules; in batch.py since

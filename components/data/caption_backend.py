@@ -36,7 +36,7 @@ PROBE = 256  # captions checked per build
 LONGEST = 64  # of which the longest ones
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class BackendChoice:
     """What ``auto`` chose and why.
 
@@ -97,11 +97,13 @@ def choose(model: str, texts: Sequence[str], reference: Any, gpu: bool = False,
     from components.data import captions as cap
 
     if gpu:
-        return BackendChoice("torch", "a GPU is in the cluster: the reference runs there",
-                             None, 0, {})
+        return BackendChoice(backend="torch",
+                             reason="a GPU is in the cluster: the reference runs there",
+                             min_cosine=None, probe=0, rejected={})
     probe = probe_texts(texts)
     if not probe:
-        return BackendChoice("torch", "no captions to check", None, 0, {})
+        return BackendChoice(backend="torch", reason="no captions to check", min_cosine=None,
+                             probe=0, rejected={})
     load = load or (lambda m, b: cap.load_encoder(m, backend=b))
     want = cap.normalise_rows(cap.embed(reference, probe)).astype(np.float64)
     rejected: dict[str, str] = {}
@@ -115,9 +117,11 @@ def choose(model: str, texts: Sequence[str], reference: Any, gpu: bool = False,
         got = cap.normalise_rows(cap.embed(encoder, probe)).astype(np.float64)
         cos = float(np.min(np.sum(got * want, axis=1)))
         if cos >= MIN_COSINE:
-            return BackendChoice(backend, f"every one of {len(probe)} probe captions has "
+            return BackendChoice(backend=backend,
+                                 reason=f"every one of {len(probe)} probe captions has "
                                  f"cosine >= {MIN_COSINE} to the reference (lowest {cos:.6f})",
-                                 cos, len(probe), rejected)
+                                 min_cosine=cos, probe=len(probe), rejected=rejected)
         rejected[backend] = f"lowest probe cosine {cos:.6f} < {MIN_COSINE}"
-    return BackendChoice("torch", "no faster backend gives the reference embeddings here",
-                         None, len(probe), rejected)
+    return BackendChoice(backend="torch",
+                         reason="no faster backend gives the reference embeddings here",
+                         min_cosine=None, probe=len(probe), rejected=rejected)

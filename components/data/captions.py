@@ -198,7 +198,7 @@ class CaptionEmbedder:
     collapse when the other core is busy (docs/ray-notes.md); parallelism comes from the actor pool.
     """
 
-    def __init__(self, model: str, device: str = "cpu", threads: int = 1,
+    def __init__(self, model: str, *, device: str = "cpu", threads: int = 1,
                  backend: str = "torch") -> None:
         if backend == "torch":  # the other backends start without importing torch
             import torch

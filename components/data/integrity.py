@@ -43,7 +43,7 @@ import numpy as np
 HASH_BITS = 64
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ItemHashes:
     bytes_sha256: str
     pixels_sha256: str
@@ -107,7 +107,8 @@ def bytes_digest(data: bytes | np.ndarray) -> str:
 
 def hash_item(data: bytes | np.ndarray, rgb: np.ndarray) -> ItemHashes:
     """The three hashes of one item: its raw ``data`` and its stored pixels ``rgb``."""
-    return ItemHashes(bytes_digest(data), pixel_digest(rgb), phash(rgb), thumbnail(rgb).tobytes())
+    return ItemHashes(bytes_sha256=bytes_digest(data), pixels_sha256=pixel_digest(rgb),
+                      phash=phash(rgb), thumb=thumbnail(rgb).tobytes())
 
 
 def hamming(a: int, b: int) -> int:

@@ -62,7 +62,7 @@ class DatasetError(SimgraphError, ValueError):
     """The dataset dir is missing, incomplete or lacks what the run needs."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class DatasetInfo:
     root: Path
     classes: list[str]
@@ -117,7 +117,7 @@ class DatasetInfo:
 # The loader.
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Batch:
     images: torch.Tensor  # [B, V, 3, H, W] float32, normalised
     labels: torch.Tensor  # [B] int64 (-1 = unlabelled)

@@ -56,6 +56,7 @@ class _Rows:
         images: Sequence[np.ndarray],
         labels: np.ndarray,
         ids: np.ndarray,
+        *,
         captions: np.ndarray | None,
     ) -> None:
         self.images, self.labels, self.ids, self.captions = images, labels, ids, captions
@@ -106,7 +107,7 @@ def write_shard(
             raise ShardError(f"captions dtype {captions.dtype} is not float16 or float32")
         fields[CAPTION] = NDArrayField(dtype=captions.dtype, shape=(captions.shape[1],))
     writer = ffcv.writer.DatasetWriter(str(path), fields, page_size=page_size, num_workers=1)
-    writer.from_indexed_dataset(_Rows(images, labels, sample_ids, captions), chunksize=256)
+    writer.from_indexed_dataset(_Rows(images, labels, sample_ids, captions=captions), chunksize=256)
 
 
 def _pointer_columns(handlers: Sequence[object]) -> list[tuple[str, str | None]]:

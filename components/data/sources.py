@@ -56,7 +56,7 @@ class SourceError(SimgraphError, ValueError):
     """The source cannot be listed at all (missing package, unreadable manifest, no items)."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Item:
     path: str
     label: int = -1  # index into Listing.classes; -1 = unlabelled
@@ -66,7 +66,7 @@ class Item:
     caption_issue: str | None = None  # CAPTION_ENCODING / CAPTION_EMPTY (then caption is None)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Skip:
     path: str
     reason: str
@@ -97,7 +97,7 @@ def _note(
 ) -> None:
     if policy == "error":
         raise SourceError(f"{path}: {detail} (set bad_input=skip to skip and count such items)")
-    skipped.append(Skip(path, reason, detail))
+    skipped.append(Skip(path=path, reason=reason, detail=detail))
 
 
 def _dedupe(items: list[Item], skipped: list[Skip], policy: str) -> list[Item]:
@@ -178,7 +178,7 @@ def list_folder(
         cap_file = f.with_suffix(".txt")
         caption, issue = (
             _first_line(cap_file) if cap_file in present and cap_file != f else (None, None))
-        items.append(Item(str(f), index[name], caption, caption_issue=issue))
+        items.append(Item(path=str(f), label=index[name], caption=caption, caption_issue=issue))
     return Listing(items, names, skipped)
 
 
@@ -285,8 +285,8 @@ def list_manifest(
         cap = row.get("caption")
         text, issue = decode_caption(cap if isinstance(cap, bytes | str) else None)
         group = row.get(group_by) if group_by is not None else None
-        items.append(Item(full, label, text, group=None if group is None else str(group),
-                          caption_issue=issue))
+        items.append(Item(path=full, label=label, caption=text,
+                          group=None if group is None else str(group), caption_issue=issue))
     return Listing(_dedupe(items, skipped, on_bad_input), names, skipped)
 
 
@@ -305,7 +305,8 @@ def list_fashion_mnist(root: str = FASHION_MNIST_DIR) -> Listing:
     for split, prefix in (("train", "train"), ("test", "t10k")):
         labels = _idx_labels(os.path.join(root, f"{prefix}-labels-idx1-ubyte.gz"))
         items += [
-            Item(f"{FASHION_SCHEME}{root}#{prefix}/{i}", int(y), None, split)
+            Item(path=f"{FASHION_SCHEME}{root}#{prefix}/{i}", label=int(y), caption=None,
+                 official_split=split)
             for i, y in enumerate(labels)
         ]
     return Listing(items, list(FASHION_MNIST_CLASSES), [])
@@ -328,7 +329,7 @@ def list_tuxpaint(root: str = TUXPAINT_DIR, on_bad_input: str = "skip",
     categories = (sorted(p.name for p in base.iterdir() if p.is_dir()) if label_depth == 1
                   else sorted({c for _, c, _, _ in stamps}))
     index = {c: i for i, c in enumerate(categories)}
-    items = [Item(str(png), index[c], caption, caption_issue=issue)
+    items = [Item(path=str(png), label=index[c], caption=caption, caption_issue=issue)
              for png, c, caption, issue in stamps]
     return Listing(items, categories, [])
 

@@ -61,7 +61,7 @@ LOCK_REPORT_S = 60.0
 log = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class StageResult:
     """What :func:`stage_dataset_report` did."""
 
@@ -126,7 +126,8 @@ def stage_dataset_report(src: str | Path, cache_dir: str | Path | None = None) -
 
     with _locked(root / f"{dest.name}.lock"):
         if _complete(dest, raw, manifest_sha):
-            result = StageResult(dest, False, 0, 0, time.monotonic() - t0)
+            result = StageResult(path=dest, copied=False, files=0, bytes_copied=0,
+                                 seconds=time.monotonic() - t0)
             log.info("stage %s: reusing %s", storage.display(src), dest)
             return result
         if dest.exists():
@@ -143,7 +144,8 @@ def stage_dataset_report(src: str | Path, cache_dir: str | Path | None = None) -
             shutil.rmtree(dest, ignore_errors=True)
             raise
     total = sum(sizes.values())
-    result = StageResult(dest, True, len(sizes), total, time.monotonic() - t0)
+    result = StageResult(path=dest, copied=True, files=len(sizes), bytes_copied=total,
+                         seconds=time.monotonic() - t0)
     log.info("stage %s: copied %d files, %d bytes to %s in %.1f s", storage.display(src),
              result.files, total, dest, result.seconds)
     return result

@@ -86,7 +86,7 @@ def ship_path(path: str, root: Path) -> str:
             "copy it under the project (e.g. pipelines/configs/)") from None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class WorkerShape:
     """One group of workers the job will ask the cluster for: ``workers`` bundles of ``cpus``
     CPUs and ``gpus`` GPUs under Ray's placement ``strategy``; ``what`` names where they come
@@ -107,8 +107,9 @@ def _shape(what: str, cfg: PretrainConfig) -> WorkerShape | None:
     s = cfg.scaling
     if s.host == "in_process":
         return None
-    return WorkerShape(what, s.num_workers, s.cpus_per_worker,
-                       s.gpus_per_worker if s.use_gpu else 0.0, s.placement_strategy)
+    return WorkerShape(what=what, workers=s.num_workers, cpus=s.cpus_per_worker,
+                       gpus=s.gpus_per_worker if s.use_gpu else 0.0,
+                       strategy=s.placement_strategy)
 
 
 def job_configs(ns: argparse.Namespace) -> tuple[list[tuple[str, str]], list[WorkerShape]]:

@@ -102,7 +102,7 @@ def runtime_env(root: Path, *, pip: str = "none", base_dir: str | None = None,
 # What the job's working_dir holds.
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Package:
     """What :func:`package` found under ``root``: ``files`` (project-relative POSIX path, size)
     that are sent; ``refused`` (path, why) that are not, each named in ``excludes`` for Ray;
@@ -216,7 +216,8 @@ def package(root: Path, excludes: Sequence[str] = (), include: Sequence[str] = (
     if unused:
         raise SubmitError(f"--include {unused[0]}: nothing refused has that path (relative to "
                           f"{root}); refused: {', '.join(r for r, _ in refused) or 'nothing'}")
-    return Package(root, files, refused, sorted(used), patterns)
+    return Package(root=root, files=files, refused=refused, included=sorted(used),
+                   excludes=patterns)
 
 
 def _size(n: float) -> str:

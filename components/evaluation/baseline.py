@@ -38,7 +38,7 @@ __all__ = ["BASELINE", "Baseline", "random_init_encoder", "score_baseline"]
 BASELINE = "random init"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Baseline:
     """kNN and probe scores of the random-init encoder on the run's query images."""
 

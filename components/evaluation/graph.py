@@ -99,7 +99,7 @@ def _median(values: Tensor) -> float:
 # --------------------------------------------------------------------------- SINCERE
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class SeparationResult:
     """Target–noise separation of a test set against a train set (sincere.txt Sec. 4.1).
 

@@ -25,7 +25,7 @@ RESAMPLES = 2000
 SEED = 0  # fixed: the same run evaluated twice reports the same interval
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Interval:
     """A statistic with its bootstrap ``confidence`` interval and standard error."""
 
@@ -53,14 +53,14 @@ def _bootstrap(data: Sequence[np.ndarray], fn: Callable[..., Any], value: float,
     n = len(data[0])
     if n == 0:
         nan = float("nan")
-        return Interval(nan, nan, nan, nan)
+        return Interval(value=nan, low=nan, high=nan, se=nan)
     if n == 1 or all(np.all(d == d[0]) for d in data):  # no spread: nothing to resample
-        return Interval(value, value, value, 0.0)
+        return Interval(value=value, low=value, high=value, se=0.0)
     res = bootstrap(tuple(data), _statistic(fn), paired=paired, vectorized=True,
                     n_resamples=RESAMPLES, confidence_level=CONFIDENCE, method="percentile",
                     random_state=np.random.default_rng(SEED))
     low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
-    return Interval(value, low, high, float(res.standard_error))
+    return Interval(value=value, low=low, high=high, se=float(res.standard_error))
 
 
 def mean_interval(values: np.ndarray | Any) -> Interval:

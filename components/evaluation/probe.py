@@ -73,7 +73,7 @@ _STD_FLOOR = 1e-6
 _OPTIMIZERS = ("lbfgs", "sgd")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ProbeResult:
     """Outcome of :func:`linear_probe`."""
 

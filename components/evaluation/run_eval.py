@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # torch loads only when a run is evaluated
 MAP_CSV = "embedding_map.csv"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class RunEval:
     name: str
     run_dir: str  # a path or URI

@@ -75,7 +75,7 @@ WRONG = "#d62728"  # the red frame of a neighbour of another label
 # Per-class recall.
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ClassRecall:
     """kNN top-1 recall of one label over its query images."""
 
@@ -104,7 +104,8 @@ def per_class_recall(hits: np.ndarray | Tensor, labels: np.ndarray | Tensor,
         raise ValueError(f"hits [{h.size}] and labels [{y.size}] must have one entry per image")
     if y.size and (y.min() < 0 or y.max() >= len(classes)):
         raise ValueError(f"labels must lie in [0, {len(classes)}); got [{y.min()}, {y.max()}]")
-    rows = [ClassRecall(c, name, int((y == c).sum()), mean_interval(h[y == c]))
+    rows = [ClassRecall(label=c, name=name, n=int((y == c).sum()),
+                        recall=mean_interval(h[y == c]))
             for c, name in enumerate(classes)]
     return sorted(rows, key=lambda r: (r.n == 0, r.recall.value if r.n else 0.0, r.label))
 
@@ -113,7 +114,7 @@ def per_class_recall(hits: np.ndarray | Tensor, labels: np.ndarray | Tensor,
 # Embedding map.
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class EmbeddingMap:
     """A 2-D t-SNE map of (a subsample of) the query images; row ``i`` of every field is one
     point."""
@@ -238,7 +239,7 @@ def plot_map(m: EmbeddingMap, classes: Sequence[str], path: Path, title: str) ->
 # Nearest neighbours.
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class NeighbourGrid:
     """A few query images and their nearest bank images; row ``q`` is query ``q``."""
 
@@ -356,7 +357,7 @@ def with_images(g: NeighbourGrid, query_loader: Iterable[Any], bank_loader: Iter
         *g.neighbours.shape, *neighbours.shape[1:]))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Tile:
     """One drawn tile of the neighbour grid, as read back from the figure."""
 

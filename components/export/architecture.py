@@ -19,7 +19,7 @@ from components.export.formats import MODEL_PY
 from components.models.encoders import Encoder
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Architecture:
     """What builds the exported modules (``model.py``'s constants)."""
 

@@ -71,7 +71,7 @@ class EmbedArgumentError(SimgraphError, ValueError):
     exit_code = 2
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Embedded:
     """What :func:`embed_dataset` / :func:`embed_folder` return: row ``i`` of every field is
     image ``i``."""

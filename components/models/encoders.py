@@ -109,7 +109,7 @@ class Encoder(nn.Module):
     """
 
     def __init__(
-        self, backbone: nn.Module, feat_dim: int, proj: nn.Module, num_classes: int = 0
+        self, backbone: nn.Module, feat_dim: int, proj: nn.Module, *, num_classes: int = 0
     ) -> None:
         super().__init__()
         self.backbone = backbone

@@ -64,17 +64,23 @@ def build_objective(
     """
     match cfg:
         case SimCLRConfig():
-            return InfoNCE(cfg.tau, cfg.bank_size, dim)
+            return InfoNCE(cfg.tau, bank_size=cfg.bank_size, dim=dim)
         case SupConConfig():
-            return SupCon(cfg.tau, cfg.variant, cfg.bank_size, dim)
+            return SupCon(cfg.tau, variant=cfg.variant, bank_size=cfg.bank_size, dim=dim)
         case XCLRConfig():
             return XCLR(
-                cfg.tau, cfg.tau_s, cfg.graph, class_similarity, cfg.bank_size, dim, caption_dim
+                cfg.tau,
+                tau_s=cfg.tau_s,
+                graph=cfg.graph,
+                class_similarity=class_similarity,
+                bank_size=cfg.bank_size,
+                dim=dim,
+                caption_dim=caption_dim,
             )
         case SINCEREConfig():
-            return SINCERE(cfg.tau, 0.0, cfg.bank_size, dim)
+            return SINCERE(cfg.tau, epsilon=0.0, bank_size=cfg.bank_size, dim=dim)
         case EpsSupInfoNCEConfig():
-            return SINCERE(cfg.tau, cfg.epsilon, cfg.bank_size, dim)
+            return SINCERE(cfg.tau, epsilon=cfg.epsilon, bank_size=cfg.bank_size, dim=dim)
         case CoNeConfig():
             return CoNe(
                 num_classes,

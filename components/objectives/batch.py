@@ -99,7 +99,7 @@ class _PendingChecks(NamedTuple):
     values: Tensor  # [len(names) + labels] in the fields' float type, on z's device
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class ContrastiveBatch:
     """What every objective receives: this rank's part of the batch.
 

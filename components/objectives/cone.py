@@ -114,6 +114,7 @@ class CoNe(Objective):
         self,
         num_classes: int,
         dim: int,
+        *,
         lambda_sup: float = 0.7,
         lambda_dc: float = 0.4,
         tau_sup: float = 0.1,

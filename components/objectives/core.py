@@ -104,7 +104,9 @@ class BatchContrastive(Objective):
         caption_dim: caption-embedding size E to keep in the bank (0 = none).
     """
 
-    def __init__(self, tau: float, bank_size: int = 0, dim: int = 0, caption_dim: int = 0):
+    def __init__(
+        self, tau: float, *, bank_size: int = 0, dim: int = 0, caption_dim: int = 0
+    ):
         super().__init__()
         self.tau = check_positive("tau", tau)
         if isinstance(bank_size, bool) or not isinstance(bank_size, int) or bank_size < 0:

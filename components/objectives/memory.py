@@ -51,7 +51,9 @@ class MemoryBank(nn.Module):
     ptr: Tensor
     filled: Tensor
 
-    def __init__(self, size: int, dim: int, caption_dim: int = 0, num_classes: int = 0) -> None:
+    def __init__(
+        self, size: int, dim: int, *, caption_dim: int = 0, num_classes: int = 0
+    ) -> None:
         super().__init__()
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"memory bank size={size!r} is not allowed: it must be an int >= 1")

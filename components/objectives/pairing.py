@@ -39,7 +39,7 @@ def unit(x: Tensor) -> Tensor:
     return x / torch.linalg.vector_norm(x, 2, -1, keepdim=True).clamp_min(1e-12)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Pairs:
     """Anchors (this rank) against candidates (all ranks, then the bank), with their metadata.
 

@@ -31,9 +31,9 @@ class SINCERE(BatchContrastive):
     requires = frozenset({"labels"})
 
     def __init__(
-        self, tau: float = 0.1, epsilon: float = 0.0, bank_size: int = 0, dim: int = 0
+        self, tau: float = 0.1, *, epsilon: float = 0.0, bank_size: int = 0, dim: int = 0
     ) -> None:
-        super().__init__(tau, bank_size, dim)
+        super().__init__(tau, bank_size=bank_size, dim=dim)
         self.epsilon = check_non_negative("epsilon", epsilon)
 
     def per_anchor(self, pairs: Pairs) -> tuple[Tensor, Tensor, dict[str, Tensor]]:

@@ -38,11 +38,12 @@ class SupCon(BatchContrastive):
     def __init__(
         self,
         tau: float = 0.1,
+        *,
         variant: Literal["out", "in"] = "out",
         bank_size: int = 0,
         dim: int = 0,
     ) -> None:
-        super().__init__(tau, bank_size, dim)
+        super().__init__(tau, bank_size=bank_size, dim=dim)
         if variant not in ("out", "in"):
             raise ValueError(f"SupCon variant={variant!r} is not allowed: choose 'out' or 'in'")
         self.variant = variant

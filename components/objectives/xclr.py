@@ -47,6 +47,7 @@ class XCLR(BatchContrastive):
     def __init__(
         self,
         tau: float = 0.1,
+        *,
         tau_s: float = 0.1,
         graph: Literal["class", "caption"] = "class",
         class_similarity: Tensor | None = None,
@@ -56,7 +57,8 @@ class XCLR(BatchContrastive):
     ) -> None:
         if graph not in ("class", "caption"):
             raise ValueError(f"X-CLR graph={graph!r} is not allowed: choose 'class' or 'caption'")
-        super().__init__(tau, bank_size, dim, caption_dim if graph == "caption" else 0)
+        super().__init__(tau, bank_size=bank_size, dim=dim,
+                         caption_dim=caption_dim if graph == "caption" else 0)
         self.tau_s = check_positive("tau_s", tau_s)
         self.graph = graph
         self.requires = self.requires | {"labels" if graph == "class" else "captions"}

@@ -157,7 +157,7 @@ def save_state(directory: str | Path, state: dict[str, Any],
     return d
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class TrainingState:
     """A pretraining run's whole state after ``epoch`` epochs: what ``state.pt`` holds.
 

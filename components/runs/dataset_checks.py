@@ -13,7 +13,7 @@ from components.data.identity import dataset_identity, identity_diff
 from components.runs.errors import RunError
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RunFacts:
     """What the driver learnt about the dataset that every worker needs (passed to them as a
     dict: :meth:`to_dict` / ``RunFacts(**d)``)."""

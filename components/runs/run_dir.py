@@ -175,7 +175,7 @@ def _check_run_dataset(cfg: PretrainConfig, run_dir: str, dataset: dict[str, Any
     return not storage.exists(path)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class PreparedRun:
     """A run ready to train: what :func:`prepare_run` checked and made.
 
@@ -218,7 +218,7 @@ def prepare_run(cfg: PretrainConfig, base: str | Path | None = None) -> Prepared
     finished = finished_history(run_dir, cfg.train.epochs)
     if finished is None:
         check_resume(cfg, facts, run_dir)
-    return PreparedRun(cfg, facts, run_dir, finished)
+    return PreparedRun(cfg=cfg, facts=facts, run_dir=run_dir, finished=finished)
 
 
 RUN_REFUSAL = ("another simgraph pretrain, run or sweep trial is training this run; wait for "
@@ -264,7 +264,7 @@ def writing_run(cfg: PretrainConfig, base: str | Path | None = None, *,
         yield prepare_run(cfg, base)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class LoadedRun:
     """A run read back by :func:`load_run`: its config, a verified checkpoint's state and that
     checkpoint's path; :meth:`encoder` and :meth:`dataset` build what the reading commands
@@ -374,4 +374,4 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
         raise error(
             f"checkpoint {storage.display(checkpoint)} was written by another config than "
             f"{shown} ({', '.join(diff[:5])} differ); {command} it with its own run dir")
-    return LoadedRun(cfg, state, str(checkpoint), error)
+    return LoadedRun(config=cfg, state=state, checkpoint=str(checkpoint), error=error)

@@ -29,14 +29,14 @@ class RunLog:
         if t.mlflow:
             from components.training.tracking import MLflowRun
 
-            self.mlflow = MLflowRun(self.mirror.local, cfg.name, to_dict(cfg), t.mlflow_uri,
-                                    t.mlflow_experiment)
+            self.mlflow = MLflowRun(self.mirror.local, cfg.name, to_dict(cfg), uri=t.mlflow_uri,
+                                    experiment=t.mlflow_experiment)
         self.wandb = None
         if t.wandb:
             from components.training.tracking import WandbRun
 
-            self.wandb = WandbRun(self.mirror.local, cfg.name, to_dict(cfg), t.wandb_project,
-                                  t.wandb_mode)
+            self.wandb = WandbRun(self.mirror.local, cfg.name, to_dict(cfg),
+                                  project=t.wandb_project, mode=t.wandb_mode)
 
     def write(self, history: list[dict[str, Any]]) -> None:
         keys: list[str] = []

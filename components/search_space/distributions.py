@@ -20,7 +20,7 @@ KINDS = ("uniform", "loguniform", "int", "choice")
 MAX_CORNERS = 256
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Distribution:
     """One parameter's distribution. ``uniform``/``loguniform`` sample floats in [low, high],
     ``int`` integers (log-scaled when ``log``), ``choice`` one of ``values``.
@@ -105,12 +105,12 @@ class Distribution:
             if kind == "choice":
                 if not isinstance(arg, list):
                     raise ConfigError(f"choice={arg!r} is not allowed: give a list of values")
-                dist = cls("choice", values=tuple(arg))
+                dist = cls(kind="choice", values=tuple(arg))
             else:
                 if not isinstance(arg, list) or len(arg) != 2:
                     raise ConfigError(f"{kind}={arg!r} is not allowed: give [low, high]")
                 low, high = (_number(v, integer=kind == "int") for v in arg)
-                dist = cls(kind, low=low, high=high, log=log)  # type: ignore[arg-type]
+                dist = cls(kind=kind, low=low, high=high, log=log)  # type: ignore[arg-type]
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
         leaf = path.rsplit(".", 1)[-1]

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from components.search_space.sweep_file import SweepConfig
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Resources:
     """Each trial's workers (fractions of a CPU/GPU allowed) and where they train.
 
@@ -99,7 +99,7 @@ class Searcher:
         check_at_least("searcher.startup_trials", self.startup_trials, 0)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Scheduler:
     """Trial scheduler: ASHA (early stopping on the reported ``epoch``) or FIFO (none).
     ``max_epochs`` is ASHA's max_t; ``None`` = the trials' ``train.epochs``."""

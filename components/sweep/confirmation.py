@@ -65,7 +65,7 @@ def run_name(candidate: Candidate, seed_index: int) -> str:
     return f"rank{candidate.rank:02d}-seed{seed_index}"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Confirmed:
     """One confirmed setting.
 
@@ -97,7 +97,7 @@ class Confirmed:
         return math.sqrt(sum((x - m) ** 2 for x in s) / (len(s) - 1))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Confirmation:
     """The confirmed answer of a sweep: every confirmed setting, best first, and the rank
     agreement between sweep and confirmed scores."""
@@ -161,7 +161,8 @@ def summarise(hits: Mapping[int, Sequence[np.ndarray]], chosen: Sequence[Candida
         y = [c.score.value for c in out]
         if len(set(x)) > 1 and len(set(y)) > 1:
             rho = float(spearmanr(x, y).statistic)
-    return Confirmation(out, rho, split, int(next(iter(sizes))), rule)
+    return Confirmation(settings=out, spearman=rho, split=split, images=int(next(iter(sizes))),
+                        rule=rule)
 
 
 def _pct(x: float) -> str:

@@ -138,6 +138,7 @@ class LARS(torch.optim.Optimizer):
         self,
         params: Iterable[Tensor] | Iterable[dict[str, Any]],
         lr: float,
+        *,
         momentum: float = 0.9,
         weight_decay: float = 0.0,
         trust_coefficient: float = 0.001,

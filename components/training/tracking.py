@@ -88,7 +88,7 @@ class MLflowRun:
     """Rank 0's MLflow run for the pretraining run in ``local_dir`` (the run dir, or its local
     mirror when the run dir is a URI)."""
 
-    def __init__(self, local_dir: Path, name: str, config: dict[str, Any],
+    def __init__(self, local_dir: Path, name: str, config: dict[str, Any], *,
                  uri: str | None, experiment: str) -> None:
         _quiet()
         from mlflow import MlflowClient
@@ -139,7 +139,7 @@ class WandbRun:
     """Rank 0's W&B run for the pretraining run in ``local_dir`` (the run dir, or its local
     mirror when the run dir is a URI): files under ``local_dir/wandb/``."""
 
-    def __init__(self, local_dir: Path, name: str, config: dict[str, Any], project: str,
+    def __init__(self, local_dir: Path, name: str, config: dict[str, Any], *, project: str,
                  mode: str) -> None:
         import wandb
 

@@ -435,7 +435,7 @@ def test_ffcv_full_simclr_pipeline(beton: tuple, no_jit: None) -> None:
     changed = (got != src).flatten(1).any(dim=1)
     assert changed.all()  # every image jittered (p=1, continuous factors)
     # Jitter with all magnitudes 0 is the identity even at p=1.
-    same, _ = _load(path, [RandomColorJitter(0, 0, 0, 0, p=1.0)])
+    same, _ = _load(path, [RandomColorJitter(brightness=0, contrast=0, saturation=0, hue=0, p=1.0)])
     assert torch.equal(same, src)
 
 

@@ -319,10 +319,11 @@ def test_the_worker_groups_each_command_asks_for() -> None:
     def shapes(*job: str) -> list[WorkerShape]:
         return prepare_job(list(job), "/shared", build_parser()).shapes
 
-    assert shapes("pretrain", GPU_CONFIG) == [WorkerShape("pretrain", 1, 8.0, 1.0, "PACK")]
+    assert shapes("pretrain", GPU_CONFIG) == [
+        WorkerShape(what="pretrain", workers=1, cpus=8.0, gpus=1.0, strategy="PACK")]
     assert shapes("pretrain", GPU_CONFIG, "scaling.num_workers=4",
                   "scaling.placement_strategy=STRICT_SPREAD") == [
-        WorkerShape("pretrain", 4, 8.0, 1.0, "STRICT_SPREAD")]
+        WorkerShape(what="pretrain", workers=4, cpus=8.0, gpus=1.0, strategy="STRICT_SPREAD")]
     # A CPU run: no GPUs asked (scaling.gpus_per_worker is unused without use_gpu).
     assert shapes("pretrain", DEMO, "scaling.host=ray_train")[0].gpus == 0.0
     # Trained in the job's own process: nothing to place.

@@ -300,7 +300,9 @@ def test_model_py_is_the_standalone_module_with_the_runs_constants(
     from components.export.architecture import Architecture
     from components.export.formats import ExportError
 
-    arch = Architecture("resnet18", False, 32, 4, 512, 2048, 128, 3, False)
+    arch = Architecture(backbone="resnet18", small_images=False, width=32, blocks=4,
+                        feature_dim=512, projector_hidden=2048, projector_dim=128,
+                        projector_layers=3, projector_bn=False)
     src = model_file.model_source(arch, AugmentConfig(), "my-run")
     module = model_file.MODEL_MODULE.read_text()
     assert src.startswith('"""The encoder of run my-run exported by `simgraph export`')

@@ -33,12 +33,12 @@ def _sim() -> torch.Tensor:
 
 OBJECTIVES: dict[str, Callable[[], Objective]] = {
     "simclr": lambda: InfoNCE(0.2),
-    "supcon_out": lambda: SupCon(0.1, "out"),
-    "supcon_in": lambda: SupCon(0.1, "in"),
+    "supcon_out": lambda: SupCon(0.1, variant="out"),
+    "supcon_in": lambda: SupCon(0.1, variant="in"),
     "sincere": lambda: SINCERE(0.1),
     "eps_supinfonce": lambda: SINCERE(0.1, epsilon=0.3),
-    "xclr_class": lambda: XCLR(0.1, 0.2, "class", _sim()),
-    "xclr_caption": lambda: XCLR(0.1, 0.2, "caption"),
+    "xclr_class": lambda: XCLR(0.1, tau_s=0.2, graph="class", class_similarity=_sim()),
+    "xclr_caption": lambda: XCLR(0.1, tau_s=0.2, graph="caption"),
     "supcon_bank": lambda: SupCon(0.1, bank_size=20, dim=D),
     "clip": lambda: CLIP(D, caption_dim=E, tau=0.07),
 }

@@ -45,7 +45,7 @@ def test_batches_of_different_sizes_in_turn_keep_their_values() -> None:
     g = torch.Generator().manual_seed(0)
     zs = {b: torch.randn(b, 2, 8, generator=g) for b in (3, 5)}
     labels = {b: torch.randint(0, 2, (b,), generator=g) for b in (3, 5)}
-    loss = SupCon(0.2, "in")
+    loss = SupCon(0.2, variant="in")
     first = {b: loss(ContrastiveBatch(z=zs[b], labels=labels[b]))[0] for b in (3, 5)}
     for b in (5, 3, 5):
         assert torch.equal(loss(ContrastiveBatch(z=zs[b], labels=labels[b]))[0], first[b])
@@ -98,7 +98,7 @@ def test_masks_and_pairs_give_the_same_loss_and_gradient(loss: str) -> None:
         fields["labels"] = labels
     results = []
     for entries in (1 << 40, 0):  # masks, then pairs
-        objective = InfoNCE(0.1) if loss == "simclr" else SupCon(0.1, loss.split("_")[1])
+        objective = InfoNCE(0.1) if loss == "simclr" else SupCon(0.1, variant=loss.split("_")[1])
         objective.dense_graph_entries = entries  # type: ignore[misc]
         zz = z.clone().requires_grad_()
         value, metrics = objective(ContrastiveBatch(z=zz, **fields))
@@ -118,7 +118,7 @@ def test_supcon_in_keeps_positives_far_below_the_row_max(tau: float) -> None:
     its row is logsumexp − s_p (one positive), here checked in float64 by hand."""
     z = torch.tensor([[1.0, 0.0], [-0.5, 0.75 ** 0.5], [1.0, 0.0]])[:, None, :]  # V = 1
     labels = torch.tensor([0, 0, 1])
-    objective = SupCon(tau, "in")
+    objective = SupCon(tau, variant="in")
     objective.dense_graph_entries = 1 << 40  # type: ignore[misc]
     value, _ = objective(ContrastiveBatch(z=z, labels=labels))
     s = torch.tensor([[-0.5, 1.0], [-0.5, -0.5]], dtype=torch.float64) / tau  # rows 0, 1

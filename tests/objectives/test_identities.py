@@ -43,7 +43,7 @@ def test_supcon_with_unique_labels_is_simclr(n: int, v: int) -> None:
     z, labels = _z(n, v), np.arange(n)
     a, b = batch_from(z, labels=labels), batch_from(z, labels=labels)
     la, _ = InfoNCE(0.2)(a)
-    lb, _ = SupCon(0.2, "out")(b)
+    lb, _ = SupCon(0.2, variant="out")(b)
     la.backward(), lb.backward()
     assert la.item() == pytest.approx(lb.item(), abs=1e-12)
     torch.testing.assert_close(a.z.grad, b.z.grad, rtol=0, atol=1e-12)
@@ -81,7 +81,8 @@ def test_xclr_class_graph_tends_to_supcon_out(pattern: str, v: int) -> None:
     sim = (sim + sim.T) / 2
     np.fill_diagonal(sim, 1.0)
     supcon, _ = SupCon(0.1)(sb := batch_from(z, labels=labels))
-    xclr, _ = XCLR(0.1, 1e-4, "class", torch.tensor(sim))(xb := batch_from(z, labels=labels))
+    xclr, _ = XCLR(0.1, tau_s=1e-4, graph="class", class_similarity=torch.tensor(sim))(
+        xb := batch_from(z, labels=labels))
     if pattern == "singletons" and v == 1:
         # Singletons without another view have no positive in SupCon; X-CLR still has a target.
         return
@@ -94,11 +95,12 @@ def test_xclr_per_sample_captions_tend_to_simclr() -> None:
     z = _z(6, 2)
     captions = np.random.default_rng(2).normal(size=(6, 5))
     simclr = _loss(InfoNCE(0.1), batch_from(z))
-    xclr = _loss(XCLR(0.1, 1e-4, "caption"), batch_from(z, captions=captions))
+    xclr = _loss(XCLR(0.1, tau_s=1e-4, graph="caption"), batch_from(z, captions=captions))
     assert xclr == pytest.approx(simclr, abs=1e-9)
     # Larger τ_s moves target mass off the true positive (xclr.txt Fig. 8b).
     weights = [
-        XCLR(0.1, t, "caption")(batch_from(z, captions=captions))[1]["true_positive_weight"]
+        XCLR(0.1, tau_s=t, graph="caption")(
+            batch_from(z, captions=captions))[1]["true_positive_weight"]
         for t in (1e-4, 0.1, 1.0)
     ]
     assert weights[0] == pytest.approx(1.0) and weights == sorted(weights, reverse=True)
@@ -109,8 +111,8 @@ def test_xclr_per_sample_captions_tend_to_simclr() -> None:
 def test_supcon_in_is_at_most_out(pattern: str, v: int) -> None:
     for seed in range(3):
         z, labels = _z(9, v, seed=seed), label_patterns(9)[pattern]
-        l_in = _loss(SupCon(0.1, "in"), batch_from(z, labels=labels))
-        l_out = _loss(SupCon(0.1, "out"), batch_from(z, labels=labels))
+        l_in = _loss(SupCon(0.1, variant="in"), batch_from(z, labels=labels))
+        l_out = _loss(SupCon(0.1, variant="out"), batch_from(z, labels=labels))
         assert l_in <= l_out + 1e-12
 
 
@@ -143,7 +145,7 @@ def test_cone_with_zero_weights_is_cross_entropy() -> None:
 
 def test_no_positive_anywhere_gives_zero_with_a_graph() -> None:
     batch = batch_from(_z(5, 1), labels=np.arange(5))
-    for objective in (SupCon(0.1), SupCon(0.1, "in"), SINCERE(0.1), InfoNCE(0.1)):
+    for objective in (SupCon(0.1), SupCon(0.1, variant="in"), SINCERE(0.1), InfoNCE(0.1)):
         loss, metrics = objective(batch)
         assert loss.item() == 0.0 and loss.requires_grad
         assert metrics["anchors_without_positive"] == 5
@@ -163,12 +165,12 @@ def test_half_precision_inputs_at_tiny_temperatures_stay_finite(
     sim = torch.rand(c + 4, c + 4, generator=rng)
     objectives = [
         InfoNCE(1e-3),
-        SupCon(1e-3, "out"),
-        SupCon(1e-3, "in"),
+        SupCon(1e-3, variant="out"),
+        SupCon(1e-3, variant="in"),
         SINCERE(1e-3),
         SINCERE(1e-3, epsilon=0.2),
-        XCLR(1e-3, 1e-3, "class", sim),
-        XCLR(1e-3, 1e-3, "caption"),
+        XCLR(1e-3, tau_s=1e-3, graph="class", class_similarity=sim),
+        XCLR(1e-3, tau_s=1e-3, graph="caption"),
     ]
     for objective in objectives:
         z.grad = None
@@ -199,12 +201,12 @@ def test_half_precision_inputs_at_tiny_temperatures_stay_finite(
         (lambda: InfoNCE(0.0), "tau=0.0 is not allowed: it must be a finite number > 0"),
         (lambda: InfoNCE(-1), "tau=-1 is not allowed"),
         (lambda: InfoNCE(float("nan")), "tau=nan is not allowed"),
-        (lambda: SupCon(0.1, "sideways"), "variant='sideways' is not allowed"),
-        (lambda: XCLR(0.1, 0.0, "caption"), "tau_s=0.0 is not allowed"),
-        (lambda: XCLR(0.1, -0.2, "caption"), "tau_s=-0.2 is not allowed"),
-        (lambda: XCLR(0.1, 0.1, "class"), "needs class_similarity"),
-        (lambda: XCLR(0.1, 0.1, "class", torch.ones(2, 3)), "square"),
-        (lambda: XCLR(0.1, 0.1, "wordnet"), "graph='wordnet' is not allowed"),
+        (lambda: SupCon(0.1, variant="sideways"), "variant='sideways' is not allowed"),
+        (lambda: XCLR(0.1, tau_s=0.0, graph="caption"), "tau_s=0.0 is not allowed"),
+        (lambda: XCLR(0.1, tau_s=-0.2, graph="caption"), "tau_s=-0.2 is not allowed"),
+        (lambda: XCLR(0.1, tau_s=0.1, graph="class"), "needs class_similarity"),
+        (lambda: XCLR(0.1, tau_s=0.1, graph="class", class_similarity=torch.ones(2, 3)), "square"),
+        (lambda: XCLR(0.1, tau_s=0.1, graph="wordnet"), "graph='wordnet' is not allowed"),
         (lambda: SINCERE(0.1, epsilon=-0.1), "epsilon=-0.1 is not allowed"),
         (lambda: CoNe(3, 4, lambda_sup=-1), "lambda_sup=-1 is not allowed"),
         (lambda: CoNe(3, 4, lambda_dc=-0.5), "lambda_dc=-0.5 is not allowed"),
@@ -254,9 +256,9 @@ def test_missing_fields_name_what_is_needed() -> None:
     with pytest.raises(ValueError, match="SINCERE needs batch field.s. labels"):
         SINCERE(0.1)(ContrastiveBatch(z=z))
     with pytest.raises(ValueError, match="XCLR needs batch field.s. captions"):
-        XCLR(0.1, 0.1, "caption")(ContrastiveBatch(z=z))
+        XCLR(0.1, tau_s=0.1, graph="caption")(ContrastiveBatch(z=z))
     with pytest.raises(ValueError, match="XCLR needs batch field.s. labels"):
-        XCLR(0.1, 0.1, "class", torch.eye(3))(ContrastiveBatch(z=z))
+        XCLR(0.1, tau_s=0.1, graph="class", class_similarity=torch.eye(3))(ContrastiveBatch(z=z))
     with pytest.raises(
         ValueError, match="CoNe needs batch field.s. ema_logits, ema_z, labels, logits"
     ):
@@ -266,7 +268,7 @@ def test_missing_fields_name_what_is_needed() -> None:
     with pytest.raises(
         ValueError, match=r"labels span \[0, 5\] but the class similarity matrix is 3×3"
     ):
-        XCLR(0.1, 0.1, "class", torch.eye(3))(
+        XCLR(0.1, tau_s=0.1, graph="class", class_similarity=torch.eye(3))(
             ContrastiveBatch(z=z, labels=torch.tensor([0, 1, 2, 5]))
         )
     logits = torch.randn(4, 2, 3)
@@ -284,7 +286,8 @@ def test_autocast_does_not_lower_the_loss_precision() -> None:
     z = torch.randn(16, 2, 32, generator=rng)
     labels = torch.randint(0, 4, (16,), generator=rng)
     captions = torch.randn(16, 8, generator=rng)
-    for objective in (SupCon(0.05), XCLR(0.05, 0.1, "caption"), SINCERE(0.05), CLIP(32, 8)):
+    for objective in (SupCon(0.05), XCLR(0.05, tau_s=0.1, graph="caption"), SINCERE(0.05),
+                      CLIP(32, 8)):
         batch = ContrastiveBatch(z=z, labels=labels, captions=captions)
         plain = objective(batch)[0]
         with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -79,7 +79,7 @@ def test_supcon(n: int, v: int, pattern: str, variant: str) -> None:
     labels = label_patterns(n)[pattern] if n >= 5 else np.arange(n)
     f = ref.supcon_out if variant == "out" else ref.supcon_in
     _check(
-        SupCon(0.1, variant),
+        SupCon(0.1, variant=variant),
         lambda z: f(z, labels, 0.1),
         _z(n, v),
         grad=_grad_case(n, v, pattern),
@@ -110,7 +110,7 @@ def test_xclr_class_graph(n: int, v: int, pattern: str, tau_s: float) -> None:
     sim = np.random.default_rng(7).uniform(-1, 1, size=(classes, classes))
     graph = ref.xclr_class_graph(labels, sim, v)
     _check(
-        XCLR(0.1, tau_s, "class", torch.tensor(sim)),
+        XCLR(0.1, tau_s=tau_s, graph="class", class_similarity=torch.tensor(sim)),
         lambda z: ref.xclr(z, graph, 0.1, tau_s),
         _z(n, v),
         grad=_grad_case(n, v, pattern),
@@ -125,7 +125,7 @@ def test_xclr_caption_graph(n: int, v: int, tau_s: float) -> None:
     captions[1] = captions[0]  # two samples with the same caption text
     graph = ref.xclr_caption_graph(captions, v)
     _check(
-        XCLR(0.1, tau_s, "caption"),
+        XCLR(0.1, tau_s=tau_s, graph="caption"),
         lambda z: ref.xclr(z, graph, 0.1, tau_s),
         _z(n, v),
         grad=(n, v) == (5, 2),
@@ -161,7 +161,7 @@ def test_banked_supcon_and_simclr(pattern: str) -> None:
     fields = {"labels": labels, "sample_ids": ids, "ema_z": ema}
     for variant, f in (("out", ref.supcon_out), ("in", ref.supcon_in)):
         _check(
-            filled(SupCon(0.1, variant, bank_size=k, dim=D)),
+            filled(SupCon(0.1, variant=variant, bank_size=k, dim=D)),
             lambda z, f=f: f(z, labels, 0.1, bank=bank, bank_labels=bank_labels),
             z,
             grad=pattern == "random",

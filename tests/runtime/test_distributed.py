@@ -44,11 +44,12 @@ LABELS = torch.tensor([0, 0, 1, 2, 2, 1, 3])  # class 3 is a singleton, on the l
 
 CASES: dict[str, Callable[[], Objective]] = {
     "simclr": lambda: InfoNCE(0.2),
-    "supcon_out": lambda: SupCon(0.2, "out"),
-    "supcon_in": lambda: SupCon(0.2, "in"),
-    "supcon_bank": lambda: SupCon(0.2, "out", bank_size=9, dim=D),
-    "xclr_class": lambda: XCLR(0.2, 0.3, "class", class_similarity=_class_sim()),
-    "xclr_caption_bank": lambda: XCLR(0.2, 0.3, "caption", bank_size=5, dim=D, caption_dim=E),
+    "supcon_out": lambda: SupCon(0.2, variant="out"),
+    "supcon_in": lambda: SupCon(0.2, variant="in"),
+    "supcon_bank": lambda: SupCon(0.2, variant="out", bank_size=9, dim=D),
+    "xclr_class": lambda: XCLR(0.2, tau_s=0.3, graph="class", class_similarity=_class_sim()),
+    "xclr_caption_bank": lambda: XCLR(0.2, tau_s=0.3, graph="caption", bank_size=5, dim=D,
+                                      caption_dim=E),
     "sincere": lambda: SINCERE(0.2),
     "eps_supinfonce": lambda: SINCERE(0.2, epsilon=0.1),
     "cone": lambda: CoNe(C, D, bank_size=11, top_n=4, tau_sup=0.2, tau_dc=0.1),

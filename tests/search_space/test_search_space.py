@@ -107,10 +107,12 @@ def test_small_data_sweeps_give_every_loss_the_same_budget() -> None:
         assert (sw.num_samples, sw.searcher, sw.scheduler, sw.resources, sw.metric) == (
             first.num_samples, first.searcher, first.scheduler, first.resources, first.metric)
         assert sw.scheduler.name == "fifo"  # every trial runs its full budget
-        assert sw.space["optim.lr"] == Distribution("loguniform", 3e-4, 3e-3, log=True)
+        assert sw.space["optim.lr"] == Distribution(kind="loguniform", low=3e-4, high=3e-3,
+                                                    log=True)
         # a loss with a temperature searches it over the papers' range
         if stem in ("simclr", "supcon", "xclr", "sincere"):
-            assert sw.space["loss.tau"] == Distribution("loguniform", 0.05, 0.5, log=True)
+            assert sw.space["loss.tau"] == Distribution(kind="loguniform", low=0.05, high=0.5,
+                                                        log=True)
         assert len(sw.parameters()) >= 2, stem  # the LR and at least one of the loss's own
     # trial + Train worker fit this 2-CPU machine: the trial actor holds 0.25 CPU
     assert first.resources.workers * first.resources.cpus_per_worker + 0.25 <= 2
@@ -122,14 +124,14 @@ def test_shipped_spaces_are_what_they_say() -> None:
                            "demo"}
     x = spaces["xclr_temperature"]
     assert "loss.name=xclr" in x.overrides and x.scheduler.name == "asha"
-    assert x.space["loss.tau_s"] == Distribution("loguniform", 0.01, 1.0, log=True)
-    assert x.space["loss.tau"] == Distribution("loguniform", 0.05, 0.5, log=True)
+    assert x.space["loss.tau_s"] == Distribution(kind="loguniform", low=0.01, high=1.0, log=True)
+    assert x.space["loss.tau"] == Distribution(kind="loguniform", low=0.05, high=0.5, log=True)
     e = spaces["eps_margin"]
     assert "loss.name=eps_supinfonce" in e.overrides
-    assert e.space["loss.epsilon"] == Distribution("uniform", 0.0, 0.5)  # 0 = SINCERE
+    assert e.space["loss.epsilon"] == Distribution(kind="uniform", low=0.0, high=0.5)  # 0 = SINCERE
     c = spaces["cone_weights"].space
-    assert c["loss.bank_size"] == Distribution("int", 1024, 65536, log=True)
-    assert c["loss.top_n"] == Distribution("int", 8, 512, log=True)
+    assert c["loss.bank_size"] == Distribution(kind="int", low=1024, high=65536, log=True)
+    assert c["loss.top_n"] == Distribution(kind="int", low=8, high=512, log=True)
     a = spaces["across_losses"]
     assert "loss.tau" not in a.space and "loss.tau" not in a.conditional["loss.name"]["cone"]
     assert set(a.space["loss.name"].values or ()) == {"simclr", "supcon", "xclr", "sincere",
@@ -472,15 +474,15 @@ def test_loss_component_metrics_and_study_storage_are_accepted(tmp_path: Path) -
 
 
 def test_distribution_checks_itself() -> None:
-    assert Distribution("loguniform", 0.1, 1.0).log  # loguniform is always log
+    assert Distribution(kind="loguniform", low=0.1, high=1.0).log  # loguniform is always log
     with pytest.raises(ConfigError, match="'grid' is not allowed"):
-        Distribution("grid", values=(1, 2))  # type: ignore[arg-type]
+        Distribution(kind="grid", values=(1, 2))  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"choice value \[1, 2\] is not allowed"):
-        Distribution("choice", values=([1, 2],))
+        Distribution(kind="choice", values=([1, 2],))
     with pytest.raises(ConfigError, match="listed twice"):
-        Distribution("choice", values=("a", "a"))
+        Distribution(kind="choice", values=("a", "a"))
     with pytest.raises(ConfigError, match=r"uniform high=nan is not allowed"):
-        Distribution("uniform", 0.0, math.nan)
+        Distribution(kind="uniform", low=0.0, high=math.nan)
 
 
 # ---------------------------------------------------------------------------------------------

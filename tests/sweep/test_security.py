@@ -169,7 +169,7 @@ def test_mlflow_params_hold_no_credentials(tmp_path: Path) -> None:
 
     cfg = _config(_with_credentials("s3://bucket/runs"), _with_credentials("s3://data/ds"),
                   tracking={"mlflow": True})
-    run = MLflowRun(tmp_path, "r", to_dict(cfg), None, "simgraph")
+    run = MLflowRun(tmp_path, "r", to_dict(cfg), uri=None, experiment="simgraph")
     run.finish()
     params = mlflow.MlflowClient(default_uri(tmp_path)).get_run(run.run_id).data.params
     assert params["storage"] == "s3://bucket/runs" and params["data.dataset"] == "s3://data/ds"

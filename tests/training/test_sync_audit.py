@@ -325,7 +325,8 @@ def _objective_batch(labels: Tensor, seed: int = 0, z: Tensor | None = None) -> 
 _OBJECTIVES: dict[str, Callable[[], Objective]] = {
     "ce": lambda: CrossEntropy(3, label_smoothing=0.1),
     "cone": lambda: CoNe(3, 5, bank_size=16, top_n=3),
-    "xclr_class": lambda: XCLR(0.2, 0.3, "class", torch.eye(3) * 0.5 + 0.5, bank_size=16, dim=5),
+    "xclr_class": lambda: XCLR(0.2, tau_s=0.3, graph="class",
+                               class_similarity=torch.eye(3) * 0.5 + 0.5, bank_size=16, dim=5),
     "clip": lambda: CLIP(5, caption_dim=4),
 }
 

@@ -18,11 +18,12 @@ def test_mlflow_run_logs_params_and_epochs_and_a_resume_continues_it(tmp_path: P
     cfg = from_dict(PretrainConfig, {"name": "r", "data": {"dataset": "/d"},
                                      "loss": {"name": "xclr", "tau": 0.2, "tau_s": 0.1},
                                      "tracking": {"mlflow": True}})
-    run = MLflowRun(tmp_path, "r", to_dict(cfg), None, "simgraph")
+    run = MLflowRun(tmp_path, "r", to_dict(cfg), uri=None, experiment="simgraph")
     for epoch in (1, 2):
         run.log_epoch({"epoch": epoch, "loss": 5.0 - epoch, "knn_top1": 0.1 * epoch,
                        "note": "not a number"})
-    again = MLflowRun(tmp_path, "r", to_dict(cfg), None, "simgraph")  # the resumed run
+    # the resumed run
+    again = MLflowRun(tmp_path, "r", to_dict(cfg), uri=None, experiment="simgraph")
     assert again.run_id == run.run_id and (tmp_path / RUN_ID_FILE).exists()
     again.log_epoch({"epoch": 3, "loss": 1.5, "knn_top1": 0.35})
     again.finish()
@@ -73,12 +74,13 @@ def test_wandb_offline_run_logs_config_and_epochs_and_a_resume_continues_it(
     cfg = from_dict(PretrainConfig, {"name": "r", "data": {"dataset": "/d"},
                                      "loss": {"name": "xclr", "tau": 0.2, "tau_s": 0.1},
                                      "tracking": {"wandb": True}})
-    run = WandbRun(tmp_path, "r", to_dict(cfg), "simgraph", "offline")
+    run = WandbRun(tmp_path, "r", to_dict(cfg), project="simgraph", mode="offline")
     for epoch in (1, 2):
         run.log_epoch({"epoch": epoch, "loss": 5.0 - epoch, "knn_top1": 0.1 * epoch,
                        "note": "not a number"})
     run.finish()
-    again = WandbRun(tmp_path, "r", to_dict(cfg), "simgraph", "offline")  # the resumed run
+    # the resumed run
+    again = WandbRun(tmp_path, "r", to_dict(cfg), project="simgraph", mode="offline")
     assert again.run_id == run.run_id and (tmp_path / WANDB_ID_FILE).exists()
     again.log_epoch({"epoch": 3, "loss": 1.5, "knn_top1": 0.35})
     again.finish()
@@ -137,9 +139,9 @@ def test_a_kill_before_the_run_id_is_written_continues_the_same_tracker_runs(
     )
 
     cfg = to_dict(from_dict(PretrainConfig, {"name": "r", "data": {"dataset": "/d"}}))
-    first = MLflowRun(tmp_path, "r", cfg, None, "simgraph")
+    first = MLflowRun(tmp_path, "r", cfg, uri=None, experiment="simgraph")
     (tmp_path / RUN_ID_FILE).unlink()
-    again = MLflowRun(tmp_path, "r", cfg, None, "simgraph")
+    again = MLflowRun(tmp_path, "r", cfg, uri=None, experiment="simgraph")
     assert again.run_id == first.run_id
     client = mlflow.MlflowClient(default_uri(tmp_path))
     assert len(client.search_runs([client.get_experiment_by_name("simgraph").experiment_id])) == 1
@@ -151,11 +153,11 @@ def test_a_kill_before_the_run_id_is_written_continues_the_same_tracker_runs(
 
     monkeypatch.setattr(wandb, "init", killed)
     with pytest.raises(KeyboardInterrupt):
-        WandbRun(tmp_path, "r", cfg, "simgraph", "offline")
+        WandbRun(tmp_path, "r", cfg, project="simgraph", mode="offline")
     chosen = (tmp_path / WANDB_ID_FILE).read_text().strip()
     seen: dict[str, object] = {}
     monkeypatch.setattr(wandb, "init", lambda **kw: seen.update(kw) or (_ for _ in ()).throw(
         KeyboardInterrupt))
     with pytest.raises(KeyboardInterrupt):
-        WandbRun(tmp_path, "r", cfg, "simgraph", "offline")
+        WandbRun(tmp_path, "r", cfg, project="simgraph", mode="offline")
     assert seen["id"] == chosen and seen["resume"] == "allow"

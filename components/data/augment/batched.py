@@ -446,6 +446,7 @@ class BatchedSimCLRAugment(torch.nn.Module):
 
     def __init__(
         self,
+        *,
         brightness: float = 0.4,
         contrast: float = 0.4,
         saturation: float = 0.4,

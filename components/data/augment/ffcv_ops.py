@@ -273,6 +273,7 @@ class RandomColorJitter(Operation):
 
     def __init__(
         self,
+        *,
         brightness: float = 0.4,
         contrast: float = 0.4,
         saturation: float = 0.4,

@@ -54,7 +54,7 @@ def hash_batch(batch: dict[str, np.ndarray], max_side: int, min_side: int) -> di
     }
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Content:
     """Per listed item: its decode failure (``reason`` non-empty) or its hashes (see
     :mod:`components.data.integrity`)."""
@@ -71,11 +71,12 @@ class Content:
         order = np.argsort(np.asarray(cols["idx"], dtype=np.int64), kind="stable")
         thumbs = np.frombuffer(b"".join(cols["thumb"][i] for i in order), np.uint8)
         return cls(
-            [str(cols["reason"][i]) for i in order], [str(cols["detail"][i]) for i in order],
-            [str(cols["bytes_sha256"][i]) for i in order],
-            [str(cols["pixels_sha256"][i]) for i in order],
-            np.asarray(cols["phash"], dtype=np.uint64)[order],
-            thumbs.reshape(len(order), integrity.THUMB**2).copy(),
+            reason=[str(cols["reason"][i]) for i in order],
+            detail=[str(cols["detail"][i]) for i in order],
+            bytes_sha256=[str(cols["bytes_sha256"][i]) for i in order],
+            pixels_sha256=[str(cols["pixels_sha256"][i]) for i in order],
+            phash=np.asarray(cols["phash"], dtype=np.uint64)[order],
+            thumbs=thumbs.reshape(len(order), integrity.THUMB**2).copy(),
         )
 
 
@@ -109,10 +110,11 @@ def hash_with_ray(cfg: PreprocessConfig, items: Sequence[Item], out: Path,
     if cache.exists():
         with np.load(cache, allow_pickle=False) as z:
             if str(z["key"]) == key:
-                return Content([str(x) for x in z["reason"]], [str(x) for x in z["detail"]],
-                               [str(x) for x in z["bytes_sha256"]],
-                               [str(x) for x in z["pixels_sha256"]],
-                               z["phash"].copy(), z["thumbs"].copy())
+                return Content(reason=[str(x) for x in z["reason"]],
+                               detail=[str(x) for x in z["detail"]],
+                               bytes_sha256=[str(x) for x in z["bytes_sha256"]],
+                               pixels_sha256=[str(x) for x in z["pixels_sha256"]],
+                               phash=z["phash"].copy(), thumbs=z["thumbs"].copy())
     bounds = np.linspace(0, len(items), _task_count(len(items)) + 1).astype(int)
     batches = [{"idx": np.arange(a, b),
                 "path": np.array([it.path for it in items[a:b]], dtype=object)}

@@ -34,7 +34,7 @@ def _subset(listing: Listing, max_per_class: int | None) -> list[Item]:
     return out
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Listed:
     """The source after the caption policy: kept items (sample id = index here), their caption
     texts, the classes, skipped items and caption problems that did not skip an item."""
@@ -83,7 +83,8 @@ def _caption_texts(
                 why = problem + (" and no label" if policy == "from-label" else "")
                 if cfg.bad_input == "error":
                     raise PreprocessError(f"{it.path}: {why} (bad_input=error)")
-                skipped.append(Skip(it.path, it.caption_issue or MISSING_CAPTION, why))
+                skipped.append(Skip(path=it.path, reason=it.caption_issue or MISSING_CAPTION,
+                                    detail=why))
                 continue
         kept.append(it)
         texts.append(text)
@@ -104,4 +105,5 @@ def list_items(cfg: PreprocessConfig) -> Listed:
     notes: list[dict[str, Any]] = []
     items = _subset(listing, cfg.source.max_per_class)
     items, texts = _caption_texts(cfg, items, listing.classes, skipped, notes)
-    return Listed(items, texts, listing.classes, skipped, notes)
+    return Listed(items=items, texts=texts, classes=listing.classes, skipped=skipped,
+                  caption_notes=notes)

@@ -26,7 +26,7 @@ from components.io.files import sha256_file
 DUPLICATE_OF = "duplicate-of"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Planned:
     sample_id: int
     path: str
@@ -40,7 +40,7 @@ def _fields(row: Planned) -> tuple[Any, ...]:
     return tuple(getattr(row, f.name) for f in dataclasses.fields(row))
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Plan:
     rows: list[Planned]
     classes: list[str]
@@ -72,7 +72,7 @@ def plan(
             if reason:
                 if cfg.bad_input == "error":
                     raise PreprocessError(f"{items[i].path}: {content.detail[i]} (bad_input=error)")
-                skipped.append(Skip(items[i].path, reason, content.detail[i]))
+                skipped.append(Skip(path=items[i].path, reason=reason, detail=content.detail[i]))
                 keep[i] = False
         if cfg.dedupe.exact:
             _drop_exact(cfg, listed, content, keep, skipped)
@@ -111,11 +111,13 @@ def plan(
             for i in members[k : k + cfg.shard_size]:
                 it, t = items[i], texts[i]
                 cid = -1 if t is None else index[t]
-                rows.append(Planned(i, it.path, it.label, cid, split, name))
+                rows.append(Planned(sample_id=i, path=it.path, label=it.label, caption_id=cid,
+                                    split=split, shard=name))
     near = None if pairs is None else _near_report(cfg, items, pairs, split_of)
     if split_groups is not None and groups is not None:
         split_groups["units"] = len(set(groups[rows_idx].tolist()))
-    return Plan(rows, listed.classes, table, skipped, listed.caption_notes, near, split_groups)
+    return Plan(rows=rows, classes=listed.classes, texts=table, skipped=skipped,
+                caption_notes=listed.caption_notes, near_duplicates=near, split_groups=split_groups)
 
 
 def _drop_exact(
@@ -138,8 +140,8 @@ def _drop_exact(
             raise PreprocessError(
                 f"{items[di].path}: {same} as {items[ki].path} (bad_input=error; "
                 "dedupe.exact=false keeps exact duplicates)")
-        skipped.append(Skip(items[di].path, DUPLICATE_OF, f"{same} as {items[ki].path}{labels}",
-                            items[ki].path))
+        skipped.append(Skip(path=items[di].path, reason=DUPLICATE_OF,
+                            detail=f"{same} as {items[ki].path}{labels}", of=items[ki].path))
         keep[di] = False
 
 

@@ -60,7 +60,7 @@ def _caption_key(text: str | None) -> str | None:
     return None if text is None else hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SourceChanges:
     """How a source differs from the one a dataset was built from (paths, sorted)."""
 
@@ -167,7 +167,8 @@ class SourceRecord:
         classes = (self.classes, now.classes) if self.classes != now.classes else None
         skipped = ((len(self.skipped), len(now.skipped))
                    if dict(self.skipped) != dict(now.skipped) else None)
-        return SourceChanges(added, removed, changed, classes, skipped)
+        return SourceChanges(added=added, removed=removed, changed=changed, classes=classes,
+                             skipped=skipped)
 
 
 def check_unchanged(out: Path, manifest: Mapping[str, Any], now: SourceRecord) -> bool:

@@ -59,7 +59,7 @@ def shard_specs(todo: dict[str, list[Planned]]) -> list[dict[str, Any]]:
     return sorted(specs, key=lambda sp: (-len(sp["path"]), sp["shard"]))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ShardSettings:
     """What every shard task needs besides its items (stored once, passed to each task)."""
 
