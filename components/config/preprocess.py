@@ -11,6 +11,22 @@ from components.errors import clip
 # ---------------------------------------------------------------------------------------------
 # Preprocessing (components/data/build/, run by pipelines/preprocess.py).
 
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")  # a WebDataset key's image member
+WEBDATASET_KEYS = ("image_extensions", "caption_key", "label_key")
+PARQUET_KEYS = ("image_column", "caption_column", "label_column")
+
+
+def _check_member(key: str, value: str) -> None:
+    """A WebDataset member choice: an extension (``txt``, ``cls``) or ``json:<field>``."""
+    field = value[5:] if value.startswith("json:") else None
+    if field is not None and not field:
+        raise ConfigError(f"source.{key}={clip(value)} names no field: write json:<field> "
+                          "(e.g. json:caption)")
+    if field is None and (not value or value.startswith(".") or "/" in value):
+        raise ConfigError(f"source.{key}={clip(value)} is not allowed: name a member by its "
+                          "extension without the dot (txt, cls) or a field of the .json "
+                          "member as json:<field>")
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SourceConfig:
@@ -18,17 +34,36 @@ class SourceConfig:
     override of the Debian package's install folder. ``classes``: the allowed class list in
     label order (default: every class found, sorted). ``label_depth`` (folder, tuxpaint): the
     folder level that names the class — 1: the top-level folder; 2: ``animals/birds``, so a
-    fine-label run can be scored against the top level with ``evaluate --labels depth:1``."""
+    fine-label run can be scored against the top level with ``evaluate --labels depth:1``.
 
-    kind: Literal["folder", "manifest", "fashion-mnist", "tuxpaint"] = "folder"
+    ``webdataset`` (``path``: a folder of ``.tar`` shards, a glob or ``{00000..00331}`` brace
+    notation; members ``<key>.<ext>``): ``image_extensions`` (the image member, first found in
+    this order), ``caption_key`` (``txt``: the ``<key>.txt`` member; any other member
+    extension; or ``json:<field>`` of the ``<key>.json`` member), ``label_key`` (``null``:
+    unlabelled; ``cls``, another member extension, or ``json:<field>``). ``parquet``
+    (``path``: a file, folder or glob of ``.parquet`` files): ``image_column`` (binary, or a
+    struct with a ``bytes`` field as Hugging Face writes), ``caption_column`` (absent from the
+    files: no captions), ``label_column`` (``null``: unlabelled). Labels are class names
+    (integers: indices), as in a manifest (components/data/shard_sources.py)."""
+
+    kind: Literal["folder", "manifest", "webdataset", "parquet", "fashion-mnist",
+                  "tuxpaint"] = "folder"
     path: str | None = None
     classes: list[str] | None = None
     max_per_class: int | None = None  # a deterministic subset (demos, tests); None = all
     label_depth: int = 1
+    image_extensions: list[str] = dataclasses.field(
+        default_factory=lambda: list(IMAGE_EXTENSIONS))
+    caption_key: str = "txt"
+    label_key: str | None = None
+    image_column: str = "image"
+    caption_column: str | None = "caption"
+    label_column: str | None = None
 
     def __post_init__(self) -> None:
-        if self.kind in ("folder", "manifest") and not self.path:
+        if self.kind in ("folder", "manifest", "webdataset", "parquet") and not self.path:
             raise ConfigError(f"source.path is required for source.kind={clip(self.kind)}")
+        self._check_shard_options()
         check_at_least("source.label_depth", self.label_depth, 1)
         if self.label_depth != 1 and self.kind not in ("folder", "tuxpaint"):
             raise ConfigError(
@@ -37,6 +72,39 @@ class SourceConfig:
             )
         if self.max_per_class is not None:
             check_at_least("source.max_per_class", self.max_per_class, 1)
+
+    def _check_shard_options(self) -> None:
+        """The webdataset / parquet settings: well formed, and only set for their kind."""
+        default = SourceConfig.__dataclass_fields__
+        for kind, keys in (("webdataset", WEBDATASET_KEYS), ("parquet", PARQUET_KEYS)):
+            if self.kind == kind:
+                continue
+            for key in keys:
+                field = default[key]
+                value = getattr(self, key)
+                if value != (field.default_factory() if callable(field.default_factory)
+                             else field.default):
+                    raise ConfigError(
+                        f"source.{key}={clip(value)} applies to source.kind={kind} only; "
+                        f"source.kind is {clip(self.kind)} (remove it)")
+        if not self.image_extensions:
+            raise ConfigError("source.image_extensions is empty: list the image members' "
+                              f"extensions (default {', '.join(IMAGE_EXTENSIONS)})")
+        for ext in self.image_extensions:
+            if not isinstance(ext, str) or not ext or ext.startswith(".") or "/" in ext:
+                raise ConfigError(
+                    f"source.image_extensions entry {clip(ext)} is not allowed: write each "
+                    "extension without the dot, e.g. [jpg, png]")
+        _check_member("caption_key", self.caption_key)
+        if self.label_key is not None:
+            _check_member("label_key", self.label_key)
+        if not self.image_column:
+            raise ConfigError("source.image_column is empty: name the column holding the image "
+                              "bytes (default image)")
+        for key, none in (("caption_column", "no captions"), ("label_column", "unlabelled")):
+            if getattr(self, key) == "":
+                raise ConfigError(f"source.{key} is empty: name a column of the Parquet files, "
+                                  f"or null ({none})")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

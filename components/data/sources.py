@@ -1,4 +1,5 @@
-"""Where images come from: a class-folder tree, a manifest file, or a built-in dataset.
+"""Where images come from: a class-folder tree, a manifest file, WebDataset tar shards or
+Parquet files (:mod:`components.data.shard_sources`), or a built-in dataset.
 
 Each source lists its items on the driver (paths, labels, captions: cheap) and the Ray Data
 stages later read each item's bytes with :func:`read_item`. Problems found while listing
@@ -19,13 +20,17 @@ import dataclasses
 import functools
 import gzip
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from components.errors import SimgraphError
+
+if TYPE_CHECKING:
+    from components.data.shard_sources import ShardOptions
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 TUXPAINT_DIR = "/usr/share/tuxpaint/stamps"
@@ -115,6 +120,27 @@ def _dedupe(items: list[Item], skipped: list[Skip], policy: str) -> list[Item]:
 
 def _check_classes(classes: Sequence[str] | None, found: Sequence[str]) -> list[str]:
     return list(classes) if classes else sorted(set(found))
+
+
+def label_names(
+    raw: Sequence[object], classes: Sequence[str] | None
+) -> tuple[list[str], dict[int | str, int]]:
+    """The class list and a label -> index map for labels as a table or a shard gives them
+    (``None``: no label): integers are indices (names ``"0"``, ``"1"``, ... unless
+    ``classes`` names them); otherwise every label is a class name, by its text (``classes``,
+    or the sorted names found)."""
+    present = [lab for lab in raw if lab is not None]
+    if present and all(isinstance(x, int) and not isinstance(x, bool) for x in present):
+        ints = [int(x) for x in present]  # type: ignore[call-overload]
+        names = list(classes) if classes else [str(i) for i in range(max(ints) + 1)]
+        return names, {i: i for i in range(len(names))}
+    names = _check_classes(classes, [str(x) for x in present])
+    return names, {n: i for i, n in enumerate(names)}
+
+
+def label_key(lab: object) -> int | str:
+    """The key of a raw label in :func:`label_names`'s map."""
+    return lab if isinstance(lab, int) and not isinstance(lab, bool) else str(lab)
 
 
 def folder_label(rel_dir: Sequence[str], depth: int) -> str | None:
@@ -253,13 +279,7 @@ def list_manifest(
     rows = table.to_pylist()
     skipped: list[Skip] = []
     raw_labels = [r.get("label") for r in rows] if "label" in cols else [None] * len(rows)
-    present = [lab for lab in raw_labels if lab is not None]
-    if present and all(isinstance(x, int) and not isinstance(x, bool) for x in present):
-        names = list(classes) if classes else [str(i) for i in range(max(present) + 1)]
-        to_index: dict[int | str, int] = {i: i for i in range(len(names))}
-    else:
-        names = _check_classes(classes, [str(x) for x in present])
-        to_index = {n: i for i, n in enumerate(names)}  # type: ignore[misc]
+    names, to_index = label_names(raw_labels, classes)
     items = []
     for row, lab in zip(rows, raw_labels, strict=True):
         rel = row["path"]
@@ -276,7 +296,7 @@ def list_manifest(
             continue
         label = -1
         if lab is not None:
-            key = lab if isinstance(lab, int) and not isinstance(lab, bool) else str(lab)
+            key = label_key(lab)
             if key not in to_index:
                 _note(skipped, on_bad_input, full, UNKNOWN_LABEL,
                       f"label {lab!r} is not one of the {len(names)} classes")
@@ -334,16 +354,25 @@ def list_tuxpaint(root: str = TUXPAINT_DIR, on_bad_input: str = "skip",
     return Listing(items, categories, [])
 
 
+SOURCE_KINDS = ("folder", "manifest", "webdataset", "parquet", "fashion-mnist", "tuxpaint")
+
+
 def list_source(
-    kind: Literal["folder", "manifest", "fashion-mnist", "tuxpaint"],
+    kind: Literal["folder", "manifest", "webdataset", "parquet", "fashion-mnist", "tuxpaint"],
     path: str | None,
     classes: Sequence[str] | None = None,
     on_bad_input: str = "skip",
     group_by: str | None = None,
     label_depth: int = 1,
+    shard_options: ShardOptions | None = None,
 ) -> Listing:
     """Dispatch on ``source.kind``; ``path`` overrides a built-in's install folder;
-    ``label_depth``: the folder level that names the class (folder and tuxpaint sources)."""
+    ``label_depth``: the folder level that names the class (folder and tuxpaint sources);
+    ``shard_options``: the webdataset / parquet settings (default: their defaults).
+
+    Raises:
+        SourceError: the source cannot be listed (the message says why and how to fix it).
+    """
     if label_depth != 1 and kind not in ("folder", "tuxpaint"):
         raise SourceError(f"source.label_depth={label_depth} applies to folder and tuxpaint "
                           f"sources, not {kind!r} (its labels are not folders)")
@@ -351,13 +380,19 @@ def list_source(
         return list_folder(_need_path(kind, path), classes, on_bad_input, label_depth)
     if kind == "manifest":
         return list_manifest(_need_path(kind, path), classes, on_bad_input, group_by)
+    if kind in ("webdataset", "parquet"):
+        from components.data import shard_sources
+
+        options = shard_options or shard_sources.ShardOptions()
+        lister = (shard_sources.list_webdataset if kind == "webdataset"
+                  else shard_sources.list_parquet)
+        return lister(_need_path(kind, path), classes=classes, on_bad_input=on_bad_input,
+                      options=options)
     if kind == "fashion-mnist":
         return list_fashion_mnist(path or FASHION_MNIST_DIR)
     if kind == "tuxpaint":
         return list_tuxpaint(path or TUXPAINT_DIR, on_bad_input, label_depth)
-    raise SourceError(
-        f"source.kind={kind!r} is not one of folder, manifest, fashion-mnist, tuxpaint"
-    )
+    raise SourceError(f"source.kind={kind!r} is not one of {', '.join(SOURCE_KINDS)}")
 
 
 def _need_path(kind: str, path: str | None) -> str:
@@ -384,10 +419,30 @@ def _idx_images(path: str) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8, offset=16).reshape(n, h, w)
 
 
+# An item inside a shard: ``<shard.tar>#tar:<data offset>:<size>`` (the image member's bytes)
+# or ``<file.parquet>#parquet:<row group>:<row>:<image column, %-quoted>``; the shard itself a
+# local path or an s3:// / gs:// URI (its query string before the ``#``).
+SHARD_ITEM = re.compile(r"^(?P<file>.+)#(?P<kind>tar|parquet):(?P<a>\d+):(?P<b>\d+)"
+                        r"(?::(?P<column>[^#:]*))?$")
+
+
+def shard_item(path: str) -> tuple[str, str, int, int, str] | None:
+    """``(shard file or URI, "tar" | "parquet", a, b, column)`` of a shard item's ``path``
+    (:data:`SHARD_ITEM`; ``column`` is ``""`` for tar); ``None`` for any other item."""
+    m = SHARD_ITEM.match(path) if "#" in path else None
+    if m is None or (m["kind"] == "parquet") != (m["column"] is not None):
+        return None
+    return m["file"], m["kind"], int(m["a"]), int(m["b"]), m["column"] or ""
+
+
 def item_file(path: str) -> str | None:
     """The local file the item ``path`` is read from (a built-in's archive for its
-    ``fashion-mnist://`` items: ``<root>#<prefix>/<index>``); ``None`` for an object-store
-    URI. What :func:`read_item` opens, and what a build's source record stats."""
+    ``fashion-mnist://`` items: ``<root>#<prefix>/<index>``; the tar / Parquet shard holding
+    a shard item); ``None`` for an object-store URI. What :func:`read_item` opens, and what a
+    build's source record stats."""
+    shard = shard_item(path)
+    if shard is not None:
+        return None if "://" in shard[0] else shard[0]
     if path.startswith(FASHION_SCHEME):
         root, _, rest = path[len(FASHION_SCHEME) :].partition("#")
         prefix = rest.partition("/")[0]
@@ -400,7 +455,13 @@ def read_item(path: str) -> bytes | np.ndarray:
 
     Raises:
         FileNotFoundError / OSError: the file cannot be read.
+        components.data.images.ImageError: a shard item has no image bytes (missing-image).
     """
+    shard = shard_item(path)
+    if shard is not None:
+        from components.data.shard_sources import read_shard_item
+
+        return read_shard_item(*shard)
     if path.startswith(FASHION_SCHEME):
         return _idx_images(str(item_file(path)))[int(path.rpartition("/")[2])]
     if "://" in path:

@@ -11,6 +11,7 @@ from typing import Any
 
 from components.config import PreprocessConfig
 from components.data.build.common import PreprocessError
+from components.data.shard_sources import ShardOptions
 from components.data.sources import (
     MISSING_CAPTION,
     Item,
@@ -95,10 +96,15 @@ def list_items(cfg: PreprocessConfig) -> Listed:
     """Step 1 (driver, no Ray): list the source, take the subset, apply the caption policy."""
     from components.io.paths import resolve_path
 
-    source = resolve_path(cfg.source.path) if cfg.source.path else None
+    src = cfg.source
+    source = resolve_path(src.path) if src.path else None
+    options = ShardOptions(image_extensions=tuple(src.image_extensions),
+                           caption_key=src.caption_key, label_key=src.label_key,
+                           image_column=src.image_column, caption_column=src.caption_column,
+                           label_column=src.label_column)
     try:
-        listing = list_source(cfg.source.kind, source, cfg.source.classes, cfg.bad_input,
-                              cfg.split.group_by, cfg.source.label_depth)
+        listing = list_source(src.kind, source, src.classes, cfg.bad_input,
+                              cfg.split.group_by, src.label_depth, options)
     except SourceError as e:
         raise PreprocessError(str(e)) from None
     skipped = list(listing.skipped)

@@ -1,0 +1,459 @@
+"""WebDataset tar shards and Parquet files as sources (img2dataset's outputs, Hugging Face
+Parquet exports), streamed: nothing is unpacked to disk.
+
+Listing (driver) reads only what labels and captions need: a tar shard's member headers
+(``tarfile`` seeks past the image bytes) plus its small caption / label members; a Parquet
+file's key, caption and label columns, row group by row group — never its image column. Each
+item is an addressable path (:data:`components.data.sources.SHARD_ITEM`) that
+:func:`read_shard_item` opens lazily inside the Ray stages:
+
+* ``<shard.tar>#tar:<data offset>:<size>`` — seek to the image member's data, read its bytes;
+* ``<file.parquet>#parquet:<row group>:<row>:<image column>`` — that row's image cell (the
+  last row group read is cached per process: a shard task reads its rows in order).
+
+Shards are local paths or ``s3://`` / ``gs://`` URIs, read through the pyarrow filesystem
+:func:`components.data.sources.read_item` uses. ``item_file`` of an item is its shard file, so
+a changed shard changes the build's source record like a changed image file does.
+
+Per-item problems are counted :class:`~components.data.sources.Skip` records (or raise
+:class:`~components.data.sources.SourceError` with ``bad_input: error``): a key without an
+image member (``missing-image``), a duplicate key (``duplicate-path``; first kept), a missing
+label (``missing-label``) or one outside ``source.classes`` (``unknown-label``), a shard that
+cannot be read as a tar / Parquet file (``unreadable-shard``, one per shard). Captions that are
+missing, empty or not UTF-8 are left to ``captions.missing`` like every source's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import functools
+import glob
+import json
+import os
+import re
+import tarfile
+from collections.abc import Iterator, Sequence
+from typing import IO, Any, cast
+from urllib.parse import quote, unquote
+
+from components.data.sources import (
+    DUPLICATE,
+    UNKNOWN_LABEL,
+    Item,
+    Listing,
+    Skip,
+    SourceError,
+    decode_caption,
+    label_key,
+    label_names,
+)
+
+UNREADABLE_SHARD = "unreadable-shard"
+MISSING_IMAGE = "missing-image"
+MISSING_LABEL = "missing-label"
+_GLOB = re.compile(r"[*?\[]")
+_BRACE = re.compile(r"\{([^{}]*)\}")
+_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ShardOptions:
+    """``source.*`` settings of the webdataset and parquet kinds (SourceConfig's meanings)."""
+
+    image_extensions: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
+    caption_key: str = "txt"
+    label_key: str | None = None
+    image_column: str = "image"
+    caption_column: str | None = "caption"
+    label_column: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Which shard files: a folder, a glob, brace notation; local or s3:// / gs://.
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Bash-style brace expansion: ``{a,b}`` lists and ``{00000..00331}`` integer ranges
+    (zero-padded to the wider end's width when either end has a leading zero), in order;
+    several groups multiply (no nesting).
+
+    Raises:
+        SourceError: an unbalanced brace, an empty group or a malformed / descending range.
+    """
+    m = _BRACE.search(pattern)
+    if m is None:
+        if "{" in pattern or "}" in pattern:
+            raise SourceError(f"source.path={pattern!r}: unbalanced brace; write a range as "
+                              "{00000..00331} or a list as {a,b}")
+        return [pattern]
+    body, head, tail = m[1], pattern[: m.start()], pattern[m.end() :]
+    if "{" in head or "}" in head:
+        raise SourceError(f"source.path={pattern!r}: unbalanced or nested brace; write a range "
+                          "as {00000..00331} or a list as {a,b}")
+    r = _RANGE.match(body)
+    if r is not None:
+        lo, hi = int(r[1]), int(r[2])
+        if hi < lo:
+            raise SourceError(f"source.path={pattern!r}: the range {{{body}}} runs backwards; "
+                              f"write {{{r[2]}..{r[1]}}}")
+        padded = any(len(s.lstrip("-")) > 1 and s.lstrip("-").startswith("0") for s in r.groups())
+        width = max(len(r[1]), len(r[2])) if padded else 0
+        parts = [str(i).zfill(width) for i in range(lo, hi + 1)]
+    elif "," in body:
+        parts = body.split(",")
+    else:
+        raise SourceError(f"source.path={pattern!r}: the brace group {{{body}}} is neither a "
+                          "range {00000..00331} nor a list {a,b}")
+    return [head + p + rest for p in parts for rest in expand_braces(tail)]
+
+
+def _split_uri(path: str) -> tuple[str, str, str]:
+    """``(scheme, bucket/key, "?query" or "")`` of an object-store URI."""
+    scheme, _, rest = path.partition("://")
+    inner, q, query = rest.partition("?")
+    return scheme, inner, q + query
+
+
+def _uri_files(pattern: str, suffix: str) -> list[str]:
+    """The objects a URI names: itself, a 'folder''s ``*<suffix>`` objects or a glob's."""
+    import pyarrow.fs as pafs
+
+    scheme, inner, query = _split_uri(pattern)
+    folder, _, name = inner.rpartition("/")
+    fs, _ = pafs.FileSystem.from_uri(f"{scheme}://{folder or inner}{query}")
+    if _GLOB.search(inner):
+        infos = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+        found = [i.path for i in infos if i.type == pafs.FileType.File
+                 and fnmatch.fnmatchcase(i.path.rpartition("/")[2], name)]
+    else:
+        info = fs.get_file_info(inner)
+        if info.type == pafs.FileType.Directory:
+            infos = fs.get_file_info(pafs.FileSelector(inner))
+            found = [i.path for i in infos if i.type == pafs.FileType.File
+                     and i.path.lower().endswith(suffix)]
+        else:
+            found = [inner]  # a missing one is an unreadable shard, named when opened
+    return [f"{scheme}://{p}{query}" for p in sorted(found)]
+
+
+def shard_files(path: str, suffix: str) -> list[str]:
+    """The shard files ``path`` names: a file, a folder (its ``*<suffix>`` files), a glob
+    (``**`` recursive) or brace notation (:func:`expand_braces`) — local or a URI (its query
+    string kept on each). Folders and globs are sorted; brace lists keep their order.
+
+    Raises:
+        SourceError: a malformed brace, or nothing matched.
+    """
+    out: list[str] = []
+    for pattern in expand_braces(path):
+        if "://" in pattern:
+            out += _uri_files(pattern, suffix)
+        elif _GLOB.search(pattern):
+            out += sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+        elif os.path.isdir(pattern):
+            out += sorted(os.path.join(pattern, n) for n in os.listdir(pattern)
+                          if n.lower().endswith(suffix) and not n.startswith(".")
+                          and os.path.isfile(os.path.join(pattern, n)))
+        else:
+            out.append(pattern)  # a missing one is an unreadable shard, named when opened
+    if not out or (len(out) == 1 and out[0] == path and not _exists(path)):
+        raise SourceError(f"source.path={path!r} matches no {suffix} file: give a folder of "
+                          f"{suffix} files, a file, a glob (/data/*{suffix}) or a brace range "
+                          f"(shard-{{00000..00099}}{suffix})")
+    return list(dict.fromkeys(out))
+
+
+def _exists(path: str) -> bool:
+    if "://" not in path:
+        return os.path.exists(path)
+    import pyarrow.fs as pafs
+
+    fs, inner = pafs.FileSystem.from_uri(path)
+    return bool(fs.get_file_info(inner).type != pafs.FileType.NotFound)
+
+
+def _open(path: str) -> IO[bytes]:
+    """A seekable binary file: local, or a pyarrow input file for a URI."""
+    if "://" not in path:
+        return open(path, "rb")
+    import pyarrow.fs as pafs
+
+    fs, inner = pafs.FileSystem.from_uri(path)
+    return cast(IO[bytes], fs.open_input_file(inner))
+
+
+# ---------------------------------------------------------------------------------------------
+# Listing.
+
+
+class _Lister:
+    """Items and skips of one listing: labels as raw values until the class list is known."""
+
+    def __init__(self, source: str, on_bad_input: str) -> None:
+        self.source = source
+        self.policy = on_bad_input
+        self.rows: list[tuple[str, object, bytes | str | None]] = []  # path, raw label, caption
+        self.skipped: list[Skip] = []
+        self.keys: dict[str, str] = {}  # key -> the kept item's path
+
+    def skip(self, path: str, reason: str, detail: str, of: str | None = None) -> None:
+        if self.policy == "error":
+            raise SourceError(f"{path}: {detail} (set bad_input=skip to skip and count such "
+                              "items)")
+        self.skipped.append(Skip(path=path, reason=reason, detail=detail, of=of))
+
+    def add(self, path: str, key: str | None, label: object, caption: bytes | str | None,
+            where: str) -> None:
+        if key is not None:
+            first = self.keys.get(key)
+            if first is not None:
+                self.skip(path, DUPLICATE, f"key {key!r} listed more than once ({where}); "
+                          "first kept", of=first)
+                return
+            self.keys[key] = path
+        self.rows.append((path, label, caption))
+
+    def listing(self, classes: Sequence[str] | None, labelled: bool) -> Listing:
+        names, index = label_names([lab for _, lab, _ in self.rows], classes)
+        if not labelled:
+            names, index = [], {}
+        items = []
+        for path, lab, cap in self.rows:
+            label = -1
+            if labelled:
+                if lab is None:
+                    self.skip(path, MISSING_LABEL, "no label")
+                    continue
+                k = label_key(lab)
+                if k not in index:
+                    self.skip(path, UNKNOWN_LABEL,
+                              f"label {lab!r} is not one of the {len(names)} classes")
+                    continue
+                label = index[k]
+            text, issue = decode_caption(cap)
+            items.append(Item(path=path, label=label, caption=text, caption_issue=issue))
+        if not items and not self.skipped:
+            raise SourceError(f"source.path={self.source!r} holds no items")
+        return Listing(items, names, self.skipped)
+
+
+def _split_member(name: str) -> tuple[str, str]:
+    """WebDataset's ``(key, extension)`` of a member name: the extension starts at the first
+    dot of the base name (``a/b.seg.png`` -> ``a/b``, ``seg.png``)."""
+    folder, _, base = name.rpartition("/")
+    stem, _, ext = base.partition(".")
+    return (f"{folder}/{stem}" if folder else stem), ext.lower()
+
+
+def _member_value(tf: tarfile.TarFile, members: dict[str, tarfile.TarInfo],
+                  choice: str) -> bytes | str | int | None:
+    """A member's bytes (``txt``, ``cls``) or a field of the ``.json`` member
+    (``json:<field>``); ``None`` when there is none."""
+    field = choice[5:] if choice.startswith("json:") else None
+    member = members.get("json" if field is not None else choice.lower())
+    f = tf.extractfile(member) if member is not None else None
+    if f is None:
+        return None
+    data = f.read()
+    if field is None:
+        return data
+    try:
+        value = json.loads(data).get(field)
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str | int) and not isinstance(value, bool) else None
+
+
+def _tar_label(raw: bytes | str | int | None) -> object:
+    """A label from a member (text: a class name, or an index when all digits) or a JSON
+    field (a string name or an integer index)."""
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8-sig").strip()
+        except UnicodeDecodeError:
+            return None
+        if not raw:
+            return None
+        return int(raw) if raw.isdecimal() else raw
+    return raw
+
+
+def _tar_keys(tf: tarfile.TarFile) -> Iterator[tuple[str, dict[str, tarfile.TarInfo]]]:
+    """``(key, {extension: member})`` of a shard's samples, in order: consecutive regular-file
+    members sharing a key, as WebDataset groups them (a key seen again later, or an extension
+    repeated, starts another sample: a duplicate key)."""
+    key: str | None = None
+    members: dict[str, tarfile.TarInfo] = {}
+    for m in tf:
+        if not m.isfile():
+            continue
+        k, ext = _split_member(m.name)
+        if k != key or ext in members:
+            if key is not None:
+                yield key, members
+            key, members = k, {}
+        members[ext] = m
+    if key is not None:
+        yield key, members
+
+
+def list_webdataset(path: str, *, classes: Sequence[str] | None = None,
+                    on_bad_input: str = "skip", options: ShardOptions) -> Listing:
+    """WebDataset tar shards (img2dataset's output): one item per key with an image member
+    (the first of ``options.image_extensions``), its caption and label from the members
+    ``options`` names. Keys are listed in shard order, then member order.
+
+    Raises:
+        SourceError: no shard matched, no items, or a bad item under ``bad_input: error``.
+    """
+    exts = [e.lower() for e in options.image_extensions]
+    lister = _Lister(path, on_bad_input)
+    for shard in shard_files(path, ".tar"):
+        try:
+            with _open(shard) as f, tarfile.open(fileobj=f, mode="r:") as tf:
+                for key, members in _tar_keys(tf):
+                    image = next((members[e] for e in exts if e in members), None)
+                    if image is None:
+                        lister.skip(f"{shard}#{key}", MISSING_IMAGE,
+                                    f"key {key!r} has no image member (.{', .'.join(exts)}); "
+                                    f"it has {sorted(members)}")
+                        continue
+                    label = (None if options.label_key is None
+                             else _tar_label(_member_value(tf, members, options.label_key)))
+                    caption = _member_value(tf, members, options.caption_key)
+                    lister.add(f"{shard}#tar:{image.offset_data}:{image.size}", key, label,
+                               None if isinstance(caption, int) else caption, shard)
+        except SourceError:
+            raise  # bad_input: error
+        except (OSError, tarfile.TarError, EOFError) as e:
+            lister.skip(shard, UNREADABLE_SHARD, f"not a readable uncompressed tar shard: {e}")
+    return lister.listing(classes, options.label_key is not None)
+
+
+def _image_type_problem(schema: Any, column: str) -> str | None:
+    """Why ``column`` of a Parquet schema cannot hold image bytes (``None``: it can)."""
+    import pyarrow as pa
+
+    if column not in schema.names:
+        return f"has no column {column!r} (it has {schema.names}): set source.image_column"
+    t = schema.field(column).type
+    if pa.types.is_struct(t):
+        names = [t.field(i).name for i in range(t.num_fields)]
+        if "bytes" not in names:
+            return f"column {column!r} is a struct without a 'bytes' field ({names})"
+        t = t.field("bytes").type
+    if not (pa.types.is_binary(t) or pa.types.is_large_binary(t)):
+        return f"column {column!r} holds {t}, not image bytes (binary or struct{{bytes}})"
+    return None
+
+
+def list_parquet(path: str, *, classes: Sequence[str] | None = None,
+                 on_bad_input: str = "skip", options: ShardOptions) -> Listing:
+    """Parquet files with an image-bytes column and optional caption / label columns; a
+    ``key`` column (img2dataset writes one), when present, finds duplicate keys. Rows are
+    listed file by file, row group by row group, reading no image bytes.
+
+    Raises:
+        SourceError: no file matched, no items, or a bad item under ``bad_input: error``.
+    """
+    import pyarrow.parquet as pq
+
+    lister = _Lister(path, on_bad_input)
+    column = quote(options.image_column, safe="")
+    for file in shard_files(path, ".parquet"):
+        try:
+            with _open(file) as f:
+                pf = pq.ParquetFile(f)
+                schema = pf.schema_arrow
+                problem = _image_type_problem(schema, options.image_column)
+                if problem is not None:
+                    lister.skip(file, UNREADABLE_SHARD, problem)
+                    continue
+                cap = (options.caption_column if options.caption_column in schema.names
+                       else None)
+                if options.label_column is not None and options.label_column not in schema.names:
+                    lister.skip(file, UNREADABLE_SHARD,
+                                f"has no column {options.label_column!r} (it has "
+                                f"{schema.names}): set source.label_column")
+                    continue
+                wanted = [c for c in ("key", cap, options.label_column)
+                          if c is not None and c in schema.names]
+                for rg in range(pf.num_row_groups):
+                    n = pf.metadata.row_group(rg).num_rows
+                    cols = (pf.read_row_group(rg, columns=wanted).to_pydict() if wanted
+                            else {})
+                    for row in range(n):
+                        keys = cols.get("key")
+                        lister.add(f"{file}#parquet:{rg}:{row}:{column}",
+                                   None if keys is None or keys[row] is None else str(keys[row]),
+                                   cols[options.label_column][row] if options.label_column
+                                   else None,
+                                   cols[cap][row] if cap is not None else None, file)
+        except SourceError:
+            raise  # bad_input: error
+        except (OSError, ValueError, EOFError) as e:  # ArrowInvalid is a ValueError
+            lister.skip(file, UNREADABLE_SHARD, f"not a readable Parquet file: {e}")
+    return lister.listing(classes, options.label_column is not None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading one item (inside the Ray stages).
+
+
+def _stamp(file: str) -> tuple[int, int]:
+    """(size, mtime_ns) of a shard: a cached row group is re-read after the file changes."""
+    if "://" not in file:
+        st = os.stat(file)
+        return st.st_size, st.st_mtime_ns
+    import pyarrow.fs as pafs
+
+    fs, inner = pafs.FileSystem.from_uri(file)
+    info = fs.get_file_info(inner)
+    return int(info.size or 0), int(info.mtime_ns or 0)
+
+
+@functools.lru_cache(maxsize=2)
+def _row_group(file: str, rg: int, column: str, stamp: tuple[int, int]) -> Any:
+    """The image column of one row group (a pyarrow array; ``stamp``: the cache key's file
+    version)."""
+    import pyarrow.parquet as pq
+
+    with _open(file) as f:
+        return pq.ParquetFile(f).read_row_group(rg, columns=[column]).column(0).combine_chunks()
+
+
+def read_shard_item(file: str, kind: str, a: int, b: int, column: str) -> bytes:
+    """The image bytes of a shard item (:func:`components.data.sources.shard_item`'s parts).
+
+    Raises:
+        OSError: the shard cannot be read, or holds fewer bytes than listed (truncated or
+            changed since).
+        components.data.images.ImageError: the Parquet cell is null (``missing-image``).
+    """
+    if kind == "tar":
+        with _open(file) as f:
+            f.seek(a)
+            data = f.read(b)
+        if len(data) != b:
+            raise OSError(f"{file}: {b} bytes listed at offset {a}, {len(data)} read (the shard "
+                          "is truncated or changed since it was listed)")
+        return bytes(data)
+    name = unquote(column)
+    try:
+        arr = _row_group(file, a, name, _stamp(file))
+    except (KeyError, IndexError, ValueError) as e:
+        raise OSError(f"{file}: row group {a} column {name!r} cannot be read ({e})") from None
+    if b >= len(arr):
+        raise OSError(f"{file}: row group {a} has {len(arr)} rows, not {b + 1} (changed since "
+                      "it was listed)")
+    import pyarrow as pa
+
+    if pa.types.is_struct(arr.type):
+        arr = arr.field("bytes")
+    value = arr[b].as_py()
+    if not value:
+        from components.data.images import ImageError
+
+        raise ImageError(MISSING_IMAGE, f"{file}: row {b} of row group {a} has no image bytes")
+    return bytes(value)
