@@ -14,6 +14,13 @@ from components.errors import clip
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")  # a WebDataset key's image member
 WEBDATASET_KEYS = ("image_extensions", "caption_key", "label_key")
 PARQUET_KEYS = ("image_column", "caption_column", "label_column")
+# Each shard setting and the source kinds it applies to (elsewhere it must keep its default,
+# and a build's parameters leave it out: datasets built before it existed stay valid).
+SHARD_KEYS: dict[str, tuple[str, ...]] = {
+    **{key: ("webdataset",) for key in WEBDATASET_KEYS},
+    **{key: ("parquet", "huggingface") for key in PARQUET_KEYS},
+    "split": ("huggingface",),
+}
 
 
 def _check_member(key: str, value: str) -> None:
@@ -44,9 +51,16 @@ class SourceConfig:
     (``path``: a file, folder or glob of ``.parquet`` files): ``image_column`` (binary, or a
     struct with a ``bytes`` field as Hugging Face writes), ``caption_column`` (absent from the
     files: no captions), ``label_column`` (``null``: unlabelled). Labels are class names
-    (integers: indices), as in a manifest (components/data/shard_sources.py)."""
+    (integers: indices), as in a manifest (components/data/shard_sources.py).
 
-    kind: Literal["folder", "manifest", "webdataset", "parquet", "fashion-mnist",
+    ``huggingface`` (``path``: a folder written by ``datasets``' ``Dataset.save_to_disk`` or
+    ``DatasetDict.save_to_disk``, read offline): ``image_column`` (an ``Image`` feature),
+    ``caption_column`` and ``label_column`` as for parquet (a ``ClassLabel`` column's names are
+    the classes, in their order); ``split``: which of a DatasetDict's splits to read (a name or
+    a list; ``null``: all). When both ``train`` and ``test`` are read they are kept as the
+    official split, as fashion-mnist's (components/data/hf_source.py)."""
+
+    kind: Literal["folder", "manifest", "webdataset", "parquet", "huggingface", "fashion-mnist",
                   "tuxpaint"] = "folder"
     path: str | None = None
     classes: list[str] | None = None
@@ -59,9 +73,11 @@ class SourceConfig:
     image_column: str = "image"
     caption_column: str | None = "caption"
     label_column: str | None = None
+    split: str | list[str] | None = None
 
     def __post_init__(self) -> None:
-        if self.kind in ("folder", "manifest", "webdataset", "parquet") and not self.path:
+        if (self.kind in ("folder", "manifest", "webdataset", "parquet", "huggingface")
+                and not self.path):
             raise ConfigError(f"source.path is required for source.kind={clip(self.kind)}")
         self._check_shard_options()
         check_at_least("source.label_depth", self.label_depth, 1)
@@ -74,19 +90,19 @@ class SourceConfig:
             check_at_least("source.max_per_class", self.max_per_class, 1)
 
     def _check_shard_options(self) -> None:
-        """The webdataset / parquet settings: well formed, and only set for their kind."""
+        """The webdataset / parquet / huggingface settings: well formed, and only set for their
+        kinds."""
         default = SourceConfig.__dataclass_fields__
-        for kind, keys in (("webdataset", WEBDATASET_KEYS), ("parquet", PARQUET_KEYS)):
-            if self.kind == kind:
+        for key, kinds in SHARD_KEYS.items():
+            if self.kind in kinds:
                 continue
-            for key in keys:
-                field = default[key]
-                value = getattr(self, key)
-                if value != (field.default_factory() if callable(field.default_factory)
-                             else field.default):
-                    raise ConfigError(
-                        f"source.{key}={clip(value)} applies to source.kind={kind} only; "
-                        f"source.kind is {clip(self.kind)} (remove it)")
+            field = default[key]
+            value = getattr(self, key)
+            if value != (field.default_factory() if callable(field.default_factory)
+                         else field.default):
+                raise ConfigError(
+                    f"source.{key}={clip(value)} applies to source.kind={' or '.join(kinds)} "
+                    f"only; source.kind is {clip(self.kind)} (remove it)")
         if not self.image_extensions:
             raise ConfigError("source.image_extensions is empty: list the image members' "
                               f"extensions (default {', '.join(IMAGE_EXTENSIONS)})")
@@ -103,8 +119,19 @@ class SourceConfig:
                               "bytes (default image)")
         for key, none in (("caption_column", "no captions"), ("label_column", "unlabelled")):
             if getattr(self, key) == "":
-                raise ConfigError(f"source.{key} is empty: name a column of the Parquet files, "
-                                  f"or null ({none})")
+                raise ConfigError(f"source.{key} is empty: name a column of the Parquet / Arrow "
+                                  f"files, or null ({none})")
+        splits = [self.split] if isinstance(self.split, str) else self.split
+        if splits is not None:
+            if not splits:
+                raise ConfigError("source.split is an empty list: name the DatasetDict splits "
+                                  "to read (e.g. [train, test]), or null (all)")
+            for name in splits:
+                if not name or "/" in name or name.startswith("."):
+                    raise ConfigError(f"source.split entry {clip(name)} is not allowed: name a "
+                                      "split folder of the DatasetDict (train, test, ...)")
+            if len(set(splits)) != len(splits):
+                raise ConfigError(f"source.split={clip(self.split)} names a split twice")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

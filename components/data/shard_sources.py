@@ -59,7 +59,8 @@ _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ShardOptions:
-    """``source.*`` settings of the webdataset and parquet kinds (SourceConfig's meanings)."""
+    """``source.*`` settings of the webdataset, parquet and huggingface kinds (SourceConfig's
+    meanings)."""
 
     image_extensions: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
     caption_key: str = "txt"
@@ -67,6 +68,7 @@ class ShardOptions:
     image_column: str = "image"
     caption_column: str | None = "caption"
     label_column: str | None = None
+    split: tuple[str, ...] | None = None  # huggingface: the DatasetDict splits (None: all)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Where images come from: a class-folder tree, a manifest file, WebDataset tar shards or
-Parquet files (:mod:`components.data.shard_sources`), or a built-in dataset.
+Parquet files (:mod:`components.data.shard_sources`), a Hugging Face ``save_to_disk`` folder
+(:mod:`components.data.hf_source`), or a built-in dataset.
 
 Each source lists its items on the driver (paths, labels, captions: cheap) and the Ray Data
 stages later read each item's bytes with :func:`read_item`. Problems found while listing
@@ -354,11 +355,13 @@ def list_tuxpaint(root: str = TUXPAINT_DIR, on_bad_input: str = "skip",
     return Listing(items, categories, [])
 
 
-SOURCE_KINDS = ("folder", "manifest", "webdataset", "parquet", "fashion-mnist", "tuxpaint")
+SOURCE_KINDS = ("folder", "manifest", "webdataset", "parquet", "huggingface", "fashion-mnist",
+                "tuxpaint")
 
 
 def list_source(
-    kind: Literal["folder", "manifest", "webdataset", "parquet", "fashion-mnist", "tuxpaint"],
+    kind: Literal["folder", "manifest", "webdataset", "parquet", "huggingface", "fashion-mnist",
+                  "tuxpaint"],
     path: str | None,
     classes: Sequence[str] | None = None,
     on_bad_input: str = "skip",
@@ -368,7 +371,8 @@ def list_source(
 ) -> Listing:
     """Dispatch on ``source.kind``; ``path`` overrides a built-in's install folder;
     ``label_depth``: the folder level that names the class (folder and tuxpaint sources);
-    ``shard_options``: the webdataset / parquet settings (default: their defaults).
+    ``shard_options``: the webdataset / parquet / huggingface settings (default: their
+    defaults).
 
     Raises:
         SourceError: the source cannot be listed (the message says why and how to fix it).
@@ -388,6 +392,12 @@ def list_source(
                   else shard_sources.list_parquet)
         return lister(_need_path(kind, path), classes=classes, on_bad_input=on_bad_input,
                       options=options)
+    if kind == "huggingface":
+        from components.data import hf_source, shard_sources
+
+        return hf_source.list_huggingface(
+            _need_path(kind, path), classes=classes, on_bad_input=on_bad_input,
+            options=shard_options or shard_sources.ShardOptions())
     if kind == "fashion-mnist":
         return list_fashion_mnist(path or FASHION_MNIST_DIR)
     if kind == "tuxpaint":
@@ -419,27 +429,29 @@ def _idx_images(path: str) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8, offset=16).reshape(n, h, w)
 
 
-# An item inside a shard: ``<shard.tar>#tar:<data offset>:<size>`` (the image member's bytes)
-# or ``<file.parquet>#parquet:<row group>:<row>:<image column, %-quoted>``; the shard itself a
-# local path or an s3:// / gs:// URI (its query string before the ``#``).
-SHARD_ITEM = re.compile(r"^(?P<file>.+)#(?P<kind>tar|parquet):(?P<a>\d+):(?P<b>\d+)"
+# An item inside a shard: ``<shard.tar>#tar:<data offset>:<size>`` (the image member's bytes),
+# ``<file.parquet>#parquet:<row group>:<row>:<image column, %-quoted>`` or a Hugging Face data
+# file's ``<file.arrow>#arrow:<record batch>:<row>:<image column, %-quoted>``; the shard itself
+# a local path or (tar, parquet) an s3:// / gs:// URI (its query string before the ``#``).
+SHARD_ITEM = re.compile(r"^(?P<file>.+)#(?P<kind>tar|parquet|arrow):(?P<a>\d+):(?P<b>\d+)"
                         r"(?::(?P<column>[^#:]*))?$")
 
 
 def shard_item(path: str) -> tuple[str, str, int, int, str] | None:
-    """``(shard file or URI, "tar" | "parquet", a, b, column)`` of a shard item's ``path``
-    (:data:`SHARD_ITEM`; ``column`` is ``""`` for tar); ``None`` for any other item."""
+    """``(shard file or URI, "tar" | "parquet" | "arrow", a, b, column)`` of a shard item's
+    ``path`` (:data:`SHARD_ITEM`; ``column`` is ``""`` for tar); ``None`` for any other
+    item."""
     m = SHARD_ITEM.match(path) if "#" in path else None
-    if m is None or (m["kind"] == "parquet") != (m["column"] is not None):
+    if m is None or (m["kind"] != "tar") != (m["column"] is not None):
         return None
     return m["file"], m["kind"], int(m["a"]), int(m["b"]), m["column"] or ""
 
 
 def item_file(path: str) -> str | None:
     """The local file the item ``path`` is read from (a built-in's archive for its
-    ``fashion-mnist://`` items: ``<root>#<prefix>/<index>``; the tar / Parquet shard holding
-    a shard item); ``None`` for an object-store URI. What :func:`read_item` opens, and what a
-    build's source record stats."""
+    ``fashion-mnist://`` items: ``<root>#<prefix>/<index>``; the tar / Parquet / Arrow file
+    holding a shard item); ``None`` for an object-store URI. What :func:`read_item` opens,
+    and what a build's source record stats."""
     shard = shard_item(path)
     if shard is not None:
         return None if "://" in shard[0] else shard[0]
@@ -458,6 +470,10 @@ def read_item(path: str) -> bytes | np.ndarray:
         components.data.images.ImageError: a shard item has no image bytes (missing-image).
     """
     shard = shard_item(path)
+    if shard is not None and shard[1] == "arrow":
+        from components.data.hf_source import read_arrow_item
+
+        return read_arrow_item(shard[0], shard[2], shard[3], shard[4])
     if shard is not None:
         from components.data.shard_sources import read_shard_item
 

@@ -1,7 +1,9 @@
 """Issue 42: WebDataset tar shards and Parquet files as ``simgraph preprocess`` sources
 (``components/data/shard_sources.py``): every bad item a counted skip, the same images give
-the same split files as a class folder, brace / glob expansion, the config checks, and a
-changed shard refused on rebuild like a changed image file."""
+the same split files as a class folder (a Hugging Face ``save_to_disk`` folder too:
+``components/data/hf_source.py``, its other tests in test_hf_source.py), brace / glob
+expansion, the config checks, and a changed shard refused on rebuild like a changed image
+file."""
 
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from components.data.sources import (
 )
 from pipelines.preprocess import PreprocessError, run
 from tests.data.test_build_transactions import _images
+from tests.support.hf_disk import IMAGE, STRING, class_label, image_cell, save_dict_to_disk
 
 CAPTIONS = {"cat/0": "a cat", "cat/2": "a striped cat", "dog/1": "a dog", "dog/3": "a dog"}
 
@@ -108,6 +111,25 @@ def _as_parquet(rows: list[tuple[str, bytes, str | None]], out: Path) -> Path:
     return out
 
 
+def _as_huggingface(rows: list[tuple[str, bytes, str | None]], out: Path) -> Path:
+    """The rows as a DatasetDict: ``train`` (the first five, two data files of 2-row record
+    batches) and ``validation`` (no ``test`` split: no official split), labels a ClassLabel."""
+    def columns(part: list[tuple[str, bytes, str | None]]) -> dict[str, list[object]]:
+        return {"image": [image_cell(d, f"{k}.png") for k, d, _ in part],
+                "caption": [c for _, _, c in part],
+                "label": [["cat", "dog"].index(k.split("/")[0]) for k, _, _ in part]}
+
+    features = {"image": IMAGE, "caption": STRING, "label": class_label(["cat", "dog"])}
+    return save_dict_to_disk(out, {"train": columns(rows[:5]), "validation": columns(rows[5:])},
+                             features, num_shards=2, batch_rows=2)
+
+
+# The over-rides each kind needs to list the folder's labels.
+LABELLED = {"webdataset": {"source__label_key": "cls"},
+            "parquet": {"source__label_column": "label"},
+            "huggingface": {"source__label_column": "label"}}
+
+
 def _cfg(out: Path, kind: str, path: Path | str, **over: object) -> PreprocessConfig:
     source: dict[str, object] = {"kind": kind, "path": str(path)}
     source.update({k[len("source__"):]: v for k, v in over.items() if k.startswith("source__")})
@@ -130,7 +152,8 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = _folder_source(root / "folder")
     rows = _folder_rows(folder)
     return {"folder": folder, "webdataset": _as_webdataset(rows, root / "wds"),
-            "parquet": _as_parquet(rows, root / "pq"), "root": root}
+            "parquet": _as_parquet(rows, root / "pq"),
+            "huggingface": _as_huggingface(rows, root / "hf"), "root": root}
 
 
 def _contents(out: Path) -> dict[str, object]:
@@ -153,7 +176,7 @@ def folder_build(sources: dict[str, Path], ray_local: None) -> dict[str, object]
 
 
 def test_plans_list_the_same_items_labels_and_captions(sources: dict[str, Path]) -> None:
-    """Without Ray: the three sources plan the same rows (label, split, shard, caption)."""
+    """Without Ray: the four sources plan the same rows (label, split, shard, caption)."""
     def rows(kind: str, **over: object) -> list[tuple[object, ...]]:
         p = plan(_cfg(sources["root"] / "o", kind, sources[kind], **over))
         return [(r.sample_id, r.label, r.split, r.shard, p.texts[r.caption_id])
@@ -164,9 +187,10 @@ def test_plans_list_the_same_items_labels_and_captions(sources: dict[str, Path])
     assert len(folder) == 8 and {r[2] for r in folder} == {"train", "val", "test"}
     assert rows("webdataset", source__label_key="cls", **caps) == folder
     assert rows("parquet", source__label_column="label", **caps) == folder
+    assert rows("huggingface", source__label_column="label", **caps) == folder
 
 
-@pytest.mark.parametrize("kind", ["webdataset", "parquet"])
+@pytest.mark.parametrize("kind", ["webdataset", "parquet", "huggingface"])
 def test_split_files_equal_the_folder_builds(
     kind: str, sources: dict[str, Path], folder_build: dict[str, object], ray_local: None,
     capsys: pytest.CaptureFixture[str],
@@ -174,16 +198,15 @@ def test_split_files_equal_the_folder_builds(
     """Same images, labels and order: byte-identical split files (sample ids, labels, pixels)
     and the same manifest counts; then one changed shard is refused on rebuild."""
     out = sources["root"] / f"out-{kind}"
-    over = {"source__label_key": "cls"} if kind == "webdataset" else {
-        "source__label_column": "label"}
-    cfg = _cfg(out, kind, sources[kind], **over)
+    cfg = _cfg(out, kind, sources[kind], **LABELLED[kind])
     m = run(cfg, echo=False)
     assert _contents(out) == folder_build
     assert m["source"]["items"] == 8
 
     run(cfg)  # unchanged shards: complete
     assert "(its source is unchanged)" in capsys.readouterr().out
-    shard = sorted(p for p in sources[kind].iterdir())[0]
+    shard = sorted(p for p in sources[kind].rglob("*") if p.suffix in (".tar", ".parquet",
+                                                                        ".arrow"))[0]
     data = shard.read_bytes()
     shard.write_bytes(data)  # rewritten in place (new mtime): a changed shard
     with pytest.raises(PreprocessError) as e:
@@ -366,7 +389,7 @@ def test_shard_options_are_validated() -> None:
          "empty"),
         ({"kind": "webdataset", "path": "/d", "image_extensions": [".jpg"]}, "without the dot"),
         ({"kind": "webdataset", "path": "/d", "image_column": "img"},
-         "applies to source.kind=parquet only"),
+         "applies to source.kind=parquet or huggingface only"),
         ({"kind": "folder", "path": "/d", "label_key": "cls"},
          "applies to source.kind=webdataset only"),
         ({"kind": "parquet", "path": "/d", "image_column": ""}, "image_column is empty"),

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from components.config import PreprocessConfig, to_dict
-from components.config.preprocess import PARQUET_KEYS, WEBDATASET_KEYS
+from components.config.preprocess import SHARD_KEYS
 from components.data import integrity
 from components.data.build.common import LISTED_MAX, PreprocessError
 from components.data.build.hashing import Content, dedupe_enabled, hash_local
@@ -215,10 +215,9 @@ def _params(cfg: PreprocessConfig) -> dict[str, Any]:
         p["source"].pop("label_depth")  # the default: datasets built before it existed stay valid
     # Shard settings only for their kind (elsewhere they are the defaults): datasets built
     # before they existed stay valid.
-    for kind, keys in (("webdataset", WEBDATASET_KEYS), ("parquet", PARQUET_KEYS)):
-        if cfg.source.kind != kind:
-            for key in keys:
-                p["source"].pop(key)
+    for key, kinds in SHARD_KEYS.items():
+        if cfg.source.kind not in kinds:
+            p["source"].pop(key)
     if cfg.captions.class_descriptions:
         p["captions"]["class_descriptions_sha256"] = sha256_file(cfg.captions.class_descriptions)
     p["format"] = FORMAT
