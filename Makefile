@@ -36,9 +36,13 @@ bench-deps: setup
 # Installs with uv: the same pins and versions as pip (compared with `pip freeze`), from the
 # same sources (pip's configuration passed on by .ci/pip_sources.py; pip's resolution across
 # indexes: unsafe-best-match), in ~40 s from a cold cache against pip's ~3 min
-# (docs/benchmarks.md). pip is the fallback wherever uv cannot install.
+# (docs/benchmarks.md). pip is the fallback wherever uv cannot install. --compile-bytecode:
+# as pip does; without .pyc files every process that runs with -B (multiprocessing's
+# spawned children of a -B parent) compiles torch & co. from source on each import (the
+# suite took 26 min instead of 14 in a fresh clone).
 UV_VERSION := 0.13.9
-UV_PIP = $(VENV)/bin/uv pip install -q -p $(PY) --index-strategy unsafe-best-match $$($(PY) .ci/pip_sources.py)
+UV_PIP = $(VENV)/bin/uv pip install -q -p $(PY) --compile-bytecode --index-strategy unsafe-best-match \
+	$$($(PY) .ci/pip_sources.py)
 
 $(STAMP): pyproject.toml
 	@$(MAKE) --no-print-directory apt-deps
