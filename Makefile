@@ -65,9 +65,9 @@ $(STAMP): pyproject.toml
 # SIMGRAPH_RAY_DASHBOARD=0 keeps it off even for a sweep with Train worker groups, which would
 # otherwise ask for it (the suite has none).
 # Two phases: every test but the cluster ones on TEST_WORKERS pytest-xdist workers (a test
-# file stays on one worker: its module fixtures are built once; most slow tests wait on Ray
-# and process start-up, so two streams overlap well on 2 cores), then tests/e2e/test_cluster.py
-# alone. Its cluster is removed by killing its own network namespace's processes (no `ray
+# file stays on one worker: its module fixtures are built once; the files with most slow tests
+# go first, tests/conftest.py; most slow tests wait on Ray and process start-up, so two
+# streams overlap well on 2 cores), then tests/e2e/test_cluster.py alone. Its cluster is removed by killing its own network namespace's processes (no `ray
 # stop --force`: other Rays on the machine survive), but beside the other stream its sweep
 # over both nodes waited forever for a placement group (2026-11-26: a freed trial's bundles
 # not yet returned under load), so it keeps a phase of its own. Exit status 5 (nothing
@@ -78,7 +78,7 @@ TEST_WORKERS ?= 2
 test: setup lint
 	@unshare -n true 2>/dev/null || { echo "make test: cannot create a network namespace (unshare -n); run as root or with CAP_SYS_ADMIN" >&2; exit 1; }
 	unshare -n bash -c 'ip link set lo up && export HF_HUB_OFFLINE=1 SIMGRAPH_RAY_DASHBOARD=0 && \
-	  $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --ignore=tests/e2e/test_cluster.py $(PYTEST_ARGS) && \
+	  $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --ignore=tests/e2e/test_cluster.py $(PYTEST_ARGS) && \
 	  { $(PY) -m pytest -q tests/e2e/test_cluster.py $(PYTEST_ARGS); rc=$$?; [ $$rc = 5 ] && rc=0; exit $$rc; }'
 
 lint: setup
