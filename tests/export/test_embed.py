@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from components.config import AugmentConfig, PretrainConfig, from_dict
+from components.config import AugmentConfig, PretrainConfig
 from components.data.images import decode_image
 from components.data.reader import DatasetInfo, ViewLoader
 from components.data.shards import page_size_for, write_shard
@@ -31,9 +31,8 @@ from components.export.embed import (
     read_metadata,
 )
 from components.export.run_embed import embed_run
-from components.runs.checkpoint import load_state
-from components.training.step import build_model, extract_features
-from tests.support.datasets import run_with_checkpoint, synthetic_dataset
+from components.training.step import extract_features
+from tests.support.datasets import checkpoint_encoder, run_with_checkpoint, synthetic_dataset
 
 # Max |difference| allowed between an image's features embedded from its folder and from a
 # raw-stored .beton of the same decoded image: both routes run the same crop arithmetic and
@@ -60,14 +59,8 @@ def _run(dataset: Path, storage: Path, name: str, checkpoint: bool = True,
 
 
 def _encoder(run_dir: Path) -> tuple[PretrainConfig, Any]:
-    """The run's encoder as `simgraph evaluate` builds it (build_model + load_state_dict)."""
-    state = load_state(run_dir / "epoch_00001")
-    cfg = from_dict(PretrainConfig, state["config"])
-    info = DatasetInfo.load(cfg.data.dataset)
-    sim = torch.as_tensor(info.class_similarity(), dtype=torch.float32)
-    model, _ = build_model(cfg.model, cfg.loss, len(info.classes), sim, info.caption_dim)
-    model.load_state_dict(state["model"])
-    return cfg, model.encoder
+    """The run's encoder by the independent route (the whole training model rebuilt)."""
+    return checkpoint_encoder(run_dir / "epoch_00001")
 
 
 def _reference(run_dir: Path, beton: Path, projector: bool = False,

@@ -15,13 +15,11 @@ from typing import Any
 import pytest
 import torch
 
-from components.config import PretrainConfig, from_dict
-from components.data.reader import DatasetInfo
 from components.export.formats import FORMATS
 from components.runs.checkpoint import load_state
-from components.training.step import build_model, extract_features
+from components.training.step import extract_features
 from pipelines.export import main
-from tests.support.datasets import run_with_checkpoint, synthetic_dataset
+from tests.support.datasets import checkpoint_encoder, run_with_checkpoint, synthetic_dataset
 
 RESNET = {"model__backbone": "resnet18", "model__small_images": True}
 
@@ -42,16 +40,11 @@ def _run(dataset: Path, storage: Path, name: str, checkpoint: bool = True,
 def _reference(run_dir: Path, x: torch.Tensor) -> dict[str, torch.Tensor]:
     """What simgraph computes from the run's checkpoint: extract_features of the backbone and
     of the projector, in eval mode, on the CPU."""
-    cfg = from_dict(PretrainConfig, load_state(run_dir / "epoch_00001")["config"])
-    state = load_state(run_dir / "epoch_00001")
-    info = DatasetInfo.load(cfg.data.dataset)
-    sim = torch.as_tensor(info.class_similarity(), dtype=torch.float32)
-    model, _ = build_model(cfg.model, cfg.loss, len(info.classes), sim, info.caption_dim)
-    model.load_state_dict(state["model"])
+    _, encoder = checkpoint_encoder(run_dir / "epoch_00001")
     batch = [SimpleNamespace(images=x[:, None], labels=torch.zeros(len(x), dtype=torch.long))]
     cpu = torch.device("cpu")
-    h, _ = extract_features(model.encoder, batch, cpu)
-    z, _ = extract_features(model.encoder, batch, cpu, projector=True)
+    h, _ = extract_features(encoder, batch, cpu)
+    z, _ = extract_features(encoder, batch, cpu, projector=True)
     return {"features": h, "projection": z}
 
 

@@ -134,3 +134,26 @@ def model_checkpoint(cfg: Any, run_dir: Path, model: Any, dataset: dict[str, Any
                          step=4, history=[], config=to_dict(cfg), dataset=dataset,
                          ).save(run_dir / "epoch_00001")
 
+
+
+def checkpoint_encoder(checkpoint: Path) -> tuple[Any, Any]:
+    """``(config, encoder)`` of a checkpoint the long way round: the whole training model
+    rebuilt (``build_model``, its loss included) and its state loaded strictly — a route
+    independent of ``components.models.encoders.encoder_from_state``, which evaluate, export
+    and embed use, so tests can check those against it."""
+    import torch
+
+    from components.config import PretrainConfig, from_dict
+    from components.data.reader import DatasetInfo
+    from components.runs.checkpoint import load_state
+    from components.training.step import build_model
+
+    state = load_state(checkpoint)
+    cfg = from_dict(PretrainConfig, state["config"])
+    info = DatasetInfo.load(cfg.data.dataset)
+    sim = info.class_similarity()
+    model, _ = build_model(cfg.model, cfg.loss, len(info.classes),
+                           None if sim is None else torch.as_tensor(sim, dtype=torch.float32),
+                           info.caption_dim)
+    model.load_state_dict(state["model"])
+    return cfg, model.encoder
