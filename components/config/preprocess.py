@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Literal, get_args
 
 from components.config.checks import ConfigError, check_at_least, check_in_range
 from components.errors import clip
@@ -11,6 +11,10 @@ from components.errors import clip
 # ---------------------------------------------------------------------------------------------
 # Preprocessing (components/data/build/, run by pipelines/preprocess.py).
 
+SourceKind = Literal["folder", "manifest", "webdataset", "parquet", "huggingface",
+                     "fashion-mnist", "tuxpaint"]
+SOURCE_KINDS: tuple[str, ...] = get_args(SourceKind)
+PATH_KINDS = ("folder", "manifest", "webdataset", "parquet", "huggingface")  # need source.path
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")  # a WebDataset key's image member
 WEBDATASET_KEYS = ("image_extensions", "caption_key", "label_key")
 PARQUET_KEYS = ("image_column", "caption_column", "label_column")
@@ -60,8 +64,7 @@ class SourceConfig:
     a list; ``null``: all). When both ``train`` and ``test`` are read they are kept as the
     official split, as fashion-mnist's (components/data/hf_source.py)."""
 
-    kind: Literal["folder", "manifest", "webdataset", "parquet", "huggingface", "fashion-mnist",
-                  "tuxpaint"] = "folder"
+    kind: SourceKind = "folder"
     path: str | None = None
     classes: list[str] | None = None
     max_per_class: int | None = None  # a deterministic subset (demos, tests); None = all
@@ -76,8 +79,7 @@ class SourceConfig:
     split: str | list[str] | None = None
 
     def __post_init__(self) -> None:
-        if (self.kind in ("folder", "manifest", "webdataset", "parquet", "huggingface")
-                and not self.path):
+        if self.kind in PATH_KINDS and not self.path:
             raise ConfigError(f"source.path is required for source.kind={clip(self.kind)}")
         self._check_shard_options()
         check_at_least("source.label_depth", self.label_depth, 1)
@@ -88,6 +90,12 @@ class SourceConfig:
             )
         if self.max_per_class is not None:
             check_at_least("source.max_per_class", self.max_per_class, 1)
+
+    @property
+    def splits(self) -> tuple[str, ...] | None:
+        """``split`` as a tuple (one name given alone included); ``None``: every split."""
+        return (self.split,) if isinstance(self.split, str) else (
+            None if self.split is None else tuple(self.split))
 
     def _check_shard_options(self) -> None:
         """The webdataset / parquet / huggingface settings: well formed, and only set for their
@@ -121,7 +129,7 @@ class SourceConfig:
             if getattr(self, key) == "":
                 raise ConfigError(f"source.{key} is empty: name a column of the Parquet / Arrow "
                                   f"files, or null ({none})")
-        splits = [self.split] if isinstance(self.split, str) else self.split
+        splits = self.splits
         if splits is not None:
             if not splits:
                 raise ConfigError("source.split is an empty list: name the DatasetDict splits "

@@ -37,6 +37,7 @@ from collections.abc import Iterator, Sequence
 from typing import IO, Any, cast
 from urllib.parse import quote, unquote
 
+from components.config.preprocess import IMAGE_EXTENSIONS, SourceConfig
 from components.data.sources import (
     DUPLICATE,
     UNKNOWN_LABEL,
@@ -62,13 +63,21 @@ class ShardOptions:
     """``source.*`` settings of the webdataset, parquet and huggingface kinds (SourceConfig's
     meanings)."""
 
-    image_extensions: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
+    image_extensions: tuple[str, ...] = IMAGE_EXTENSIONS
     caption_key: str = "txt"
     label_key: str | None = None
     image_column: str = "image"
     caption_column: str | None = "caption"
     label_column: str | None = None
     split: tuple[str, ...] | None = None  # huggingface: the DatasetDict splits (None: all)
+
+    @classmethod
+    def of(cls, source: SourceConfig) -> ShardOptions:
+        """The settings of a ``source`` section."""
+        return cls(image_extensions=tuple(source.image_extensions),
+                   caption_key=source.caption_key, label_key=source.label_key,
+                   image_column=source.image_column, caption_column=source.caption_column,
+                   label_column=source.label_column, split=source.splits)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,10 +24,11 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from components.config.preprocess import SOURCE_KINDS, SourceKind
 from components.errors import SimgraphError
 
 if TYPE_CHECKING:
@@ -355,13 +356,8 @@ def list_tuxpaint(root: str = TUXPAINT_DIR, on_bad_input: str = "skip",
     return Listing(items, categories, [])
 
 
-SOURCE_KINDS = ("folder", "manifest", "webdataset", "parquet", "huggingface", "fashion-mnist",
-                "tuxpaint")
-
-
 def list_source(
-    kind: Literal["folder", "manifest", "webdataset", "parquet", "huggingface", "fashion-mnist",
-                  "tuxpaint"],
+    kind: SourceKind,
     path: str | None,
     classes: Sequence[str] | None = None,
     on_bad_input: str = "skip",
@@ -384,20 +380,14 @@ def list_source(
         return list_folder(_need_path(kind, path), classes, on_bad_input, label_depth)
     if kind == "manifest":
         return list_manifest(_need_path(kind, path), classes, on_bad_input, group_by)
-    if kind in ("webdataset", "parquet"):
-        from components.data import shard_sources
-
-        options = shard_options or shard_sources.ShardOptions()
-        lister = (shard_sources.list_webdataset if kind == "webdataset"
-                  else shard_sources.list_parquet)
-        return lister(_need_path(kind, path), classes=classes, on_bad_input=on_bad_input,
-                      options=options)
-    if kind == "huggingface":
+    if kind in ("webdataset", "parquet", "huggingface"):
         from components.data import hf_source, shard_sources
 
-        return hf_source.list_huggingface(
-            _need_path(kind, path), classes=classes, on_bad_input=on_bad_input,
-            options=shard_options or shard_sources.ShardOptions())
+        lister = {"webdataset": shard_sources.list_webdataset,
+                  "parquet": shard_sources.list_parquet,
+                  "huggingface": hf_source.list_huggingface}[kind]
+        return lister(_need_path(kind, path), classes=classes, on_bad_input=on_bad_input,
+                      options=shard_options or shard_sources.ShardOptions())
     if kind == "fashion-mnist":
         return list_fashion_mnist(path or FASHION_MNIST_DIR)
     if kind == "tuxpaint":

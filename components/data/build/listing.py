@@ -98,15 +98,9 @@ def list_items(cfg: PreprocessConfig) -> Listed:
 
     src = cfg.source
     source = resolve_path(src.path) if src.path else None
-    options = ShardOptions(image_extensions=tuple(src.image_extensions),
-                           caption_key=src.caption_key, label_key=src.label_key,
-                           image_column=src.image_column, caption_column=src.caption_column,
-                           label_column=src.label_column,
-                           split=None if src.split is None else tuple(
-                               [src.split] if isinstance(src.split, str) else src.split))
     try:
         listing = list_source(src.kind, source, src.classes, cfg.bad_input,
-                              cfg.split.group_by, src.label_depth, options)
+                              cfg.split.group_by, src.label_depth, ShardOptions.of(src))
     except SourceError as e:
         raise PreprocessError(str(e)) from None
     skipped = list(listing.skipped)
