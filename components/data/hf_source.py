@@ -43,9 +43,10 @@ from components.data.shard_sources import (
     MISSING_IMAGE,
     UNREADABLE_SHARD,
     ShardOptions,
-    _image_type_problem,
     _Lister,
     _stamp,
+    image_cell_bytes,
+    image_type_problem,
 )
 from components.data.sources import UNKNOWN_LABEL, Listing, SourceError
 
@@ -212,7 +213,7 @@ class _HFLister:
             with pa.memory_map(file, "r") as source:
                 reader = pa.ipc.open_stream(source)
                 schema = reader.schema
-                problem = _image_type_problem(schema, opts.image_column)
+                problem = image_type_problem(schema, opts.image_column)
                 if problem is not None:
                     lister.skip(file, UNREADABLE_SHARD, problem)
                     return
@@ -333,12 +334,5 @@ def read_arrow_item(file: str, batch: int, row: int, column: str) -> bytes:
     if name not in rb.schema.names:
         raise OSError(f"{file}: record batch {batch} has no column {name!r} (changed since it "
                       "was listed)")
-    value = rb.column(name)[row].as_py()
-    if isinstance(value, dict):
-        value = value.get("bytes")
-    if not value:
-        from components.data.images import ImageError
-
-        raise ImageError(MISSING_IMAGE, f"{file}: row {row} of record batch {batch} has no "
-                         "image bytes")
-    return bytes(value)
+    return image_cell_bytes(rb.column(name)[row].as_py(),
+                            f"{file}: row {row} of record batch {batch}")

@@ -342,7 +342,7 @@ def list_webdataset(path: str, *, classes: Sequence[str] | None = None,
     return lister.listing(classes, options.label_key is not None)
 
 
-def _image_type_problem(schema: Any, column: str) -> str | None:
+def image_type_problem(schema: Any, column: str) -> str | None:
     """Why ``column`` of a Parquet schema cannot hold image bytes (``None``: it can)."""
     import pyarrow as pa
 
@@ -377,7 +377,7 @@ def list_parquet(path: str, *, classes: Sequence[str] | None = None,
             with _open(file) as f:
                 pf = pq.ParquetFile(f)
                 schema = pf.schema_arrow
-                problem = _image_type_problem(schema, options.image_column)
+                problem = image_type_problem(schema, options.image_column)
                 if problem is not None:
                     lister.skip(file, UNREADABLE_SHARD, problem)
                     continue
@@ -458,13 +458,20 @@ def read_shard_item(file: str, kind: str, a: int, b: int, column: str) -> bytes:
     if b >= len(arr):
         raise OSError(f"{file}: row group {a} has {len(arr)} rows, not {b + 1} (changed since "
                       "it was listed)")
-    import pyarrow as pa
+    return image_cell_bytes(arr[b].as_py(), f"{file}: row {b} of row group {a}")
 
-    if pa.types.is_struct(arr.type):
-        arr = arr.field("bytes")
-    value = arr[b].as_py()
-    if not value:
+
+def image_cell_bytes(value: object, where: str) -> bytes:
+    """The image bytes of one cell of an image column (binary, or a struct with ``bytes`` as
+    Hugging Face writes) as Python gives it; ``where`` names the cell in the error.
+
+    Raises:
+        components.data.images.ImageError: the cell holds no bytes (``missing-image``).
+    """
+    if isinstance(value, dict):
+        value = value.get("bytes")
+    if not isinstance(value, bytes | bytearray | memoryview) or not value:
         from components.data.images import ImageError
 
-        raise ImageError(MISSING_IMAGE, f"{file}: row {b} of row group {a} has no image bytes")
+        raise ImageError(MISSING_IMAGE, f"{where} has no image bytes")
     return bytes(value)
