@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -51,9 +51,6 @@ import components.data  # noqa: F401  (its FFCV import hook, before any FFCV imp
 from components.config import AugmentConfig
 from components.errors import SimgraphError
 from components.models.encoders import Encoder
-
-if TYPE_CHECKING:
-    pass
 
 FORMAT = "simgraph-embeddings/1"
 METADATA_KEY = b"simgraph"
@@ -94,7 +91,7 @@ class Embedded:
 
 
 # ---------------------------------------------------------------------------------------------
-# The encoder of a run.
+# The device embeddings are computed on.
 
 
 def default_device() -> torch.device:
