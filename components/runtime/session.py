@@ -20,12 +20,21 @@ is exactly ``127.0.0.1``, and ``ray.init(_node_ip_address="127.0.0.1")`` is not 
 ``services.resolve_ip_for_localhost`` rewrites it to the address of the interface that routes
 off the machine. That rewrite, and Ray's own choice of node address, are skipped when
 ``ray_constants.ENABLE_RAY_CLUSTER`` is false (what Ray does on macOS / Windows, and what
-``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` sets): :func:`loopback_only` turns it off for the
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` sets): :func:`local_start` turns it off for the
 start, in this process and (through the environment) in the processes Ray spawns. Token
 authentication stays as Ray 2.60 sets it for a new local cluster (on, unless ``RAY_AUTH_MODE``
 says otherwise): loopback ports are still reachable by the machine's other users.
 Tested in a network namespace with a routable 10.x address and a default route
 (``tests/deploy/test_secrets_and_ports.py::test_a_local_ray_listens_on_loopback_only_with_a_token``).
+
+**Train's poll.** Ray Train 2.60's controller polls its workers every
+``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` (default 2 s), and a worker's ``ray.train.report`` waits
+until the controller has taken its previous report (a queue of one): a run whose epochs are
+shorter than the poll waits up to 2 s per epoch, and every run waits up to 2 s more to end. A
+local Ray is one machine's few workers, where polling is cheap: its processes get 0.25 s
+(:data:`LOCAL_TRAIN_POLL_S`) unless the variable is set (measured: a 4-epoch, 2-worker run of
+the tests' dataset 23 → 17.5 s; docs/benchmarks.md). A cluster keeps Ray's default (its
+nodes' environment decides: docs/ray-notes.md).
 """
 
 from __future__ import annotations
@@ -39,6 +48,8 @@ DASHBOARD_ENV = "SIMGRAPH_RAY_DASHBOARD"
 LOOPBACK = "127.0.0.1"
 _CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
 _YES = ("1", "true", "yes", "on")
+TRAIN_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"  # read by Train's controller actor
+LOCAL_TRAIN_POLL_S = "0.25"
 
 
 def placement_problem(workers: int, cpus: float, gpus: float,
@@ -99,22 +110,26 @@ def init_kwargs(num_cpus: int | None, env: Mapping[str, str] | None = None,
 
 
 @contextlib.contextmanager
-def loopback_only() -> Iterator[None]:
+def local_start() -> Iterator[None]:
     """While a local Ray starts: its node address stays ``127.0.0.1``, so every server it
-    starts listens on loopback only (module docstring); restored afterwards."""
+    starts listens on loopback only, and its processes (which inherit this environment) get
+    Train's short poll unless ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` is set (module docstring);
+    restored afterwards."""
     from ray._private import ray_constants
 
-    old_flag, old_env = ray_constants.ENABLE_RAY_CLUSTER, os.environ.get(_CLUSTER_ENV)
+    env = {_CLUSTER_ENV: "0", TRAIN_POLL_ENV: os.environ.get(TRAIN_POLL_ENV, LOCAL_TRAIN_POLL_S)}
+    old_flag, old_env = ray_constants.ENABLE_RAY_CLUSTER, {k: os.environ.get(k) for k in env}
     ray_constants.ENABLE_RAY_CLUSTER = False
-    os.environ[_CLUSTER_ENV] = "0"
+    os.environ.update(env)
     try:
         yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = old_flag
-        if old_env is None:
-            os.environ.pop(_CLUSTER_ENV, None)
-        else:
-            os.environ[_CLUSTER_ENV] = old_env
+        for key, value in old_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @contextlib.contextmanager
@@ -130,7 +145,7 @@ def ray_session(num_cpus: int | None, needs_dashboard: bool = False) -> Iterator
         yield
         return
     kwargs = init_kwargs(num_cpus, needs_dashboard=needs_dashboard)
-    with loopback_only() if kwargs.get("address") == "local" else contextlib.nullcontext():
+    with local_start() if kwargs.get("address") == "local" else contextlib.nullcontext():
         ray.init(**kwargs, **console.before_ray_init())
     console.after_ray_init()
     try:

@@ -125,3 +125,28 @@ def test_a_run_whose_worker_no_node_holds_is_refused_before_training(tmp_path: P
     assert "1 worker(s) of 64 CPU each, but this machine's Ray holds at most 0" in r.stderr
     assert "scaling.cpus_per_worker <=" in r.stderr
     assert not list((tmp_path / "runs" / "run").glob("epoch_*"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Train's poll on a local Ray (module docstring of components.runtime.session).
+
+
+def test_a_local_ray_gives_train_the_short_poll_unless_the_variable_is_set(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    import ray
+
+    from components.runtime import session
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv(session.TRAIN_POLL_ENV, raising=False)
+    with session.ray_session(1):
+        # what Train's controller actor reads: a Ray worker's environment
+        seen = ray.get(ray.remote(lambda: os.environ.get(session.TRAIN_POLL_ENV)).remote())
+    assert seen == session.LOCAL_TRAIN_POLL_S
+    assert session.TRAIN_POLL_ENV not in os.environ  # this process's environment restored
+    monkeypatch.setenv(session.TRAIN_POLL_ENV, "1.5")
+    with session.local_start():
+        assert os.environ[session.TRAIN_POLL_ENV] == "1.5"  # the user's value wins
+    assert os.environ[session.TRAIN_POLL_ENV] == "1.5"

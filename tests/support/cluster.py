@@ -53,7 +53,11 @@ class LoopbackCluster:
         self.env = {**os.environ, "RAY_AUTH_MODE": "token",
                     "RAY_AUTH_TOKEN_PATH": str(self.token),
                     "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
-                    "RAY_USAGE_STATS_ENABLED": "0"}
+                    "RAY_USAGE_STATS_ENABLED": "0",
+                    # Train's controller polls every 2 s by default and a report waits for
+                    # it: what a local Ray gets (components/runtime/session.py), for the
+                    # tests' one-second epochs
+                    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25"}
         self.env.pop("RAY_ADDRESS", None)
         self.started = False
         self.nodes_added = 0
