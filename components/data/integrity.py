@@ -26,9 +26,18 @@ hash alone is too coarse for small, similar images: on Fashion-MNIST (28 px, bla
 levels leaves 246 pairs in 91 groups (largest 75). Hence the defaults, 6 bits and 4 grey levels.
 Flat images of nearly the same colour are grouped.
 
-Finding all pairs within ``t`` bits without comparing all n² pairs: cut the 64 bits into
-``t + 1`` bands; two hashes within ``t`` bits agree exactly on at least one band (pigeonhole),
-so only items that share a band value are compared.
+Finding all pairs within ``t`` bits without comparing all n² pairs (:func:`near_pairs`,
+multi-index hashing): cut the 64 bits into ``m`` blocks; two hashes within ``t`` bits differ in
+at most ``t`` blocks, so they agree exactly on at least ``k = m - t`` of them (generalised
+pigeonhole). For every k-subset of the blocks the items are sorted by those blocks' bits (the
+key), only items sharing a key are compared (XOR, popcount), and a pair is kept under the first
+subset it agrees on only, so each is found once: the same pairs as comparing all n². ``m = t +
+1`` is the classic band scheme (with ``t = 6``, seven 9-bit keys: buckets of n/512 items, a
+quadratic search); more blocks mean more, longer keys and smaller buckets (``t = 6``: ``m = 8``,
+28 keys of 16 bits; 9, 84 of ~21; 10, 210 of ~26). :func:`choose_blocks` picks ``m`` by a cost
+model measured here: keys × n × (12 ns + 14 ns per 16-bit radix-sort pass) + candidate pairs ×
+17 ns (9 ns in buckets above 64 items), the candidates at least the uniform hashes' n²/2 ·
+Σ 2^-key bits, or more as a sample of 2,048 hashes shows for clumpy data.
 """
 
 from __future__ import annotations
@@ -36,6 +45,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -152,47 +163,209 @@ class UnionFind:
         return np.array([self.find(i) for i in range(len(self.parent))], dtype=np.int64)
 
 
-def _bands(threshold: int) -> list[tuple[int, int]]:
-    """``threshold + 1`` contiguous bit ranges covering the 64 bits."""
-    n = threshold + 1
-    edges = np.linspace(0, HASH_BITS, n + 1).round().astype(int)
-    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True) if b > a]
+def _blocks(m: int) -> list[tuple[int, int]]:
+    """``m`` contiguous bit ranges ``(lo, width)`` covering the 64 bits, widths differing by
+    at most one."""
+    edges = np.linspace(0, HASH_BITS, m + 1).round().astype(int)
+    return [(int(a), int(b - a)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
 
 
-def near_pairs(hashes: np.ndarray, threshold: int, block: int = 2048) -> np.ndarray:
+# The cost model of near_pairs (seconds, measured on the 2-core x86_64 VM with AVX-512, numpy
+# 2.4, uniform hashes at n = 400k-800k, where the choice matters; smaller n costs less per
+# item, its arrays fitting in cache): one key costs n x (_KEY_S + _DIGIT_S per 16-bit radix
+# pass of its sort), one candidate pair (generated, XOR-popcount verified) _PAIR_S in a bucket
+# of up to BIG items (compared one offset at a time), _BIG_PAIR_S in a larger one (compared
+# block by block).
+_KEY_S = 12e-9  # the key's shifts / masks, the gather of the sorted keys, bucket boundaries
+_DIGIT_S = 14e-9  # one stable counting-sort pass over a 16-bit digit and its gather
+_PAIR_S = 17e-9
+_BIG_PAIR_S = 9e-9
+BIG = 64  # a bucket of more items is compared on its own, block by block
+_MAX_KEYS = 1000  # never more k-subsets than this
+_SAMPLE = 2048  # hashes whose key collisions estimate a scheme's candidates (clumpy data)
+
+
+def _key(h: np.ndarray, blocks: list[tuple[int, int]], subset: tuple[int, ...]) -> np.ndarray:
+    """The bits of the blocks in ``subset`` of every hash, concatenated (adjacent blocks
+    taken as one range)."""
+    key = np.zeros(len(h), dtype=np.uint64)
+    shift = 0
+    runs: list[tuple[int, int]] = []
+    for b in subset:
+        lo, w = blocks[b]
+        if runs and runs[-1][0] + runs[-1][1] == lo:
+            runs[-1] = (runs[-1][0], runs[-1][1] + w)
+        else:
+            runs.append((lo, w))
+    for lo, w in runs:
+        part = h >> np.uint64(lo) if lo else h
+        if w < HASH_BITS:
+            part = part & np.uint64((1 << w) - 1)
+        key |= part << np.uint64(shift) if shift else part
+        shift += w
+    return key
+
+
+def _sort_order(key: np.ndarray, width: int) -> np.ndarray:
+    """The stable order that sorts ``key`` (``width`` bits): an LSD radix sort of 16-bit
+    digits (numpy's stable argsort of uint16 / uint8 is a counting sort) up to 32 bits,
+    several times faster than a comparison sort at these sizes; wider keys: numpy's sort."""
+    if width > 32:
+        return np.argsort(key, kind="stable")
+    order: np.ndarray | None = None
+    for lo in range(0, width, 16):
+        digit = key >> np.uint64(lo) if lo else key
+        kind = np.uint8 if width - lo <= 8 else np.uint16
+        digit = (digit & np.uint64(np.iinfo(kind).max)).astype(kind)
+        if order is None:
+            order = np.argsort(digit, kind="stable")
+        else:
+            order = order[np.argsort(digit[order], kind="stable")]
+    assert order is not None
+    return order
+
+
+def _scheme_cost(n: int, t: int, m: int, sample: np.ndarray | None) -> float:
+    """Modelled seconds of :func:`near_pairs` on ``n`` hashes with ``m`` blocks (the
+    constants above); ``sample``: some of the hashes, whose key collisions estimate how many
+    candidates clumpy hashes give (at least as many as uniform ones)."""
+    blocks = _blocks(m)
+    pairs = n * (n - 1) / 2
+    sorts = uniform = clumpy = 0.0
+    for sub in itertools.combinations(range(m), m - t):
+        width = sum(blocks[b][1] for b in sub)
+        sorts += n * (_KEY_S + _DIGIT_S * (-(-width // 16) if width <= 32 else 4))
+        uniform += pairs * 2.0 ** -width * (_BIG_PAIR_S if n * 2.0 ** -width > BIG else _PAIR_S)
+        if sample is not None:
+            _, counts = np.unique(_key(sample, blocks, sub), return_counts=True)
+            hits = counts * (counts - 1) / 2
+            big = counts * n / len(sample) > BIG  # the bucket's size in all n, estimated
+            clumpy += float(hits[big].sum() * _BIG_PAIR_S + hits[~big].sum() * _PAIR_S)
+    if sample is not None:
+        clumpy *= pairs / (len(sample) * (len(sample) - 1) / 2)
+    return sorts + max(uniform, clumpy)
+
+
+def choose_blocks(hashes: np.ndarray, threshold: int) -> int:
+    """The number of blocks ``m`` :func:`near_pairs` cuts the 64 bits into for ``hashes``:
+    the cheapest by the cost model (module docstring) from ``threshold + 1`` (one key per
+    block: the classic pigeonhole bands) up to where a key outgrows ``log2(n) + 8`` bits or
+    the keys number more than 1,000. With more than 8,192 hashes a sample of 2,048 measures
+    how often each scheme's keys collide: clumpy hashes collide far more often than uniform
+    ones, which favours fewer keys."""
+    h = np.asarray(hashes, dtype=np.uint64).reshape(-1)
+    t, n = threshold, len(h)
+    if t <= 0:
+        return 1
+    if t >= HASH_BITS - 1 or n < 2:
+        return min(t + 1, HASH_BITS)
+    sample = None
+    if n > 4 * _SAMPLE:
+        sample = h[np.random.default_rng(0).choice(n, _SAMPLE, replace=False)]
+    best, best_cost = t + 1, _scheme_cost(n, t, t + 1, sample)
+    for m in range(t + 2, HASH_BITS + 1):
+        k = m - t
+        if math.comb(m, k) > _MAX_KEYS or HASH_BITS * k / m > np.log2(n) + 8:
+            break
+        cost = _scheme_cost(n, t, m, sample)
+        if cost < best_cost:
+            best, best_cost = m, cost
+    return best
+
+
+def near_pairs(hashes: np.ndarray, threshold: int, *, blocks: int | None = None,
+               block: int = 2048) -> np.ndarray:
     """All pairs ``(i, j)``, ``i < j``, whose hashes differ in at most ``threshold`` bits.
 
-    ``hashes``: ``[n]`` uint64. Returns ``[m, 2]`` int64, sorted. Band bucketing (module
-    docstring) keeps this far below n² for real data; buckets are compared block by block.
+    ``hashes``: ``[n]`` uint64. Returns ``[p, 2]`` int64, sorted, each pair once: exactly
+    the pairs a comparison of all n² pairs finds. Multi-index hashing (module docstring):
+    the 64 bits are cut into ``blocks`` blocks (default :func:`choose_blocks`), and for every
+    k-subset of them (``k = blocks - threshold``) the items are sorted by the subset's bits;
+    items sharing a key are compared with an XOR-popcount, and a pair is kept only under the
+    first key on which it agrees (the k lowest blocks where the two hashes are equal), so no
+    pair is produced twice. Buckets of up to :data:`BIG` items are compared all at once, one
+    offset in the sorted order at a time; a larger bucket (clumpy hashes) on its own,
+    ``block`` × ``block`` hashes at a time: memory stays bounded by n and the pairs found.
+    ``threshold`` ≥ 64 gives every pair; below 0, none.
     """
-    h = np.asarray(hashes, dtype=np.uint64)
-    if threshold < 0 or len(h) < 2:
+    h = np.asarray(hashes, dtype=np.uint64).reshape(-1)
+    n = len(h)
+    if threshold < 0 or n < 2:
         return np.zeros((0, 2), dtype=np.int64)
+    if threshold >= HASH_BITS:  # every pair differs in at most 64 bits
+        i, j = np.triu_indices(n, k=1)
+        return np.stack([i, j], axis=1).astype(np.int64)
+    t = threshold
+    m = choose_blocks(h, t) if blocks is None else blocks
+    if not t + 1 <= m <= HASH_BITS:
+        raise ValueError(f"blocks must be in [{t + 1}, {HASH_BITS}] for threshold {t}, not {m}")
+    k = m - t
+    spans = _blocks(m)
+    masks = [np.uint64(((1 << w) - 1) << lo) for lo, w in spans]
     found: list[np.ndarray] = []
-    for lo, hi in _bands(min(threshold, HASH_BITS - 1)):
-        mask = np.uint64((1 << (hi - lo)) - 1)
-        key = (h >> np.uint64(lo)) & mask
-        order = np.argsort(key, kind="stable")
-        sk = key[order]
-        cuts = np.flatnonzero(np.diff(sk)) + 1
-        for members in np.split(order, cuts):
-            if len(members) < 2:
-                continue
-            members = np.sort(members)
-            hm = h[members]
-            for s in range(0, len(members), block):
-                a = hm[s : s + block]
-                for t in range(s, len(members), block):
-                    dist = np.bitwise_count(a[:, None] ^ hm[None, t : t + block])
-                    ii, jj = np.nonzero(dist <= threshold)
-                    ii, jj = ii + s, jj + t
-                    keep = jj > ii
-                    if keep.any():
-                        found.append(np.stack([members[ii[keep]], members[jj[keep]]], axis=1))
+
+    def keep(a: np.ndarray, b: np.ndarray, x: np.ndarray, first: list[np.uint64]) -> None:
+        """Keep the pairs ``(a, b)`` (item indices, hashes' XOR ``x``, already within ``t``
+        bits) that agree on none of the ``first`` blocks (those below the key's last block
+        and not in it): this key is the pair's first."""
+        if first:
+            ok = (x & first[0]) != 0
+            for mask in first[1:]:
+                ok &= (x & mask) != 0
+            a, b = a[ok], b[ok]
+        if len(a):
+            found.append(np.minimum(a, b) * n + np.maximum(a, b))
+
+    for subset in itertools.combinations(range(m), k):
+        first = [masks[b] for b in range(subset[-1]) if b not in subset]
+        key = _key(h, spans, subset)
+        order = _sort_order(key, sum(spans[b][1] for b in subset))
+        skey = key[order]
+        same = skey[1:] == skey[:-1]
+        if not same.any():
+            continue
+        # the sorted positions in buckets of two or more, and each bucket's extent
+        shared = np.zeros(n, dtype=bool)
+        shared[:-1] = same
+        shared[1:] |= same
+        pos = np.flatnonzero(shared)
+        starts = np.ones(len(pos), dtype=bool)
+        starts[1:] = ~same[pos[1:] - 1]
+        begin = np.flatnonzero(starts)
+        size = np.diff(np.append(begin, len(pos)))
+        bucket = np.cumsum(starts) - 1
+        ids = order[pos]
+        hs = h[ids]
+        # small buckets: offset d pairs each member with the one d places after it
+        rest = size[bucket] - 1 - (np.arange(len(pos)) - begin[bucket])
+        rest[size[bucket] > BIG] = 0
+        act = np.flatnonzero(rest >= 1)
+        d = 1
+        left = rest[act]
+        while len(act):
+            other = act + d
+            x = hs[act] ^ hs[other]
+            near = np.flatnonzero(np.bitwise_count(x) <= t)
+            if len(near):
+                keep(ids[act[near]], ids[other[near]], x[near], first)
+            d += 1
+            more = left >= d
+            act, left = act[more], left[more]
+        # big buckets: one at a time, block by block
+        for s0, sz in zip(begin[size > BIG].tolist(), size[size > BIG].tolist(), strict=True):
+            mid, mh = ids[s0 : s0 + sz], hs[s0 : s0 + sz]
+            for s in range(0, sz, block):
+                for u in range(s, sz, block):
+                    x = mh[s : s + block, None] ^ mh[None, u : u + block]
+                    near = np.bitwise_count(x) <= t
+                    if u == s:
+                        near = np.triu(near, 1)
+                    ii, jj = np.nonzero(near)
+                    keep(mid[s + ii], mid[u + jj], x[ii, jj], first)
     if not found:
         return np.zeros((0, 2), dtype=np.int64)
-    pairs = np.unique(np.concatenate(found).astype(np.int64), axis=0)
-    return pairs
+    codes = np.sort(np.concatenate(found))
+    return np.stack([codes // n, codes % n], axis=1)
 
 
 def thumb_diff(thumbs: np.ndarray, pairs: np.ndarray, chunk: int = 1 << 16) -> np.ndarray:

@@ -4,6 +4,7 @@ caption checks (issue 17)."""
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 
 import numpy as np
@@ -67,22 +68,74 @@ def test_phash_survives_resize_and_jpeg_but_separates_pictures() -> None:
     assert min(far) > 3 * default.near_threshold, far
 
 
-def test_near_pairs_equal_brute_force() -> None:
+def _brute_pairs(hashes: np.ndarray, t: int) -> np.ndarray:
+    """Every pair ``i < j`` within ``t`` bits, by comparing all n² pairs."""
+    h = np.asarray(hashes, dtype=np.uint64)
+    dist = np.bitwise_count(h[:, None] ^ h[None, :])
+    return np.argwhere(np.triu(dist <= t, 1)).astype(np.int64).reshape(-1, 2)
+
+
+def _flip(h: np.ndarray, most: int, rng: np.random.Generator) -> np.ndarray:
+    """``h`` with up to ``most`` random bits of each hash flipped."""
+    h = h.copy()
+    count = rng.integers(0, most + 1, len(h))
+    bits = rng.integers(0, 64, (len(h), most)).astype(np.uint64)
+    for c in range(most):
+        h[count > c] ^= np.uint64(1) << bits[count > c, c]
+    return h
+
+
+def _hash_sets() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
-    base = rng.integers(0, 2**63, 40, dtype=np.uint64)
-    # near copies: flip 0..5 random bits of some bases
-    copies = []
-    for i in range(60):
-        h = int(base[i % 40])
-        for b in rng.choice(64, int(rng.integers(0, 6)), replace=False):
-            h ^= 1 << int(b)
-        copies.append(h)
-    hashes = np.array([*base.tolist(), *copies], dtype=np.uint64)
-    for t in (0, 3, 5):
-        got = {tuple(p) for p in integrity.near_pairs(hashes, t).tolist()}
-        want = {(i, j) for i in range(len(hashes)) for j in range(i + 1, len(hashes))
-                if integrity.hamming(int(hashes[i]), int(hashes[j])) <= t}
-        assert got == want and want, t
+    uniform = rng.integers(0, 2**64, 2000, dtype=np.uint64)
+    planted = np.concatenate([uniform[:1500], _flip(uniform[rng.integers(0, 1500, 500)], 10, rng)])
+    bases = rng.integers(0, 2**64, 8, dtype=np.uint64)
+    clumpy = _flip(bases[rng.integers(0, 8, 800)], 9, rng)  # buckets above BIG
+    same = np.repeat(bases[:4], 100)  # identical hashes, among near copies
+    return {"uniform": uniform, "uniform+near copies": planted,
+            "near copies of few": clumpy,
+            "identical": rng.permutation(np.concatenate([same, _flip(same[:100], 3, rng)]))}
+
+
+@pytest.mark.parametrize("name", list(_hash_sets()))
+def test_near_pairs_equal_brute_force(name: str) -> None:
+    hashes = _hash_sets()[name]
+    for t in range(11):
+        want = _brute_pairs(hashes, t)
+        # the chosen scheme, the bands, and more blocks (up to ~100 keys: the test's time)
+        for blocks in [None, t + 1, *(m for m in (t + 2, t + 3) if math.comb(m, t) <= 100)]:
+            got = integrity.near_pairs(hashes, t, blocks=blocks, block=48)  # big buckets
+            # compared in several blocks
+            assert got.dtype == np.int64 and np.array_equal(got, want), (t, blocks)
+    if name != "uniform":
+        assert len(_brute_pairs(hashes, 6)) > 100
+
+
+def test_near_pairs_edge_sizes_and_thresholds() -> None:
+    rng = np.random.default_rng(1)
+    h = rng.integers(0, 2**64, 30, dtype=np.uint64)
+    h = np.concatenate([h, ~h[:5], h[:3]])  # complements (64 bits apart) and copies
+    for n in (0, 1, 2, len(h)):
+        for t in (-3, -1, 0, 1, 6, 31, 62, 63, 64, 100):
+            want = _brute_pairs(h[:n], t) if t >= 0 else np.zeros((0, 2), np.int64)
+            got = integrity.near_pairs(h[:n], t)
+            assert got.shape[1] == 2 and np.array_equal(got, want), (n, t)
+    assert len(integrity.near_pairs(h, 64)) == len(h) * (len(h) - 1) // 2
+    with pytest.raises(ValueError, match="blocks"):
+        integrity.near_pairs(h, 6, blocks=6)
+
+
+def test_near_pairs_choose_more_blocks_for_more_hashes() -> None:
+    """Uniform hashes: the bands (t + 1 blocks) below a few thousand, more blocks (longer
+    keys, smaller buckets) as n grows; clumpy ones: no more keys than uniform ones of that
+    size."""
+    rng = np.random.default_rng(2)
+    few = integrity.choose_blocks(rng.integers(0, 2**64, 500, dtype=np.uint64), 6)
+    many = integrity.choose_blocks(rng.integers(0, 2**64, 1 << 17, dtype=np.uint64), 6)
+    lots = integrity.choose_blocks(rng.integers(0, 2**64, 1 << 20, dtype=np.uint64), 6)
+    assert few <= many <= lots and 7 < lots
+    clumpy = np.repeat(rng.integers(0, 2**64, 100, dtype=np.uint64), 1 << 10)
+    assert integrity.choose_blocks(clumpy, 6) <= lots
 
 
 def test_union_find_groups_transitively_and_deterministically() -> None:
