@@ -138,29 +138,21 @@ def exact_duplicates(pixel_digests: Sequence[str]) -> dict[int, int]:
     return out
 
 
-class UnionFind:
-    """Disjoint sets over ``0..n-1``; :meth:`groups` lists the sets of size ≥ 2."""
+def group_roots(n: int, pairs: np.ndarray) -> np.ndarray:
+    """``[n]`` int64: the root of every item ``0..n-1`` when the ``pairs`` ``[m, 2]`` are
+    joined transitively: the smallest index of its connected component (itself when alone).
+    """
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
 
-    def __init__(self, n: int) -> None:
-        self.parent = np.arange(n, dtype=np.int64)
-
-    def find(self, i: int) -> int:
-        p = self.parent
-        root = i
-        while p[root] != root:
-            root = int(p[root])
-        while p[i] != root:  # path compression
-            p[i], i = root, int(p[i])
-        return root
-
-    def union(self, a: int, b: int) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:  # the smaller index becomes the root: deterministic
-            self.parent[max(ra, rb)] = min(ra, rb)
-
-    def labels(self) -> np.ndarray:
-        """The root (smallest member) of every element."""
-        return np.array([self.find(i) for i in range(len(self.parent))], dtype=np.int64)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    p = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    graph = coo_matrix((np.ones(len(p), dtype=np.int8), (p[:, 0], p[:, 1])), shape=(n, n))
+    _, label = connected_components(graph, directed=False)
+    # the first index carrying each label is the smallest member of that component
+    _, first = np.unique(label, return_index=True)
+    return first[label].astype(np.int64)
 
 
 def _blocks(m: int) -> list[tuple[int, int]]:
@@ -382,15 +374,13 @@ def near_duplicate_groups(
     hashes: np.ndarray, thumbs: np.ndarray, threshold: int, max_diff: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(root, pairs)``: ``root[i]`` is the smallest index in item i's near-duplicate group
-    (itself when it has none); ``pairs`` ``[m, 2]`` are the near-duplicate pairs found (within
-    ``threshold`` bits and ``max_diff`` grey levels, module docstring)."""
+    (itself when it has none; the pairs' connected components, :func:`group_roots`);
+    ``pairs`` ``[m, 2]`` are the near-duplicate pairs found (within ``threshold`` bits and
+    ``max_diff`` grey levels, module docstring)."""
     pairs = near_pairs(hashes, threshold)
     if len(pairs):
         pairs = pairs[thumb_diff(np.asarray(thumbs, dtype=np.uint8), pairs) <= max_diff]
-    uf = UnionFind(len(hashes))
-    for a, b in pairs.tolist():
-        uf.union(a, b)
-    return uf.labels(), pairs
+    return group_roots(len(hashes), pairs), pairs
 
 
 def groups_from_roots(root: np.ndarray) -> list[list[int]]:

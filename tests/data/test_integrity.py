@@ -75,6 +75,21 @@ def _brute_pairs(hashes: np.ndarray, t: int) -> np.ndarray:
     return np.argwhere(np.triu(dist <= t, 1)).astype(np.int64).reshape(-1, 2)
 
 
+def _brute_roots(n: int, pairs: np.ndarray) -> np.ndarray:
+    """The smallest index reachable from every item through ``pairs``: each pair's two ends
+    take the smaller of their labels until nothing changes."""
+    root = np.arange(n)
+    a, b = np.asarray(pairs, dtype=np.int64).reshape(-1, 2).T
+    while True:
+        low = np.minimum(root[a], root[b])
+        new = root.copy()
+        np.minimum.at(new, a, low)
+        np.minimum.at(new, b, low)
+        if (new == root).all():
+            return root
+        root = new
+
+
 def _flip(h: np.ndarray, most: int, rng: np.random.Generator) -> np.ndarray:
     """``h`` with up to ``most`` random bits of each hash flipped."""
     h = h.copy()
@@ -138,12 +153,27 @@ def test_near_pairs_choose_more_blocks_for_more_hashes() -> None:
     assert integrity.choose_blocks(clumpy, 6) <= lots
 
 
-def test_union_find_groups_transitively_and_deterministically() -> None:
-    uf = integrity.UnionFind(6)
-    uf.union(4, 2)
-    uf.union(2, 5)
-    uf.union(1, 0)
-    assert integrity.groups_from_roots(uf.labels()) == [[0, 1], [2, 4, 5]]
+@pytest.mark.parametrize("name", list(_hash_sets()))
+def test_near_duplicate_groups_equal_brute_force(name: str) -> None:
+    hashes = _hash_sets()[name]
+    rng = np.random.default_rng(3)
+    thumbs = rng.integers(0, 3, (len(hashes), integrity.THUMB**2), dtype=np.uint8)
+    thumbs[rng.random(len(hashes)) < 0.3] += 2  # some pairs fail the thumbnail check
+    for t in (0, 4, 6, 9):
+        pairs = _brute_pairs(hashes, t)
+        diff = np.abs(thumbs[pairs[:, 0]].astype(int) - thumbs[pairs[:, 1]]).mean(axis=1)
+        pairs = pairs[diff <= 1.0]
+        root, got = integrity.near_duplicate_groups(hashes, thumbs, t, 1.0)
+        assert np.array_equal(got, pairs), t
+        assert root.dtype == np.int64 and np.array_equal(root, _brute_roots(len(hashes), pairs))
+
+
+def test_group_roots_transitive_smallest_index() -> None:
+    roots = integrity.group_roots(6, np.array([[4, 2], [2, 5], [1, 0]]))
+    assert roots.tolist() == [0, 0, 2, 3, 2, 2]
+    assert integrity.groups_from_roots(roots) == [[0, 1], [2, 4, 5]]
+    assert integrity.group_roots(3, np.zeros((0, 2), np.int64)).tolist() == [0, 1, 2]
+    assert integrity.group_roots(0, np.zeros((0, 2), np.int64)).tolist() == []
 
 
 # --------------------------------------------------------------------------- duplicates in plan

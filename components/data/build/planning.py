@@ -78,17 +78,17 @@ def plan(
         if cfg.dedupe.exact:
             _drop_exact(cfg, listed, content, keep, skipped)
         ok = np.flatnonzero(keep)
-        uf = integrity.UnionFind(len(items))
+        joined = [np.zeros((0, 2), dtype=np.int64)]  # pairs of items that share a split
         if cfg.dedupe.near_threshold is not None:
             _, local_pairs = integrity.near_duplicate_groups(
                 content.phash[ok], content.thumbs[ok], cfg.dedupe.near_threshold,
                 cfg.dedupe.near_max_diff)
             pairs = ok[local_pairs]
-            for a, b in pairs.tolist():
-                uf.union(a, b)
+            joined.append(pairs)
         if cfg.split.group_by is not None:
-            split_groups = _group_by(cfg, items, ok, uf)
-        groups = uf.labels()
+            split_groups, same_group = _group_by(cfg, items, ok)
+            joined.append(same_group)
+        groups = integrity.group_roots(len(items), np.concatenate(joined))
     rows_idx = np.flatnonzero(keep)
     if not len(rows_idx):
         raise PreprocessError(
@@ -147,17 +147,20 @@ def _drop_exact(
 
 
 def _group_by(
-    cfg: PreprocessConfig, items: list[Item], ok: np.ndarray, uf: integrity.UnionFind
-) -> dict[str, Any]:
-    """Join items sharing a ``split.group_by`` value; the manifest's ``split_groups``."""
+    cfg: PreprocessConfig, items: list[Item], ok: np.ndarray
+) -> tuple[dict[str, Any], np.ndarray]:
+    """The manifest's ``split_groups``, and the pairs ``[m, 2]`` joining items that share a
+    ``split.group_by`` value (each item to the value's first)."""
     first: dict[str, int] = {}
+    edges: list[tuple[int, int]] = []
     for i in ok.tolist():
         g = items[i].group
         if g is not None:
-            uf.union(first.setdefault(g, i), i)
+            edges.append((first.setdefault(g, i), i))
     count = collections.Counter(items[i].group for i in ok.tolist() if items[i].group is not None)
-    return {"column": cfg.split.group_by, "values": len(count), "items": sum(count.values()),
-            "largest": max(count.values(), default=0)}
+    return ({"column": cfg.split.group_by, "values": len(count), "items": sum(count.values()),
+             "largest": max(count.values(), default=0)},
+            np.array(edges, dtype=np.int64).reshape(-1, 2))
 
 
 def _label(classes: list[str], label: int) -> str:
@@ -168,10 +171,7 @@ def _near_report(
     cfg: PreprocessConfig, items: list[Item], pairs: np.ndarray, split_of: dict[int, str]
 ) -> dict[str, Any]:
     """The manifest's ``near_duplicates`` section (groups from near-duplicate pairs only)."""
-    uf = integrity.UnionFind(len(items))
-    for a, b in pairs.tolist():
-        uf.union(a, b)
-    found = integrity.groups_from_roots(uf.labels())
+    found = integrity.groups_from_roots(integrity.group_roots(len(items), pairs))
     found.sort(key=lambda g: (-len(g), g[0]))
     straddle = [(a, b) for a, b in pairs.tolist() if split_of.get(a) != split_of.get(b)]
     sizes = collections.Counter(len(g) for g in found)
