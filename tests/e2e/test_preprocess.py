@@ -16,6 +16,7 @@ from PIL import Image
 
 from components.config import PreprocessConfig, from_dict
 from components.data import captions as cap
+from components.data.build.timing import STAGES
 from components.data.images import decode_image
 from components.data.shards import read_samples
 from components.io.files import sha256_file as sha256
@@ -23,6 +24,9 @@ from pipelines.preprocess import PreprocessError, run
 from tests.support.procs import kill_session, session_pids
 
 ROOT = Path(__file__).resolve().parents[2]
+# Manifest keys that say when a build ran and how long each stage took: two builds of the
+# same source differ there only.
+WHEN = {"created", "build_seconds"}
 
 
 def _images(root: Path) -> dict[str, tuple[str, str | None]]:
@@ -180,15 +184,18 @@ def test_integrity_duplicates_captions_and_identical_rebuild(
            for split in ("train", "val", "test") if m["splits"][split]["samples"]}
     assert sum(len(v) for v in ids.values()) == 21
 
-    # Same source, fresh dir: byte-identical files, same manifest but for the time stamp.
+    # Same source, fresh dir: byte-identical files, same manifest but for when it was built
+    # and each stage's seconds (every stage timed: components/data/build/timing.py).
     again = run(_cfg(tmp_path, src, split={"val": 0.3, "test": 0.3, "seed": 1}, shard_size=4,
                      output=str(tmp_path / "again")), echo=False)
     for name in sorted(p.name for p in out.iterdir() if p.is_file() and p.name != ".lock"):
         if name == "manifest.json":
             continue
         assert sha256(out / name) == sha256(tmp_path / "again" / name), name
-    assert {k: v for k, v in again.items() if k != "created"} == {
-        k: v for k, v in m.items() if k != "created"}
+    assert {k: v for k, v in again.items() if k not in WHEN} == {
+        k: v for k, v in m.items() if k not in WHEN}
+    assert list(m["build_seconds"]) == list(STAGES)
+    assert all(m["build_seconds"][k] > 0 for k in ("hashing", "captions", "shards", "merge"))
 
     # simgraph inspect on the real thing: caption lengths, duplicates with thumbnails.
     from components.data.inspection import run as inspect
@@ -275,7 +282,7 @@ def test_output_to_s3_matches_a_local_build(tmp_path: Path, ray_local: None, s3_
         assert storage.read_bytes(storage.join(uri, name)) == (out / name).read_bytes(), name
     uploaded = json.loads(storage.read_text(storage.join(uri, MANIFEST)))
     differ = {k for k in uploaded if uploaded[k] != local[k]}
-    assert differ <= {"created", "output", "seconds", "timing"}, differ  # when / where built
+    assert differ <= {*WHEN, "output"}, differ  # when / where built
     staged = stage_dataset(uri, tmp_path / "stage")
     info = DatasetInfo.load(staged)
     assert info.classes == ["cat", "dog"] and info.splits["train"] == 6

@@ -17,11 +17,12 @@ Reads top to bottom as the data flow in docs/design.md, one module of this packa
 5. merge each split's shards into ``<split>.beton`` (one Ray task per split): ``merging.py``;
    and write ``manifest.json`` last: ``manifest.py``.
 
-``driver.py`` runs steps 2–5 in that order into one dir. ``transaction.py`` holds :func:`run`:
-the output's lock, resume or refusal, the ``--overwrite`` staging dir and its swap, the
-recovery of an interrupted swap, URI outputs. ``tasks.py`` is the Ray task helper the image
-stages share (:func:`map_tasks`); ``common.py`` what every stage shares
-(:class:`PreprocessError`, the digest, reading a JSON file).
+``driver.py`` runs steps 2–5 in that order into one dir, timing each stage on the build's
+clock (``timing.py``: :class:`BuildTimes`, the manifest's ``build_seconds``).
+``transaction.py`` holds :func:`run`: the output's lock, resume or refusal, the
+``--overwrite`` staging dir and its swap, the recovery of an interrupted swap, URI outputs.
+``tasks.py`` is the Ray task helper the image stages share (:func:`map_tasks`); ``common.py``
+what every stage shares (:class:`PreprocessError`, the digest, reading a JSON file).
 
 Every image stage runs as plain Ray tasks of hundreds of items or more, all queued at once
 (:func:`map_tasks`): per-task overhead, a Ray Data executor's gaps between tasks and a shuffle
@@ -92,6 +93,7 @@ from components.data.build.manifest import summary, versions
 from components.data.build.merging import merge_split, merge_splits
 from components.data.build.planning import DUPLICATE_OF, Plan, Planned, plan
 from components.data.build.tasks import ITEMS_PER_TASK, map_tasks
+from components.data.build.timing import BuildTimes
 from components.data.build.transaction import (
     NEXT,
     OWNED,
@@ -113,9 +115,10 @@ from components.data.sources import UNKNOWN_LABEL
 
 __all__ = [
     "CAPTION_TRUNCATED", "DUPLICATE_OF", "FORMAT", "ITEMS_PER_TASK", "LISTED_MAX", "MANIFEST",
-    "NEXT", "OWNED", "PREVIOUS", "SHARD_COLUMNS", "STAGE_MARK", "SWAP_JOURNAL", "UNKNOWN_LABEL",
-    "Content", "Listed", "Plan", "Planned", "PreprocessError", "ShardSettings", "caption_files",
-    "decode_batch", "dedupe_enabled", "embed_captions", "hash_batch", "hash_local",
-    "hash_with_ray", "list_items", "map_tasks", "merge_split", "merge_splits", "plan", "run",
-    "shard_specs", "summary", "versions", "write_class_files", "write_group", "write_shard",
+    "NEXT", "OWNED", "PREVIOUS", "SHARD_COLUMNS", "STAGE_MARK", "SWAP_JOURNAL",
+    "UNKNOWN_LABEL", "BuildTimes", "Content", "Listed", "Plan", "Planned", "PreprocessError",
+    "ShardSettings", "caption_files", "decode_batch", "dedupe_enabled", "embed_captions",
+    "hash_batch", "hash_local", "hash_with_ray", "list_items", "map_tasks", "merge_split",
+    "merge_splits", "plan", "run", "shard_specs", "summary", "versions", "write_class_files",
+    "write_group", "write_shard",
 ]

@@ -3,12 +3,16 @@ captions, write the shards still missing, merge, write the manifest, reusing eve
 sidecar matches the plan. Which dir (the dataset dir, or ``.next/`` for ``--overwrite``) and
 under which lock is :mod:`~components.data.build.transaction`'s.
 
+Each stage's wall seconds go into the manifest's ``build_seconds``
+(:class:`~components.data.build.timing.BuildTimes`; the table under ``--verbose``).
+
 The stages' functions are looked up here, in this module's namespace: a test replaces one
 (``monkeypatch.setattr(driver, "merge_splits", ...)``) here."""
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
@@ -30,109 +34,130 @@ from components.data.build.merging import merge_splits
 from components.data.build.planning import Planned, _fields, plan
 from components.data.build.source_record import SourceRecord
 from components.data.build.tasks import map_tasks
+from components.data.build.timing import BuildTimes
 from components.data.build.writing import ShardSettings, _shard_done, shard_specs, write_shard
 from components.data.caption_backend import AUTO, choose, reference_or
+from components.runtime import console
 from components.runtime.session import ray_session
 
 
 def _build(
     cfg: PreprocessConfig, out: Path, params: dict[str, Any], params_digest: str,
     listed: Listed, record: SourceRecord, echo: bool, dest: Path,
+    times: BuildTimes | None = None,
 ) -> dict[str, Any]:
     """Steps 2–5 into ``out`` (the dataset dir, or its ``.next`` staging dir for ``dest``),
     reusing the shards already there that match the plan; the manifest is written last.
     ``record``: ``listed`` with each item's file metadata (:class:`SourceRecord`, made once by
-    the caller: the content cache, the shard digests and ``source.json.gz`` all read it)."""
+    the caller: the content cache, the shard digests and ``source.json.gz`` all read it).
+    ``times``: the build's clock, holding the caller's stages (listing, source record); each
+    stage here is added and the whole goes into the manifest's ``build_seconds``."""
     import ray
+
+    times = times if times is not None else BuildTimes()
 
     if echo:
         where = f"{dest}" if out == dest else f"{dest} (building in {out})"
         print(f"simgraph preprocess: listed {len(listed.items)} items from {cfg.source.kind} "
               f"source -> {where}", flush=True)
-    with ray_session(cfg.num_cpus):
+    with contextlib.ExitStack() as session:
+        with times.stage("ray"):
+            session.enter_context(ray_session(cfg.num_cpus))
         content = None
         if listed.items and dedupe_enabled(cfg):
             t0 = time.perf_counter()
-            content = hash_with_ray(cfg, listed.items, out, record.stat)
+            with times.stage("hashing"):
+                content = hash_with_ray(cfg, listed.items, out, record.stat)
             if echo:
                 print(f"simgraph preprocess: hashed {len(listed.items)} items "
                       f"in {time.perf_counter() - t0:.1f} s")
-        p = plan(cfg, listed, content)
-        rows, classes, texts = p.rows, p.classes, p.texts
-        digests = {}
-        by_shard: dict[str, list[Planned]] = collections.defaultdict(list)
-        for r in rows:
-            by_shard[r.shard].append(r)
-        for name, members in by_shard.items():
-            # Field tuples as dataclasses.astuple gives them (same digest), without its deep
-            # copy; each item's file metadata too: a shard of a killed build is reused only
-            # while the files it was decoded from are unchanged.
-            digests[name] = _digest([params_digest, [_fields(m) for m in members],
-                                     [record.stat(m.path) for m in members]])
-        done = {n: s for n in by_shard if (s := _shard_done(out, n, digests[n])) is not None}
+        with times.stage("planning"):
+            p = plan(cfg, listed, content, times)
+            rows, classes, texts = p.rows, p.classes, p.texts
+            digests = {}
+            by_shard: dict[str, list[Planned]] = collections.defaultdict(list)
+            for r in rows:
+                by_shard[r.shard].append(r)
+            for name, members in by_shard.items():
+                # Field tuples as dataclasses.astuple gives them (same digest), without its
+                # deep copy; each item's file metadata too: a shard of a killed build is
+                # reused only while the files it was decoded from are unchanged.
+                digests[name] = _digest([params_digest, [_fields(m) for m in members],
+                                         [record.stat(m.path) for m in members]])
+            done = {n: s for n in by_shard
+                    if (s := _shard_done(out, n, digests[n])) is not None}
         todo = {n: members for n, members in by_shard.items() if n not in done}
         n_todo = sum(len(members) for members in todo.values())
         if echo:
             print(f"simgraph preprocess: {len(rows)} items in {len(by_shard)} shards "
                   f"({len(done)} already complete), {len(texts)} unique captions")
 
-        model, choice = None, None
-        if cfg.captions.enabled:
-            # auto: the class embeddings come from the reference, which also checks the
-            # faster backends on this build's captions (components/data/caption_backend.py)
-            model = cap.load_encoder(cfg.captions.model,
-                                     backend=reference_or(cfg.captions.backend))
-            if cfg.captions.backend == AUTO and todo:
-                choice = choose(cfg.captions.model, texts, model,
-                                gpu=ray.cluster_resources().get("GPU", 0) > 0)
-                cfg = dataclasses.replace(cfg, captions=dataclasses.replace(
-                    cfg.captions, backend=choice.backend))
-                if echo:
-                    print(f"simgraph preprocess: captions.backend auto -> {choice.backend}: "
-                          f"{choice.reason}", flush=True)
-        class_files = write_class_files(cfg, classes, out, model)
-        checks: dict[str, Any] | None = None
-        if model is not None:
-            checks, files = caption_files(cfg, p, out, model)
-            class_files.update(files)
-        t0 = time.perf_counter()
-        table = embed_captions(cfg, texts, out) if cfg.captions.enabled and todo else None
-        if echo and table is not None:
-            took = time.perf_counter() - t0
-            print(f"simgraph preprocess: {len(texts)} caption embeddings in {took:.1f} s "
-                  f"({len(texts) / max(took, 1e-9):.0f}/s, reused when cached)", flush=True)
-        t0 = time.perf_counter()
-        if todo:
-            specs = shard_specs(todo)
-            # one shard per task: no shuffle, each task writes what it read
-            map_tasks(write_shard, specs, settings=ShardSettings(
-                out_dir=str(out), table_ref=[ray.put(table)] if table is not None else [],
-                digests=digests, image=dataclasses.asdict(cfg.image),
-                caption_dtype=cfg.captions.dtype, bad_input=cfg.bad_input))
-            if echo:
+        with times.stage("captions"):
+            model, choice = None, None
+            if cfg.captions.enabled:
+                # auto: the class embeddings come from the reference, which also checks the
+                # faster backends on this build's captions (components/data/caption_backend.py)
+                model = cap.load_encoder(cfg.captions.model,
+                                         backend=reference_or(cfg.captions.backend))
+                if cfg.captions.backend == AUTO and todo:
+                    choice = choose(cfg.captions.model, texts, model,
+                                    gpu=ray.cluster_resources().get("GPU", 0) > 0)
+                    cfg = dataclasses.replace(cfg, captions=dataclasses.replace(
+                        cfg.captions, backend=choice.backend))
+                    if echo:
+                        print(f"simgraph preprocess: captions.backend auto -> "
+                              f"{choice.backend}: {choice.reason}", flush=True)
+            class_files = write_class_files(cfg, classes, out, model)
+            checks: dict[str, Any] | None = None
+            if model is not None:
+                checks, files = caption_files(cfg, p, out, model)
+                class_files.update(files)
+            t0 = time.perf_counter()
+            table = embed_captions(cfg, texts, out) if cfg.captions.enabled and todo else None
+            if echo and table is not None:
                 took = time.perf_counter() - t0
-                print(f"simgraph preprocess: decoded and wrote {n_todo} images in "
-                      f"{len(specs)} shards in {took:.1f} s ({n_todo / max(took, 1e-9):.0f} "
-                      "images/s)", flush=True)
-        sides = dict(done)
-        for name in todo:
-            # Just written: the task hashed the file it renamed; the merge verifies it again.
-            side = _shard_done(out, name, digests[name], verify=False)
-            if side is None:
-                raise PreprocessError(f"shard {name} did not complete; re-run to continue")
-            sides[name] = side
+                print(f"simgraph preprocess: {len(texts)} caption embeddings in {took:.1f} s "
+                      f"({len(texts) / max(took, 1e-9):.0f}/s, reused when cached)", flush=True)
         t0 = time.perf_counter()
-        merged = merge_splits(out, sides)
+        with times.stage("shards"):
+            if todo:
+                specs = shard_specs(todo)
+                # one shard per task: no shuffle, each task writes what it read
+                map_tasks(write_shard, specs, settings=ShardSettings(
+                    out_dir=str(out), table_ref=[ray.put(table)] if table is not None else [],
+                    digests=digests, image=dataclasses.asdict(cfg.image),
+                    caption_dtype=cfg.captions.dtype, bad_input=cfg.bad_input))
+                if echo:
+                    took = time.perf_counter() - t0
+                    print(f"simgraph preprocess: decoded and wrote {n_todo} images in "
+                          f"{len(specs)} shards in {took:.1f} s "
+                          f"({n_todo / max(took, 1e-9):.0f} images/s)", flush=True)
+            sides = dict(done)
+            for name in todo:
+                # Just written: the task hashed the file it renamed; the merge verifies it
+                # again.
+                side = _shard_done(out, name, digests[name], verify=False)
+                if side is None:
+                    raise PreprocessError(f"shard {name} did not complete; re-run to continue")
+                sides[name] = side
+        t0 = time.perf_counter()
+        with times.stage("merge"):
+            merged = merge_splits(out, sides)
         if echo:
             print(f"simgraph preprocess: merged {len(sides)} shards into "
                   f"{len(merged)} split files in {time.perf_counter() - t0:.1f} s", flush=True)
         dim = int(table.shape[1]) if table is not None else _stored_dim(out, by_shard)
+        stopping = time.perf_counter()
+    times.add("ray", time.perf_counter() - stopping)  # a local Ray's shutdown
 
-    record.write(out)  # before the manifest that names its digest
+    with times.stage("source_record"):
+        record.write(out)  # before the manifest that names its digest
     manifest = _assemble(cfg, out, params, params_digest, p, sides, merged, class_files, dim,
                          checks, None if choice is None else choice.as_dict(),
-                         source=record.summary())
+                         source=record.summary(), times=times)
     _cleanup(out, cfg, manifest)
     if echo:
+        if console.verbose():
+            print(f"simgraph preprocess: {times.line()}")
         print(summary(manifest))
     return manifest

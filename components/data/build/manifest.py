@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import datetime
 import platform
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from components.data import shards
 from components.data.build.common import PreprocessError, _read_json
 from components.data.build.merging import _split_shards
 from components.data.build.planning import Plan
+from components.data.build.timing import BuildTimes
 from components.data.shards import FORMAT, MANIFEST
 from components.data.sources import skip_record
 from components.data.splits import SPLITS
@@ -52,11 +54,14 @@ def _assemble(
     sides: dict[str, dict[str, Any]], merged: dict[str, str | None], class_files: dict[str, str],
     dim: int, caption_checks: dict[str, Any] | None,
     backend_check: dict[str, Any] | None = None, source: dict[str, Any] | None = None,
+    times: BuildTimes | None = None,
 ) -> dict[str, Any]:
     """The manifest of a finished build; ``backend_check``: what ``captions.backend: auto``
     chose and why (``components.data.caption_backend.BackendChoice``), when it ran;
     ``source``: the source it was built from (``SourceRecord.summary``: its file, item count
-    and digest)."""
+    and digest); ``times``: the build's clock, whose seconds per stage go under
+    ``build_seconds`` (its ``manifest`` stage: this assembly, up to the JSON written)."""
+    started = time.perf_counter()
     classes, texts = p.classes, p.texts
     splits: dict[str, Any] = {}
     for split in SPLITS:
@@ -121,6 +126,11 @@ def _assemble(
         "source": source,
         "versions": versions(),
     }
+    clock = times if times is not None else BuildTimes()
+    clock.add("manifest", time.perf_counter() - started)
+    # Seconds of this run, not part of the dataset's identity (params_digest): a rebuild's
+    # manifest differs only here and in "created".
+    manifest["build_seconds"] = clock.as_dict()
     write_json(out / MANIFEST, manifest)
     return manifest
 

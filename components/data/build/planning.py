@@ -19,6 +19,7 @@ from components.data import integrity
 from components.data.build.common import LISTED_MAX, PreprocessError
 from components.data.build.hashing import Content, dedupe_enabled, hash_local
 from components.data.build.listing import Listed, list_items
+from components.data.build.timing import BuildTimes
 from components.data.shards import FORMAT
 from components.data.sources import Item, Skip
 from components.data.splits import SPLITS, assign_splits
@@ -53,22 +54,30 @@ class Plan:
 
 
 def plan(
-    cfg: PreprocessConfig, listed: Listed | None = None, content: Content | None = None
+    cfg: PreprocessConfig, listed: Listed | None = None, content: Content | None = None,
+    times: BuildTimes | None = None,
 ) -> Plan:
     """Everything decided before the shards are written: rows (sample id, split, shard),
     classes, the caption table, skips, and the near-duplicate / group report.
 
     With ``dedupe`` on, ``content`` (the items' hashes) is computed here, in this process, when
-    not given (:func:`hash_with_ray` computes it in parallel for :func:`run`).
+    not given (:func:`hash_with_ray` computes it in parallel for :func:`run`). ``times``: the
+    build's clock; the near-duplicate search is timed on it as its own stage (as are the
+    listing and the content pass when they run here).
     """
-    listed = listed or list_items(cfg)
+    clock = times if times is not None else BuildTimes()
+    if listed is None:
+        with clock.stage("listing"):
+            listed = list_items(cfg)
     items, texts, skipped = listed.items, listed.texts, list(listed.skipped)
     keep = np.ones(len(items), dtype=bool)
     groups: np.ndarray | None = None
     pairs: np.ndarray | None = None
     split_groups: dict[str, Any] | None = None
     if items and dedupe_enabled(cfg):
-        content = content or hash_local(cfg, items)
+        if content is None:
+            with clock.stage("hashing"):
+                content = hash_local(cfg, items)
         for i, reason in enumerate(content.reason):
             if reason:
                 if cfg.bad_input == "error":
@@ -80,9 +89,10 @@ def plan(
         ok = np.flatnonzero(keep)
         joined = [np.zeros((0, 2), dtype=np.int64)]  # pairs of items that share a split
         if cfg.dedupe.near_threshold is not None:
-            _, local_pairs = integrity.near_duplicate_groups(
-                content.phash[ok], content.thumbs[ok], cfg.dedupe.near_threshold,
-                cfg.dedupe.near_max_diff)
+            with clock.stage("near_duplicates"):
+                _, local_pairs = integrity.near_duplicate_groups(
+                    content.phash[ok], content.thumbs[ok], cfg.dedupe.near_threshold,
+                    cfg.dedupe.near_max_diff)
             pairs = ok[local_pairs]
             joined.append(pairs)
         if cfg.split.group_by is not None:

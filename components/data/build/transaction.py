@@ -29,6 +29,7 @@ from components.data.build.listing import list_items
 from components.data.build.manifest import _cleanup, _verified_manifest
 from components.data.build.planning import _params
 from components.data.build.source_record import SOURCE_FILE, SourceRecord, check_unchanged
+from components.data.build.timing import BuildTimes
 from components.data.shards import MANIFEST
 from components.data.splits import SPLITS
 from components.io.files import remove_temporaries, sha256_file, write_json
@@ -258,15 +259,21 @@ def _run_locked(
             if echo:
                 print(f"simgraph preprocess: {out} is already complete and verified{note}")
             return done_manifest
-        listed = list_items(cfg)
+        times = BuildTimes()
+        with times.stage("listing"):
+            listed = list_items(cfg)
+        with times.stage("source_record"):
+            record = SourceRecord.of(listed)
         (out / "shards").mkdir(exist_ok=True)
-        return _build(cfg, out, params, params_digest, listed, SourceRecord.of(listed), echo,
-                      out)
+        return _build(cfg, out, params, params_digest, listed, record, echo, out, times)
 
     # List first: a mistyped source fails here, before the staging dir (which may hold a
     # resumable build with the right source) or the dataset is touched.
-    listed = list_items(cfg)
-    record = SourceRecord.of(listed)
+    times = BuildTimes()
+    with times.stage("listing"):
+        listed = list_items(cfg)
+    with times.stage("source_record"):
+        record = SourceRecord.of(listed)
     manifest = _verified_manifest(stage, params_digest)
     if manifest is not None and _source_digest(manifest) != record.digest():
         # Complete, but from the source as it was when it was built (a run killed before
@@ -278,7 +285,7 @@ def _run_locked(
         manifest = None
     if manifest is None:
         _open_stage(stage, params_digest, echo)
-        _build(cfg, stage, params, params_digest, listed, record, echo, out)
+        _build(cfg, stage, params, params_digest, listed, record, echo, out, times)
         manifest = _verified_manifest(stage, params_digest)
         if manifest is None:
             raise PreprocessError(
