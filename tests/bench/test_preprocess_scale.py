@@ -1,0 +1,54 @@
+"""bench/preprocess_scale.py without Ray (a build of even 300 items takes ~40 s here, so no
+run of the bench itself): the generated shards are a WebDataset source simgraph lists, the same
+shard holds the same items at every N and is generated once, and the report's slopes, growth
+factors and flags."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import preprocess_scale as bench  # noqa: E402
+
+from components.data.shard_sources import ShardOptions, list_webdataset  # noqa: E402
+
+
+def test_generated_shards_are_a_webdataset_source_shared_between_sizes(tmp_path: Path) -> None:
+    pool = bench.caption_pool(40)
+    assert len(set(pool)) == 40
+    small = bench.make_source(tmp_path, 25, per_shard=10, pool_size=40)
+    big = bench.make_source(tmp_path, 30, per_shard=10, pool_size=40)
+    assert sorted(p.name for p in small.iterdir()) == [f"shard-{k:05d}.tar" for k in range(3)]
+    # Full shards are one file, linked into each size; the partial one is the full one's start.
+    assert (small / "shard-00001.tar").stat().st_ino == (big / "shard-00001.tar").stat().st_ino
+    opts = ShardOptions(image_extensions=("jpg",), caption_key="txt", label_key="cls")
+    a = list_webdataset(str(small), options=opts)
+    b = list_webdataset(str(big), options=opts)
+    assert len(a.items) == 25 and len(b.items) == 30 and not a.skipped
+    assert a.classes == [str(k) for k in range(10)]
+    assert [(i.label, i.caption) for i in a.items] == [(i.label, i.caption) for i in b.items[:25]]
+    assert {i.caption for i in b.items} <= set(pool)
+    stamp = (small / "shard-00000.tar").stat().st_mtime_ns
+    assert bench.make_source(tmp_path, 25, per_shard=10, pool_size=40) == small
+    assert (small / "shard-00000.tar").stat().st_mtime_ns == stamp  # not generated again
+
+
+def test_report_slopes_growth_and_extrapolation() -> None:
+    def row(n: int, rss_mib: float, near: float) -> dict[str, object]:
+        return {"n": n, "wall": n / 500, "rss": rss_mib * 2**20, "kept": n, "captions": 2000,
+                "files": {"manifest.json": 4096},
+                "stages": {"hashing": n / 2000, "near_duplicates": near}}
+
+    rows = [row(10_000, 1000, 0.25), row(20_000, 1010, 1.0), row(40_000, 1030, 4.0)]
+    assert bench.slopes(rows)[1:] == [10 * 2**20 / 10_000, 20 * 2**20 / 20_000]
+    assert abs(bench.growth(1.0, 4.0, 20_000, 40_000) - 4.0) < 1e-9
+    assert abs(bench.growth(1.0, 4.0, 10_000, 40_000) - 2.0) < 1e-9
+    text = bench.report(rows)
+    near = next(line for line in text.splitlines() if line.startswith("| near_duplicates"))
+    assert near.count("**super-linear**") == 2, near
+    hashing = next(line for line in text.splitlines() if line.startswith("| hashing"))
+    assert "super-linear" not in hashing and "| 2.00 |" in hashing
+    assert "×/doubling 10k→20k" in text and "Driver RSS at 12M items" in text
