@@ -12,7 +12,7 @@ so the near-duplicate search sees the case the issue measured. Labels: ten class
 ``key % 10``). Captions are drawn from a pool of ``--caption-pool`` distinct texts (2,000): the
 caption stage embeds at most that many texts whatever N is, so it stays bounded and the image
 stages are what grows. Shard ``k`` holds the same items at every N (seeded by ``k``): full
-shards are generated once into ``--cache`` (``pool/``) and hard-linked into each N's folder
+shards are generated once into ``--cache`` (``pool-*/``) and hard-linked into each N's folder
 (``n<N>/``, a last partial shard written there), so a rerun generates nothing.
 
 Each N is built by ``simgraph preprocess`` (``pipelines.cli``) in a fresh Python process, so the
@@ -29,6 +29,8 @@ stage of 0.5 s or more: flagged super-linear), and the driver's RSS extrapolated
 (CC12M) from the slope. ``--memory N`` instead measures, in this process with ``tracemalloc``
 and no Ray, what the driver holds per item: the listing, the source record, the content hashes,
 the plan's rows and the manifest (read back from a build of that N, when one was kept).
+``--json FILE`` saves a run's rows; ``--from-json FILE...`` prints the report of saved runs
+together (sizes run in separate invocations).
 
 Runs Ray: run it inside a loopback-only namespace like the tests (the command above).
 """
@@ -391,10 +393,16 @@ def main() -> None:
     ap.add_argument("--memory", type=int, metavar="N",
                     help="instead of building: the driver's per-item structures at N items")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    ap.add_argument("--from-json", type=Path, nargs="+", metavar="FILE",
+                    help="no builds: the report of rows --json saved (runs merged, by N)")
     ap.add_argument("--child", metavar="CONFIG", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         raise SystemExit(child(a.child))
+    if a.from_json:
+        saved = {r["n"]: r for f in a.from_json for r in json.loads(f.read_text())}
+        print(report([saved[n] for n in sorted(saved)]))
+        return
     work = a.cache / "work"
     work.mkdir(parents=True, exist_ok=True)
     if a.memory:
