@@ -303,7 +303,7 @@ def memory(n: int, source: Path, work: Path) -> str:
     from components.config import PreprocessConfig, from_dict
     from components.data import integrity
     from components.data.build.common import _digest
-    from components.data.build.hashing import Content, _content_key
+    from components.data.build.hashing import DIGEST, Content, _content_key
     from components.data.build.listing import list_items
     from components.data.build.planning import Planned, _fields, plan
     from components.data.build.source_record import SourceRecord
@@ -336,11 +336,11 @@ def memory(n: int, source: Path, work: Path) -> str:
     m = len(listed.items)
 
     def content() -> Content:
-        # As hash_with_ray collects its tasks' columns: one row per item, hex digests as str.
+        # As hash_with_ray collects its tasks' columns: one row per item, raw digests.
         cols = {"idx": np.arange(m),
                 "reason": np.array([""] * m, object), "detail": np.array([""] * m, object),
-                "bytes_sha256": np.array([rng.bytes(32).hex() for _ in range(m)], object),
-                "pixels_sha256": np.array([rng.bytes(32).hex() for _ in range(m)], object),
+                "bytes_sha256": np.array([rng.bytes(32) for _ in range(m)], DIGEST),
+                "pixels_sha256": np.array([rng.bytes(32) for _ in range(m)], DIGEST),
                 "phash": rng.integers(0, 2**63, m, dtype=np.uint64),
                 "thumb": np.array([rng.bytes(integrity.THUMB**2) for _ in range(m)], object)}
         return Content.from_columns(cols)

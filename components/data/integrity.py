@@ -130,9 +130,10 @@ def hamming(a: int, b: int) -> int:
     return (a ^ b).bit_count()
 
 
-def exact_duplicates(pixel_digests: Sequence[str]) -> dict[int, int]:
-    """``{dropped index: kept index}``: every item whose pixels equal an earlier item's."""
-    first: dict[str, int] = {}
+def exact_duplicates(pixel_digests: Sequence[str | bytes]) -> dict[int, int]:
+    """``{dropped index: kept index}``: every item whose pixels equal an earlier item's
+    (digests as hex strings or raw bytes)."""
+    first: dict[str | bytes, int] = {}
     out: dict[int, int] = {}
     for i, d in enumerate(pixel_digests):
         if d in first:

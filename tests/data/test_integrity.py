@@ -331,3 +331,30 @@ def test_csv_manifest_bad_caption_row_is_counted_not_fatal(tmp_path: Path) -> No
     lst = list_manifest(str(root / "m.csv"))
     assert [(i.caption, i.caption_issue) for i in lst.items] == [
         ("a cat", None), (None, CAPTION_ENCODING), (None, CAPTION_EMPTY)]
+
+
+def test_the_content_pass_keeps_raw_sha256_digests(tmp_path: Path) -> None:
+    """32 raw bytes per digest (not 64-char hex: 113 B each in memory, 256 B on disk), b"" for
+    an item that could not be decoded; rows back in listing order."""
+    import hashlib
+
+    import cv2
+
+    from components.data.build.hashing import DIGEST, Content, hash_batch
+    from components.data.images import decode_image
+
+    rgb = (np.arange(16 * 16 * 3) % 251).astype(np.uint8).reshape(16, 16, 3)
+    good = tmp_path / "a.png"
+    cv2.imwrite(str(good), rgb)
+    bad = tmp_path / "b.png"
+    bad.write_bytes(b"not an image")
+    cols = hash_batch({"idx": np.array([1, 0]), "path": np.array([str(bad), str(good)], object)},
+                      max_side=16, min_side=8)
+    content = Content.from_columns(cols)
+    assert content.bytes_sha256.dtype == DIGEST and content.pixels_sha256.dtype == DIGEST
+    stored = decode_image(good.read_bytes(), max_side=16, min_side=8)
+    assert content.bytes_sha256[0] == hashlib.sha256(good.read_bytes()).digest().rstrip(b"\0")
+    assert content.pixels_sha256[0] == bytes.fromhex(
+        integrity.pixel_digest(stored)).rstrip(b"\0")
+    assert content.reason == ["", "not-an-image"]
+    assert content.bytes_sha256[1] == b"" and content.pixels_sha256[1] == b""

@@ -24,6 +24,11 @@ from components.data.images import ImageError, decode_image
 from components.data.sources import Item, read_item
 from components.io.files import replacing
 
+# A sha256 as its 32 raw bytes (numpy drops trailing NUL bytes when it hands one back, which
+# keeps equal digests equal and different ones different: they all have 32 bytes); b"" for an
+# item that could not be decoded. Hex strings were 113 B each in memory, 256 B in content.npz.
+DIGEST = np.dtype("S32")
+
 
 def dedupe_enabled(cfg: PreprocessConfig) -> bool:
     return cfg.dedupe.exact or cfg.dedupe.near_threshold is not None
@@ -40,16 +45,17 @@ def hash_batch(batch: dict[str, np.ndarray], max_side: int, min_side: int) -> di
             data = read_item(str(path))
             rgb = decode_image(data, max_side=max_side, min_side=min_side)
             h = integrity.hash_item(data, rgb)
-            row = ["", "", h.bytes_sha256, h.pixels_sha256, h.phash, h.thumb]
+            row = ["", "", bytes.fromhex(h.bytes_sha256), bytes.fromhex(h.pixels_sha256),
+                   h.phash, h.thumb]
         except (ImageError, OSError) as e:
-            row = [getattr(e, "reason", "unreadable-file"), str(e), "", "", 0,
+            row = [getattr(e, "reason", "unreadable-file"), str(e), b"", b"", 0,
                    bytes(integrity.THUMB**2)]
         for k, v in zip(cols, row, strict=True):
             cols[k].append(v)
     return {
         "idx": batch["idx"],
-        **{k: np.array(cols[k], dtype=object) for k in ("reason", "detail", "bytes_sha256",
-                                                         "pixels_sha256", "thumb")},
+        **{k: np.array(cols[k], dtype=object) for k in ("reason", "detail", "thumb")},
+        **{k: np.array(cols[k], dtype=DIGEST) for k in ("bytes_sha256", "pixels_sha256")},
         "phash": np.array(cols["phash"], dtype=np.uint64),
     }
 
@@ -61,8 +67,8 @@ class Content:
 
     reason: list[str]
     detail: list[str]
-    bytes_sha256: list[str]
-    pixels_sha256: list[str]
+    bytes_sha256: np.ndarray  # [n] DIGEST: sha256 of the file's bytes
+    pixels_sha256: np.ndarray  # [n] DIGEST: sha256 of the stored pixels (shape + bytes)
     phash: np.ndarray  # [n] uint64
     thumbs: np.ndarray  # [n, 256] uint8
 
@@ -73,8 +79,8 @@ class Content:
         return cls(
             reason=[str(cols["reason"][i]) for i in order],
             detail=[str(cols["detail"][i]) for i in order],
-            bytes_sha256=[str(cols["bytes_sha256"][i]) for i in order],
-            pixels_sha256=[str(cols["pixels_sha256"][i]) for i in order],
+            bytes_sha256=np.asarray(cols["bytes_sha256"], dtype=DIGEST)[order],
+            pixels_sha256=np.asarray(cols["pixels_sha256"], dtype=DIGEST)[order],
             phash=np.asarray(cols["phash"], dtype=np.uint64)[order],
             thumbs=thumbs.reshape(len(order), integrity.THUMB**2).copy(),
         )
@@ -96,7 +102,7 @@ def _content_key(cfg: PreprocessConfig, items: Sequence[Item],
         stat = functools.partial(item_stat, cache=cache)
     stats = [(it.path, *(stat(it.path) or (None,) * 4)) for it in items]
     return _digest({"items": stats, "image": [cfg.image.max_side, cfg.image.min_side],
-                    "hash": "sha256+phash64+thumb16/1"})
+                    "hash": "sha256+phash64+thumb16/2"})  # /2: raw digests
 
 
 def hash_with_ray(cfg: PreprocessConfig, items: Sequence[Item], out: Path,
@@ -112,8 +118,8 @@ def hash_with_ray(cfg: PreprocessConfig, items: Sequence[Item], out: Path,
             if str(z["key"]) == key:
                 return Content(reason=[str(x) for x in z["reason"]],
                                detail=[str(x) for x in z["detail"]],
-                               bytes_sha256=[str(x) for x in z["bytes_sha256"]],
-                               pixels_sha256=[str(x) for x in z["pixels_sha256"]],
+                               bytes_sha256=z["bytes_sha256"].astype(DIGEST),
+                               pixels_sha256=z["pixels_sha256"].astype(DIGEST),
                                phash=z["phash"].copy(), thumbs=z["thumbs"].copy())
     bounds = np.linspace(0, len(items), _task_count(len(items)) + 1).astype(int)
     batches = [{"idx": np.arange(a, b),
@@ -126,7 +132,6 @@ def hash_with_ray(cfg: PreprocessConfig, items: Sequence[Item], out: Path,
     with replacing(cache) as tmp:
         np.savez(tmp, key=np.array(key), reason=np.array(content.reason, dtype=str),
                  detail=np.array(content.detail, dtype=str),
-                 bytes_sha256=np.array(content.bytes_sha256, dtype=str),
-                 pixels_sha256=np.array(content.pixels_sha256, dtype=str),
+                 bytes_sha256=content.bytes_sha256, pixels_sha256=content.pixels_sha256,
                  phash=content.phash, thumbs=content.thumbs)
     return content
