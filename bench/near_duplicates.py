@@ -27,6 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.data import integrity  # noqa: E402
+from tests.support.hashes import flip_bits  # noqa: E402
 
 SIZES = (50_000, 100_000, 200_000, 400_000)
 
@@ -65,27 +66,17 @@ def band_near_pairs(hashes: np.ndarray, threshold: int, block: int = 2048) -> np
     return np.unique(np.concatenate(found).astype(np.int64), axis=0)
 
 
-def flipped(h: np.ndarray, most: int, rng: np.random.Generator) -> np.ndarray:
-    """``h`` with 0..``most`` random bits of each hash flipped."""
-    h = h.copy()
-    count = rng.integers(0, most + 1, len(h))
-    bits = rng.integers(0, 64, (len(h), most)).astype(np.uint64)
-    for c in range(most):
-        h[count > c] ^= np.uint64(1) << bits[count > c, c]
-    return h
-
-
 def uniform(n: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     h = rng.integers(0, 2**64, n, dtype=np.uint64)
     copies = rng.choice(n, n // 100, replace=False)
-    h[copies] = flipped(h[rng.integers(0, n, len(copies))], 6, rng)
+    h[copies] = flip_bits(h[rng.integers(0, n, len(copies))], 6, rng)
     return h
 
 
 def clumpy(n: int = 70_000, bases: int = 2_000, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    return flipped(rng.integers(0, 2**64, bases, dtype=np.uint64)[rng.integers(0, bases, n)],
+    return flip_bits(rng.integers(0, 2**64, bases, dtype=np.uint64)[rng.integers(0, bases, n)],
                    8, rng)
 
 

@@ -23,6 +23,7 @@ from components.data.sources import (
     list_manifest,
 )
 from components.data.splits import assign_splits
+from tests.support.hashes import flip_bits
 
 
 def _photo(seed: int, h: int = 64, w: int = 64) -> np.ndarray:
@@ -90,26 +91,17 @@ def _brute_roots(n: int, pairs: np.ndarray) -> np.ndarray:
         root = new
 
 
-def _flip(h: np.ndarray, most: int, rng: np.random.Generator) -> np.ndarray:
-    """``h`` with up to ``most`` random bits of each hash flipped."""
-    h = h.copy()
-    count = rng.integers(0, most + 1, len(h))
-    bits = rng.integers(0, 64, (len(h), most)).astype(np.uint64)
-    for c in range(most):
-        h[count > c] ^= np.uint64(1) << bits[count > c, c]
-    return h
-
-
 def _hash_sets() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     uniform = rng.integers(0, 2**64, 2000, dtype=np.uint64)
-    planted = np.concatenate([uniform[:1500], _flip(uniform[rng.integers(0, 1500, 500)], 10, rng)])
+    copies = flip_bits(uniform[rng.integers(0, 1500, 500)], 10, rng)
+    planted = np.concatenate([uniform[:1500], copies])
     bases = rng.integers(0, 2**64, 8, dtype=np.uint64)
-    clumpy = _flip(bases[rng.integers(0, 8, 800)], 9, rng)  # buckets above BIG
+    clumpy = flip_bits(bases[rng.integers(0, 8, 800)], 9, rng)  # buckets above BIG
     same = np.repeat(bases[:4], 100)  # identical hashes, among near copies
     return {"uniform": uniform, "uniform+near copies": planted,
             "near copies of few": clumpy,
-            "identical": rng.permutation(np.concatenate([same, _flip(same[:100], 3, rng)]))}
+            "identical": rng.permutation(np.concatenate([same, flip_bits(same[:100], 3, rng)]))}
 
 
 @pytest.mark.parametrize("name", list(_hash_sets()))
