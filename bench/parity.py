@@ -216,7 +216,8 @@ def train_plain(cfg: PretrainConfig, dataset: str | Path, num_classes: int,
 
     info = DatasetInfo.load(dataset)
     torch.manual_seed(cfg.train.seed)  # the pipeline's initial weights
-    model, ema = build_model(cfg.model, cfg.loss, num_classes, sim, caption_dim)
+    model, ema = build_model(cfg.model, cfg.loss, num_classes, sim, caption_dim,
+                             cfg.data.augment.resolution)
     batch = cfg.data.batch_size * cfg.scaling.num_workers
     data = Views(read_split(info.split_file("train")),
                  plain_transform(cfg.data.augment, True, resize), cfg.data.views)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar, Literal
 
+from components.config.backbones import check_backbone, is_timm, timm_name, timm_probe
 from components.config.checks import (
     ConfigError,
     check_at_least,
@@ -115,14 +116,21 @@ class ModelConfig:
     """Encoder = backbone + projector (+ a linear classifier for CoNe / CE).
 
     ``backbone``: ``convnet`` (``blocks`` × conv-BN-ReLU-maxpool, ``width`` · 2^i channels:
-    the small-data default, 28–64 px) or a torchvision ResNet. ``small_images``: the ResNet
-    CIFAR stem (3×3 stride-1 conv, no max-pool; SimCLR App. B.9) for 28–64 px inputs. Projector:
+    the small-data default, 28–64 px), a torchvision ResNet (``resnet18`` / ``34`` / ``50``), or
+    ``timm/<name>``: any architecture ``timm.list_models()`` knows (``timm/resnet50``,
+    ``timm/vit_small_patch16_224``, ``timm/convnext_tiny``, …), random init, without its
+    classifier (``components.config.backbones``); a ViT-like one is built for
+    ``data.augment.resolution``, which must be a multiple of its patch size. ``small_images``:
+    the torchvision ResNet CIFAR stem (3×3 stride-1 conv, no max-pool; SimCLR App. B.9) for
+    28–64 px inputs; it does not apply to a timm backbone (its default ``true`` is accepted
+    and has no effect there: a run config stores every field, so a value the user wrote cannot
+    be told from the default). Projector:
     ``projector_layers`` linear layers, ``projector_hidden`` wide, ``projector_dim`` out
     (SupCon: 2048 → 2048 → 128); ``projector_bn`` puts BatchNorm after each hidden layer.
     ``sync_bn`` and ``channels_last`` apply on GPU only.
     """
 
-    backbone: Literal["convnet", "resnet18", "resnet34", "resnet50"] = "resnet18"
+    backbone: str = "resnet18"
     small_images: bool = True
     width: int = 32
     blocks: int = 4
@@ -134,6 +142,7 @@ class ModelConfig:
     channels_last: bool = True
 
     def __post_init__(self) -> None:
+        check_backbone(self.backbone)
         check_at_least("model.width", self.width, 1)
         check_at_least("model.blocks", self.blocks, 1)
         check_at_least("model.projector_hidden", self.projector_hidden, 1)
@@ -370,6 +379,8 @@ class PretrainConfig:
                 f"a {blocks}-block convnet needs resolution >= {2**blocks}: lower model.blocks "
                 f"to <= {side.bit_length() - 1} or raise the resolution"
             )
+        if is_timm(self.model.backbone):  # patch size vs resolution; the size timm accepts
+            timm_probe(timm_name(self.model.backbone), side)
         if self.scaling.use_gpu is False and self.train.amp == "fp16":
             raise ConfigError("train.amp='fp16' needs scaling.use_gpu=true; on CPU use 'bf16' "
                               "or 'none'")

@@ -91,7 +91,7 @@ def random_init_encoder(cfg: PretrainConfig) -> Encoder:
 
     with torch.random.fork_rng(devices=[]):  # the CPU generator only: the build is on the CPU
         torch.manual_seed(cfg.train.seed)
-        return build_encoder(cfg.model)
+        return build_encoder(cfg.model, cfg.data.augment.resolution)
 
 
 def score_baseline(bank_features: Tensor, bank_labels: Tensor, query_features: Tensor,

@@ -1,5 +1,7 @@
 """Encoders: a small-image ConvNet (the default for 28–64 px data), torchvision ResNets
-(optionally with the small-image stem), the SupCon/SimCLR projector MLP and a linear
+(optionally with the small-image stem), timm architectures (``timm/<name>``: random init, no
+classifier, global pooling; a ViT-like one sized for the run's resolution), the SupCon/SimCLR
+projector MLP and a linear
 classifier head (CoNe) — and the one builder of a config's encoder (:func:`build_encoder`)
 and of a checkpoint's (:func:`encoder_from_state`), which training, evaluation, export and
 embed all use.
@@ -11,17 +13,27 @@ stride-1 conv without pooling, the usual CIFAR recipe (SimCLR App. B.9) for 28�
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from components.config.backbones import (
+    BUILTIN_BACKBONES,
+    is_timm,
+    num_features,
+    timm_kwargs,
+    timm_name,
+    timm_probe,
+)
 from components.errors import SimgraphError
 
 if TYPE_CHECKING:
     from components.config import ModelConfig
 
-Backbone = Literal["convnet", "resnet18", "resnet34", "resnet50"]
+# One of components.config.backbones.BUILTIN_BACKBONES, or "timm/<name>" (checked by
+# components.config.backbones.check_backbone when a ModelConfig is made).
+Backbone = str
 
 
 class ConvNet(nn.Module):
@@ -57,11 +69,31 @@ class ConvNet(nn.Module):
         return self.features(x)
 
 
+def build_timm(name: str, resolution: int | None) -> tuple[nn.Module, int]:
+    """timm's ``name`` (``timm.create_model(name, pretrained=False, num_classes=0)``: random
+    init, never downloads, no classifier, its global pooling on) and its feature width
+    (``num_features``). A model whose constructor takes ``img_size`` (a ViT: its position
+    embeddings) is built with ``img_size=resolution`` so it fits the crops (``resolution``
+    None: timm's default size).
+
+    Raises:
+        ConfigError: the model cannot be built or run at ``resolution``
+            (:func:`components.config.backbones.timm_probe`).
+    """
+    import timm
+
+    takes = resolution is not None and timm_probe(name, resolution).takes_img_size
+    net = timm.create_model(name, **timm_kwargs(resolution, takes))
+    return net, num_features(net)
+
+
 def build_backbone(
-    name: Backbone, small_images: bool, width: int = 32, blocks: int = 4
+    name: Backbone, small_images: bool, width: int = 32, blocks: int = 4, *,
+    resolution: int | None = None,
 ) -> tuple[nn.Module, int]:
     """The feature extractor and its output dimension (the classifier layer removed).
-    ``width`` and ``blocks`` apply to ``convnet`` only.
+    ``width`` and ``blocks`` apply to ``convnet`` only, ``small_images`` to the torchvision
+    ResNets only, ``resolution`` (the crops' side) to timm ViT-like models only.
 
     Raises:
         ValueError: an unknown backbone name.
@@ -69,13 +101,16 @@ def build_backbone(
     if name == "convnet":
         net = ConvNet(width, blocks)
         return net, net.out_dim
+    if is_timm(name):
+        return build_timm(timm_name(name), resolution)
     from torchvision import models
 
     builders = {"resnet18": models.resnet18, "resnet34": models.resnet34,
                 "resnet50": models.resnet50}
     if name not in builders:
         raise ValueError(
-            f"model.backbone={name!r} is not one of convnet, {', '.join(builders)}"
+            f"model.backbone={name!r} is not one of {', '.join(BUILTIN_BACKBONES)}, "
+            f"timm/<name>"
         )
     net = builders[name](weights=None)  # never downloads: random init
     if small_images:
@@ -134,31 +169,34 @@ class EncoderStateError(SimgraphError, ValueError):
     commands re-raise it as their own error: :meth:`components.runs.run_dir.LoadedRun.encoder`)."""
 
 
-def build_encoder(model: ModelConfig) -> Encoder:
+def build_encoder(model: ModelConfig, resolution: int | None = None) -> Encoder:
     """``model``'s backbone and projector at their initial weights (drawn from the global
     torch generator, backbone first), without a classifier (:meth:`Encoder.add_classifier`).
+    ``resolution``: the run's ``data.augment.resolution`` (a timm ViT-like backbone's position
+    embeddings are sized for it; the other backbones ignore it).
 
     Raises:
         ValueError: an unknown backbone, or fewer than one projector layer.
     """
     backbone, dim = build_backbone(model.backbone, model.small_images, model.width,
-                                   model.blocks)
+                                   model.blocks, resolution=resolution)
     proj = projector(dim, model.projector_hidden, model.projector_dim, model.projector_layers,
                      model.projector_bn)
     return Encoder(backbone, dim, proj)
 
 
-def encoder_from_state(model: ModelConfig, state_model: Mapping[str, torch.Tensor]) -> Encoder:
+def encoder_from_state(model: ModelConfig, state_model: Mapping[str, torch.Tensor],
+                       resolution: int | None = None) -> Encoder:
     """A checkpoint's backbone and projector (``state_model``: the training model's state
     dict, keys ``encoder.backbone.*`` / ``encoder.projector.*``; a classifier head and the
     objective's state are not read) as an :class:`Encoder` in eval mode on the CPU. Each part
-    is loaded strictly.
+    is loaded strictly. ``resolution``: as :func:`build_encoder`'s.
 
     Raises:
         EncoderStateError: the checkpoint's model does not fit ``model`` (missing, other or
             differently shaped tensors).
     """
-    encoder = build_encoder(model)
+    encoder = build_encoder(model, resolution)
     for name in ("backbone", "projector"):
         prefix = f"encoder.{name}."
         part = {k[len(prefix):]: v for k, v in state_model.items() if k.startswith(prefix)}

@@ -286,7 +286,8 @@ class LoadedRun:
         from components.models.encoders import EncoderStateError, encoder_from_state
 
         try:
-            return encoder_from_state(self.config.model, self.state.model)
+            return encoder_from_state(self.config.model, self.state.model,
+                                      self.config.data.augment.resolution)
         except EncoderStateError as e:
             raise self.error(str(e)) from None
 

@@ -115,7 +115,7 @@ class PretrainRecipe:
         model, ema = build_model(
             cfg.model, cfg.loss, facts.num_classes,
             None if sim is None else torch.as_tensor(sim, dtype=torch.float32),
-            facts.caption_dim,
+            facts.caption_dim, cfg.data.augment.resolution,
         )
         model.channels_last = gpu_paths and cfg.model.channels_last
         if gpu_paths and cfg.model.sync_bn and self.world > 1:

@@ -59,13 +59,36 @@ def _check_momentum(name: str, value: float) -> None:
 # --------------------------------------------------------------------------- parameter groups
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+def no_weight_decay_names(model: nn.Module) -> set[str]:
+    """The parameter names (as ``model.named_parameters()`` gives them) that a submodule lists
+    in its own ``no_weight_decay()`` — timm's convention: a ViT's ``pos_embed``,
+    ``cls_token``, …; a Swin's relative position bias tables — prefixed with that submodule's
+    name. Names a module lists but does not have (timm lists ``dist_token`` on every ViT) are
+    left out."""
+    params = {name for name, _ in model.named_parameters()}
+    out: set[str] = set()
+    for prefix, module in model.named_modules():
+        listed = getattr(module, "no_weight_decay", None)
+        if not callable(listed):
+            continue
+        for name in listed():
+            full = f"{prefix}.{name}" if prefix else str(name)
+            if full in params:
+                out.add(full)
+    return out
+
+
+def param_groups(model: nn.Module, weight_decay: float,
+                 skip: Iterable[str] | None = None) -> list[dict[str, Any]]:
     """Two optimiser parameter groups: ``[decayed, excluded]``.
 
     A parameter with ``ndim <= 1`` (Linear/Conv biases; BatchNorm/LayerNorm/GroupNorm weights
-    and biases) goes to the second group, with ``weight_decay=0.0`` and ``lars_exclude=True``:
-    SimCLR (Chen et al. 2020, App. B.1) and the LARS recipes it follows apply neither weight
-    decay nor trust-ratio adaptation to biases and normalisation parameters. Every other
+    and biases), or named in ``skip`` (default: :func:`no_weight_decay_names` of ``model``,
+    the position embeddings and class tokens of a timm ViT), goes to the second group, with
+    ``weight_decay=0.0`` and ``lars_exclude=True``: SimCLR (Chen et al. 2020, App. B.1) and
+    the LARS recipes it follows apply neither weight decay nor trust-ratio adaptation to
+    biases and normalisation parameters, and the ViT recipes (DeiT, timm, DINO) none to
+    position embeddings and class tokens. Every other
     parameter (conv kernels ``[C_out, C_in, k, k]``, linear weights ``[out, in]``) goes to the
     first group with ``weight_decay`` and ``lars_exclude=False``.
 
@@ -76,12 +99,13 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
         ValueError: ``weight_decay`` negative or not finite, or no trainable parameter.
     """
     _check_nonneg("weight_decay", weight_decay)
+    skipped = no_weight_decay_names(model) if skip is None else set(skip)
     decay: list[Tensor] = []
     no_decay: list[Tensor] = []
-    for p in model.parameters():
+    for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (no_decay if p.ndim <= 1 else decay).append(p)
+        (no_decay if p.ndim <= 1 or name in skipped else decay).append(p)
     if not decay and not no_decay:
         raise ValueError(
             f"model {type(model).__name__} has no trainable parameters "

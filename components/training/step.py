@@ -112,14 +112,16 @@ def build_model(
     num_classes: int,
     class_similarity: Tensor | None,
     caption_dim: int,
+    resolution: int | None = None,
 ) -> tuple[PretrainModel, EMA | None]:
     """The encoder (classifier head when the loss reads ``logits``), its objective, and the
-    EMA copy when the objective needs keys (memory bank, CoNe).
+    EMA copy when the objective needs keys (memory bank, CoNe). ``resolution``: the crops'
+    side (``data.augment.resolution``), which a timm ViT-like backbone is built for.
 
     Raises:
         ValueError: the dataset lacks what the loss needs (see ``build_objective``).
     """
-    encoder = build_encoder(model_cfg)
+    encoder = build_encoder(model_cfg, resolution)
     objective = build_objective(loss_cfg, model_cfg.projector_dim, num_classes=num_classes,
                                 class_similarity=class_similarity, caption_dim=caption_dim)
     if "logits" in objective.requires:  # drawn after the objective's weights (CLIP's head),

@@ -77,3 +77,39 @@ def test_a_checkpoint_of_another_model_is_refused_naming_the_part() -> None:
     no_projector = {k: v for k, v in state.items() if not k.startswith("encoder.projector.")}
     with pytest.raises(EncoderStateError, match="projector does not fit"):
         encoder_from_state(small, no_projector)
+
+
+@pytest.mark.parametrize(("backbone", "dim"), [
+    ("timm/resnet10t", 512), ("timm/vit_tiny_patch16_224", 192), ("timm/convnext_atto", 320),
+])
+def test_timm_backbones_build_without_classifier_at_the_run_resolution(backbone: str,
+                                                                      dim: int) -> None:
+    """A timm architecture, random init, no classifier, global pooling: features [N, F] with F
+    its num_features; a ViT is built for the run's resolution (32 px: 2×2 patches of 16)."""
+    from components.config import ModelConfig
+    from components.models.encoders import build_encoder
+
+    torch.manual_seed(0)
+    model = ModelConfig(backbone=backbone, small_images=False, projector_hidden=32,
+                        projector_dim=8)
+    encoder = build_encoder(model, 32)
+    assert encoder.feat_dim == dim
+    assert getattr(encoder.backbone, "num_classes", 0) == 0
+    h, z, logits = encoder(torch.randn(3, 3, 32, 32))
+    assert h.shape == (3, dim) and z.shape == (3, 8) and logits is None
+    if "vit" in backbone:
+        assert encoder.backbone.pos_embed.shape[1] == 1 + (32 // 16) ** 2  # class token + 4
+
+
+def test_a_timm_checkpoint_reads_back_through_encoder_from_state() -> None:
+    from components.config import ModelConfig
+    from components.models.encoders import build_encoder, encoder_from_state
+
+    model = ModelConfig(backbone="timm/vit_tiny_patch16_224", projector_hidden=16,
+                        projector_dim=8)
+    torch.manual_seed(0)
+    built = build_encoder(model, 32)
+    state = {f"encoder.{k}": v for k, v in built.state_dict().items()}
+    read = encoder_from_state(model, state, 32)
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(read(x)[0], built.eval()(x)[0])

@@ -112,7 +112,8 @@ def run_with_checkpoint(dataset: Path, storage: Path, name: str, checkpoint: boo
     facts = check_dataset(cfg)
     torch.manual_seed(0)
     sim = torch.as_tensor(DatasetInfo.load(dataset).class_similarity(), dtype=torch.float32)
-    model, _ = build_model(cfg.model, cfg.loss, facts.num_classes, sim, facts.caption_dim)
+    model, _ = build_model(cfg.model, cfg.loss, facts.num_classes, sim, facts.caption_dim,
+                           cfg.data.augment.resolution)
     if random_bn_stats:
         with torch.no_grad():
             for key, buf in model.encoder.named_buffers():
@@ -154,6 +155,6 @@ def checkpoint_encoder(checkpoint: Path) -> tuple[Any, Any]:
     sim = info.class_similarity()
     model, _ = build_model(cfg.model, cfg.loss, len(info.classes),
                            None if sim is None else torch.as_tensor(sim, dtype=torch.float32),
-                           info.caption_dim)
+                           info.caption_dim, cfg.data.augment.resolution)
     model.load_state_dict(state["model"])
     return cfg, model.encoder

@@ -60,6 +60,32 @@ def test_param_groups_skip_frozen_and_dedupe_shared() -> None:
     assert {id(p) for p in excluded["params"]} == {id(lin.bias), id(net[1].bias)}
 
 
+def test_param_groups_of_a_vit_skip_its_no_weight_decay_names() -> None:
+    """A timm ViT inside the training model: besides biases and norms, the position embedding
+    and class token it lists in ``no_weight_decay()`` get neither decay nor LARS adaptation
+    (names prefixed with the submodule's); ``skip`` overrides the module's own list."""
+    from components.config import ModelConfig
+    from components.models.encoders import build_encoder
+    from components.training.optim import no_weight_decay_names
+
+    encoder = build_encoder(ModelConfig(backbone="timm/vit_tiny_patch16_224",
+                                        projector_hidden=16, projector_dim=8), 32)
+    vit = encoder.backbone
+    assert no_weight_decay_names(encoder) == {"backbone.pos_embed", "backbone.cls_token"}
+    decay, excluded = param_groups(encoder, weight_decay=0.05)
+    ids = {id(p) for p in excluded["params"]}
+    assert id(vit.pos_embed) in ids and id(vit.cls_token) in ids  # ndim 3: by name
+    assert excluded["weight_decay"] == 0.0 and excluded["lars_exclude"] is True
+    assert all(p.ndim >= 2 for p in decay["params"])
+    assert not {id(vit.pos_embed), id(vit.cls_token)} & {id(p) for p in decay["params"]}
+    assert all(p.ndim <= 1 for p in excluded["params"]
+               if id(p) not in {id(vit.pos_embed), id(vit.cls_token)})
+    seen = [id(p) for g in (decay, excluded) for p in g["params"]]
+    assert sorted(seen) == sorted(id(p) for p in encoder.parameters())
+    decay, excluded = param_groups(encoder, weight_decay=0.05, skip=())  # shape rule only
+    assert id(vit.pos_embed) in {id(p) for p in decay["params"]}
+
+
 def test_param_groups_errors() -> None:
     with pytest.raises(ValueError, match="weight_decay=-0.1"):
         param_groups(_small_net(), weight_decay=-0.1)
