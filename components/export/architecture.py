@@ -33,6 +33,11 @@ class Architecture:
     projector_layers: int
     projector_bn: bool
 
+    @property
+    def timm(self) -> bool:
+        """A timm backbone (``timm/<name>``): only TorchScript and ONNX carry it."""
+        return self.backbone.startswith("timm/")
+
     @classmethod
     def of(cls, model: ModelConfig, feature_dim: int) -> Architecture:
         return cls(backbone=model.backbone, small_images=model.small_images,
@@ -43,7 +48,11 @@ class Architecture:
     def describe(self, with_projector: bool) -> dict[str, Any]:
         """``config.json``'s ``architecture``."""
         out: dict[str, Any] = {"backbone": self.backbone, "feature_dim": self.feature_dim}
-        if self.backbone == "convnet":
+        if self.timm:
+            out.update(definition=f"timm.create_model({self.backbone[len('timm/'):]!r}, "
+                                  f"pretrained=False, num_classes=0), img_size=input "
+                                  f"resolution for a ViT-like one")
+        elif self.backbone == "convnet":
             out.update(width=self.width, blocks=self.blocks, min_side=2**self.blocks,
                        definition=f"{MODEL_PY}: ConvNet")
         else:

@@ -6,11 +6,15 @@ delete (:func:`claim_export_dir`).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Callable, Collection
 from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+from torch import nn
 
 from components.config import AugmentConfig, ModelConfig
 from components.export.architecture import Architecture, plain_state_dicts
@@ -25,6 +29,7 @@ from components.export.formats import (
     MODEL_PY,
     PROJECTION,
     ExportError,
+    check_backbone_format,
     check_export,
     check_format,
     write_onnx,
@@ -69,6 +74,15 @@ def outputs_spec(arch: Architecture, with_projector: bool) -> list[dict[str, Any
 
 
 
+def own_module(mod: ModuleType, encoder: Encoder, with_projector: bool) -> nn.Module:
+    """A copy of the encoder's own backbone (a timm model: :mod:`model.py` cannot build it), in
+    ``model.py``'s ``WithProjector`` with a copy of its projector, in eval mode on the CPU."""
+    backbone = copy.deepcopy(encoder.backbone).to("cpu").eval()
+    if not with_projector:
+        return backbone
+    return mod.WithProjector(backbone, copy.deepcopy(encoder.projector).to("cpu")).eval()
+
+
 def export_encoder(encoder: Encoder, model: ModelConfig, augment: AugmentConfig, out: Path, *,
                    fmt: str, with_projector: bool, run: str,
                    describe: dict[str, Any] | None = None,
@@ -85,6 +99,7 @@ def export_encoder(encoder: Encoder, model: ModelConfig, augment: AugmentConfig,
         ExportError: the export does not reproduce the encoder.
     """
     check_format(fmt)
+    check_backbone_format(model.backbone, fmt)
     encoder = encoder.eval()
     arch = Architecture.of(model, encoder.feat_dim)
     backbone_sd, projector_sd = plain_state_dicts(encoder)
@@ -99,7 +114,8 @@ def export_encoder(encoder: Encoder, model: ModelConfig, augment: AugmentConfig,
             write_text(out / MODEL_PY, source)
             written.append(MODEL_PY)
         else:
-            module = plain_module(mod, backbone_sd, projector_sd if with_projector else None)
+            module = (own_module(mod, encoder, with_projector) if arch.timm
+                      else plain_module(mod, backbone_sd, projector_sd if with_projector else None))
             written = (write_torchscript(out, module) if fmt == "torchscript"
                        else write_onnx(out, module, augment.resolution, with_projector))
         check = check_export(fmt, out, mod, encoder, with_projector, augment.resolution)

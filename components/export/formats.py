@@ -80,6 +80,25 @@ class UnknownFormat(SimgraphError, ValueError):
     exit_code = 2
 
 
+TIMM_FORMATS = ("torchscript", "onnx")  # the formats that carry a timm backbone
+
+
+def check_backbone_format(backbone: str, fmt: str) -> None:
+    """A timm backbone (``timm/<name>``) exports as :data:`TIMM_FORMATS` only: ``safetensors``'
+    ``model.py`` re-declares simgraph's ConvNet and the torchvision ResNets, not timm's
+    architectures.
+
+    Raises:
+        ExportError: ``fmt`` cannot carry ``backbone`` (one line naming both and the formats
+            that can).
+    """
+    if backbone.startswith("timm/") and fmt not in TIMM_FORMATS:
+        raise ExportError(
+            f"--format {fmt} cannot carry model.backbone={backbone!r}: its {MODEL_PY} "
+            f"re-declares only the convnet and the torchvision ResNets; export a timm "
+            f"backbone with --format {' or --format '.join(TIMM_FORMATS)}")
+
+
 def check_format(fmt: str) -> str:
     """``fmt`` if it is one of :data:`FORMATS`.
 

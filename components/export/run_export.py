@@ -36,7 +36,7 @@ from components.data.identity import dataset_identity
 from components.data.shards import MANIFEST
 from components.export.card import card_sections
 from components.export.export_dir import claim_export_dir, export_encoder
-from components.export.formats import ExportError, check_format
+from components.export.formats import ExportError, check_backbone_format, check_format
 from components.io import storage
 from components.io.paths import project_root
 from components.runs.run_dir import load_run
@@ -135,6 +135,7 @@ def export_run(run_dir: str, checkpoint: str | None = None, fmt: str = "safetens
     check_format(fmt)
     run = load_run(run_dir, checkpoint, error=ExportError, command="export")
     cfg, state, ckpt = run.config, run.state, run.checkpoint
+    check_backbone_format(cfg.model.backbone, fmt)  # before the encoder is built
     encoder = run.encoder()
     name = storage.basename(run_dir)
     loss = to_dict(cfg.loss)
