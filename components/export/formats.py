@@ -11,6 +11,9 @@ weights for the **backbone** (and, on request, the **projector**), in one of thr
   ``nn.Sequential`` (``0.weight``, ``1.running_mean``, …). Beside them ``model.py``: one
   self-contained file (torch, and torchvision for the ResNets) whose ``build()`` /
   ``build_projector()`` make modules those state dicts load into with ``strict=True``.
+  A timm backbone (``timm/<name>``) has no ``model.py`` form: refused
+  (:func:`check_backbone_format`), it exports as TorchScript or ONNX, written from the run's
+  own timm modules.
 * ``torchscript``: ``model.ts`` (``torch.jit.script``), loads with ``torch.jit.load``.
 * ``onnx``: ``model.onnx`` (opset :data:`ONNX_OPSET`), input ``images`` ``[N, 3, R, R]`` with
   a dynamic batch axis.
