@@ -93,3 +93,18 @@ def test_the_example_config_uses_a_timm_backbone() -> None:
     path = Path(__file__).parents[2] / "pipelines/configs/pretrain/timm_vit_small.yaml"
     cfg = load_config(path, PretrainConfig)
     assert cfg.model.backbone == "timm/vit_small_patch16_224"
+
+
+@pytest.mark.parametrize(("name", "patch", "dim"), [
+    ("vit_small_patch16_224", (16, 16), 384), ("vit_base_patch16_224", (16, 16), 768),
+    ("convnext_tiny", None, 768), ("resnet50", None, 2048), ("resnet101", None, 2048),
+    ("resnet200", None, 2048),
+])
+def test_the_issues_architectures_at_224_px(name: str, patch: tuple[int, int] | None,
+                                            dim: int) -> None:
+    """Issue 43's tested architectures pass the config's checks at ImageNet size (shape-only:
+    0.1–0.5 s each here) with the feature width the encoder gets."""
+    info = timm_probe(name, 224)
+    assert (info.patch_size, info.num_features) == (patch, dim)
+    assert info.takes_img_size is (patch is not None)
+    assert from_dict(PretrainConfig, _run(f"timm/{name}", 224)).model.backbone == f"timm/{name}"
