@@ -82,7 +82,7 @@ def write_run(root: Path, dataset: Path, jit: bool) -> Path:
         f"data.jit={str(jit).lower()}"])
     run = Path(prepare_run_dir(cfg))
     torch.manual_seed(0)
-    model, _ = build_model(cfg.model, cfg.loss, 10, None, 0)
+    model, _ = build_model(cfg.model, cfg.loss, 10, None, 0, cfg.data.augment.resolution)
     save_state(run / "epoch_00001", {"model": model.state_dict(), "epoch": 1, "step": 0,
                                      "history": [], "config": to_dict(cfg), "dataset": None})
     return run

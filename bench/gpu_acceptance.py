@@ -171,7 +171,8 @@ def count_flops(cfg: PretrainConfig, num_classes: int = 10) -> tuple[float, floa
     from components.training.step import build_model
 
     torch.manual_seed(0)
-    model, _ = build_model(cfg.model, cfg.loss, num_classes, torch.eye(num_classes), 0)
+    model, _ = build_model(cfg.model, cfg.loss, num_classes, torch.eye(num_classes), 0,
+                           cfg.data.augment.resolution)
     model.train()
     r, v, b = cfg.data.augment.resolution, cfg.data.views, cfg.data.batch_size
     with torch.no_grad(), FlopCounterMode(display=False) as enc:

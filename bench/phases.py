@@ -184,7 +184,8 @@ def plain_child(config: str, out: str) -> None:
     sim = None if sim_np is None else torch.as_tensor(sim_np, dtype=torch.float32)
     classes, caption_dim = len(info.classes), info.caption_dim
     torch.manual_seed(cfg.train.seed)
-    model, ema = build_model(cfg.model, cfg.loss, classes, sim, caption_dim)
+    model, ema = build_model(cfg.model, cfg.loss, classes, sim, caption_dim,
+                             cfg.data.augment.resolution)
     data = Views(read_split(info.split_file("train")),
                  plain_transform(cfg.data.augment, True), cfg.data.views)
     loader = torch.utils.data.DataLoader(data, batch_size=cfg.data.batch_size, shuffle=True,
@@ -226,7 +227,8 @@ def compute_epochs(cfg: Any, images: int, classes: int, sim: Any, caption_dim: i
     from components.training.step import build_model, train_step
 
     torch.manual_seed(cfg.train.seed)
-    model, ema = build_model(cfg.model, cfg.loss, classes, sim, caption_dim)
+    model, ema = build_model(cfg.model, cfg.loss, classes, sim, caption_dim,
+                             cfg.data.augment.resolution)
     b, v, r = cfg.data.batch_size, cfg.data.views, cfg.data.augment.resolution
     steps = images // b
     gen = torch.Generator().manual_seed(0)
