@@ -63,7 +63,11 @@ $(STAMP): pyproject.toml
 # anything that tries to download at run time fails. Local Rays start without their
 # dashboard (the default, components/runtime/session.py: ~2.4 s a start; the suite starts ~25);
 # SIMGRAPH_RAY_DASHBOARD=0 keeps it off even for a sweep with Train worker groups, which would
-# otherwise ask for it (the suite has none).
+# otherwise ask for it (the suite has none). RAY_prestart_worker_first_driver=0: a new local
+# Ray does not start one idle worker per CPU for its first driver (Train runs, Tune trials and
+# Ray Data actors start their own processes; ~3 of a tiny Train run's ~34 CPU-seconds here,
+# where the suite is CPU-bound: docs/benchmarks.md). Users keep Ray's default: on a larger
+# machine the warm workers are ready when the first tasks come.
 # Two phases: every test but the cluster ones on TEST_WORKERS pytest-xdist workers (a test
 # file stays on one worker: its module fixtures are built once; the files with most slow tests
 # go first, tests/conftest.py; most slow tests wait on Ray and process start-up, so two
@@ -77,7 +81,7 @@ TEST_WORKERS ?= 2
 
 test: setup lint
 	@unshare -n true 2>/dev/null || { echo "make test: cannot create a network namespace (unshare -n); run as root or with CAP_SYS_ADMIN" >&2; exit 1; }
-	unshare -n bash -c 'ip link set lo up && export HF_HUB_OFFLINE=1 SIMGRAPH_RAY_DASHBOARD=0 && \
+	unshare -n bash -c 'ip link set lo up && export HF_HUB_OFFLINE=1 SIMGRAPH_RAY_DASHBOARD=0 RAY_prestart_worker_first_driver=0 && \
 	  $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --ignore=tests/e2e/test_cluster.py $(PYTEST_ARGS) && \
 	  { $(PY) -m pytest -q tests/e2e/test_cluster.py $(PYTEST_ARGS); rc=$$?; [ $$rc = 5 ] && rc=0; exit $$rc; }'
 
