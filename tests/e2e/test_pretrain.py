@@ -107,8 +107,13 @@ def test_killed_run_resumes_to_identical_weights_and_metrics(dataset: Path,
     steps = 4  # 128 train samples / (2 workers × 16)
     proc = _start(killed, tmp_path, pause_at_step=2 * steps + 1)
     run_dir = tmp_path / "runs" / "killed"
+    # Killed in epoch 3, once epoch 2's checkpoint is registered and its line is in the log:
+    # the line comes through Ray's log monitor, which the kill could otherwise beat (with
+    # Train's 0.25 s poll the checkpoint is registered within a fraction of a second)
     _wait_for(lambda: (run_dir / "workers" / "paused-rank0-step9").exists()
-              and _registered(run_dir, "epoch_00002"), proc, tmp_path, "killed")
+              and _registered(run_dir, "epoch_00002")
+              and "[simgraph] epoch 2/4" in (tmp_path / "killed.log").read_text(),
+              proc, tmp_path, "killed")
     kill_session(proc.pid)
     assert proc.wait(timeout=30) != 0 and not session_pids(proc.pid)
     assert latest_complete(run_dir)[0] == 2  # type: ignore[index]
