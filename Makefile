@@ -32,6 +32,8 @@ apt-deps:
 
 bench-deps: setup
 	$(call apt_install,$(BENCH_APT_PKGS))
+	@# bench/reader_224.py's decode floor: libjpeg-turbo, one thread.
+	@$(PY) -c 'import simplejpeg' 2>/dev/null || $(PY) -m pip install -q simplejpeg
 
 # Installs with uv: the same pins and versions as pip (compared with `pip freeze`), from the
 # same sources (pip's configuration passed on by .ci/pip_sources.py; pip's resolution across
