@@ -44,6 +44,43 @@ def test_resize_matches_torchvision_within_one_level(smooth: bool) -> None:
     assert worst <= 1 and np.mean(mean) < 0.3
 
 
+@pytest.mark.parametrize("crop, size", [
+    ((70, 90), (224, 224)),  # enlarge both axes (a small RandomResizedCrop of a 256 px image)
+    ((250, 240), (224, 224)),  # shrink both
+    ((100, 250), (224, 224)),  # enlarge rows, shrink columns
+    ((250, 100), (224, 224)),  # shrink rows, enlarge columns
+    ((256, 256), (224, 96)),  # shrink by 1.1 and by 2.7
+    ((1, 1), (5, 7)),  # one pixel
+    ((3, 40), (224, 9)),  # enlarge 75x, shrink 4.4x
+])
+def test_fixed_point_kernel_matches_torchvision_per_regime(crop: tuple[int, int],
+                                                           size: tuple[int, int]) -> None:
+    """The fixed-point kernel at 224 px: enlarging (triangle support 1), shrinking (support
+    widened) and mixed (one axis each way) agree with torchvision's uint8 antialiased resize
+    to within one grey level, and with a float64 reference of the same filter to within one
+    (the uint8 intermediate rounding of the horizontal pass, then the final one)."""
+    rng = np.random.default_rng(sum(crop) + sum(size))
+    img = rng.integers(0, 256, (256, 256, 3), dtype=np.uint8)
+    img = (np.cumsum(img, axis=1) // 16 % 256).astype(np.uint8)  # smooth-ish and noisy
+    h, w = crop
+    i, j = (256 - h) // 3, (256 - w) // 2
+    out = np.zeros((*size, 3), np.uint8)
+    resize_crop_bilinear(img, i, i + h, j, j + w, out)
+    chw = torch.from_numpy(img).permute(2, 0, 1)
+    want = TF.resized_crop(chw, i, j, h, w, list(size), antialias=True).permute(1, 2, 0)
+    d = np.abs(out.astype(int) - want.numpy().astype(int))
+    assert d.max() <= 1 and d.mean() < 0.3
+    exact = TF.resized_crop(chw.double(), i, j, h, w, list(size), antialias=True)
+    exact = exact.permute(1, 2, 0).numpy()
+    assert np.abs(out - exact).max() <= 1.01  # two roundings of 0.5 (as torch)
+
+
+def test_empty_crop_gives_black() -> None:
+    out = np.full((4, 4, 3), 7, np.uint8)
+    resize_crop_bilinear(np.zeros((8, 8, 3), np.uint8), 2, 2, 0, 8, out)
+    assert not out.any()
+
+
 def test_enlarged_crop_is_bilinear_not_blocky() -> None:
     """The case FFCV's INTER_AREA gets wrong: a 2-pixel ramp enlarged to 8 pixels."""
     img = np.zeros((1, 2, 3), np.uint8)
