@@ -104,6 +104,25 @@ def test_eval_view_is_the_stored_image(beton: tuple) -> None:
     assert got == N  # eval: every sample, in file order, last batch kept
 
 
+def test_batches_are_the_consumers_own(beton: tuple) -> None:
+    """Each batch's images are a tensor of their own (FFCV reuses its buffers; the reader
+    normalises into a new one per batch): batches kept stay what they were, and hold the
+    normalised stored pixels exactly."""
+    path, images, _ = beton
+    aug = AugmentConfig(resolution=12, mean=[0.1, 0.2, 0.3], std=[0.5, 0.25, 0.2])
+    loader = ViewLoader(path, batch_size=4, train=False, augment=aug, num_workers=1,
+                        with_captions=False)
+    kept = [(b, b.images.clone()) for b in loader]
+    mean = torch.tensor(aug.mean).view(3, 1, 1) * 255
+    std = torch.tensor(aug.std).view(3, 1, 1) * 255
+    for b, first in kept:
+        assert torch.equal(b.images, first)
+        for j, sid in enumerate(b.sample_ids.tolist()):
+            x = torch.from_numpy(images[sid - 100]).permute(2, 0, 1)
+            assert torch.equal(b.images[j, 0], (x.float() - mean) / std)
+    assert len({b.images.data_ptr() for b, _ in kept}) == len(kept)
+
+
 def test_simclr_colour_ops_run_on_cpu(beton: tuple) -> None:
     path, _, _ = beton
     aug = AugmentConfig(resolution=8, jitter_p=1.0, grayscale_p=1.0, blur_p=1.0)
