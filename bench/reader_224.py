@@ -25,6 +25,7 @@ loader: decode, crop+resize (the bilinear kernel, before = the float kernel it r
 FFCV's INTER_AREA and PIL for scale), flip, colour ops, normalise + stack.
 
     python bench/reader_224.py [--images 2700] [--side 256] [--batches 16]
+    python bench/reader_224.py --write-modes 300   # disk per image vs decode cost only
 """
 
 from __future__ import annotations
@@ -343,6 +344,20 @@ def stages(images: list[np.ndarray], blobs: list[bytes], count: int) -> dict[str
             sl = chw[k:k + BATCH]
             torch.stack([(sl.float() - mean) / std, (sl.float() - mean) / std], dim=1)
 
+    def normalise_into(k: int) -> None:  # the reader now: one new tensor per batch
+        if k % BATCH == 0:
+            sl = chw[k:k + BATCH]
+            dst = torch.empty((sl.shape[0], VIEWS, *sl.shape[1:]), dtype=torch.float32)
+            for v in range(VIEWS):
+                torch.sub(sl, mean, out=dst[:, v]).div_(std)
+
+    faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    stack_ms = per_view(normalise_stack) / VIEWS
+    faults1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    into_ms = per_view(normalise_into) / VIEWS
+    faults2 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    print(f"page faults per view: normalise + stack {(faults1 - faults0) / count / VIEWS:.0f}, "
+          f"into one tensor {(faults2 - faults1) / count / VIEWS:.0f}")
     return {
         "decode (simplejpeg)": per_view(
             lambda k: simplejpeg.decode_jpeg(blobs[k % len(blobs)], colorspace="RGB")),
@@ -352,8 +367,34 @@ def stages(images: list[np.ndarray], blobs: list[bytes], count: int) -> dict[str
         "crop+resize PIL bilinear": per_view(pil_bilinear),
         "flip": per_view(flip),
         "colour (jitter p=.8, grey p=.2)": per_view(colour),
-        "normalise + stack": per_view(normalise_stack) / VIEWS,
+        "normalise + stack (before: 3 temporaries per view + stack)": stack_ms,
+        "normalise into one tensor per batch (now)": into_ms,
     }
+
+
+def write_modes(count: int) -> list[tuple[str, int, float, float]]:
+    """The ``write_mode`` trade-off: (mode, max side, KiB per image, decode ms per image),
+    for JPEG at three qualities and raw, at max side 256 / 384 / 512 (raw's "decode" is the
+    copy out of the page)."""
+    import simplejpeg
+    from ffcv.fields.rgb_image import encode_jpeg
+
+    out = []
+    for side in (256, 384, 512):
+        images, _ = make_jpegs(count, side, quality=90)
+        for q in (75, 90, 95):
+            blobs = [encode_jpeg(im, q).tobytes() for im in images]
+            t0 = time.process_time()
+            for b in blobs:
+                simplejpeg.decode_jpeg(b, colorspace="RGB")
+            ms = (time.process_time() - t0) * 1e3 / count
+            out.append((f"jpg q{q}", side, sum(map(len, blobs)) / count / 1024, ms))
+        t0 = time.process_time()
+        for im in images:
+            im.copy()
+        ms = (time.process_time() - t0) * 1e3 / count
+        out.append(("raw", side, sum(im.nbytes for im in images) / count / 1024, ms))
+    return out
 
 
 def main() -> None:
@@ -364,6 +405,8 @@ def main() -> None:
     ap.add_argument("--skip", nargs="*", default=[], help="rows to leave out (by key)")
     ap.add_argument("--no-jit", action="store_true", help="FFCV uncompiled (a quick smoke run)")
     ap.add_argument("--stage-views", type=int, default=256, help="crops timed per stage")
+    ap.add_argument("--write-modes", type=int, default=0, metavar="N",
+                    help="only the write_mode table (N images per size), no loaders")
     a = ap.parse_args()
 
     import ffcv  # noqa: F401  (sets torch to one thread)
@@ -372,6 +415,12 @@ def main() -> None:
     from components.data.reader import set_jit
 
     torch.set_num_threads(1)
+    if a.write_modes:
+        print("| write_mode | max side | KiB per image | decode ms per image (1 thread) |")
+        print("|---|---:|---:|---:|")
+        for mode, side, kib, ms in write_modes(a.write_modes):
+            print(f"| {mode} | {side} | {kib:.1f} | {ms:.3f} |")
+        return
     set_jit(not a.no_jit)
     t0 = time.perf_counter()
     images, blobs = make_jpegs(a.images, a.side)
