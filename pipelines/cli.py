@@ -164,6 +164,12 @@ def _check_pretrain_dataset(cfg: Any) -> None:
               "exist yet; not checked against it (simgraph pretrain checks it before starting)")
         return
     facts = check_dataset(cfg)  # RunError: the same refusal pretrain would give
+    if cfg.model.init:  # its keys against the model, as pretrain's fresh start checks them
+        import dataclasses
+
+        from components.runs.init_checks import check_run_init
+
+        facts = dataclasses.replace(facts, init=check_run_init(cfg, False))
     print("\n".join("# " + line for line in run_summary(
         cfg, facts, storage.join(cfg.storage, cfg.name)).splitlines()))
 

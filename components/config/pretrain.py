@@ -127,7 +127,10 @@ class ModelConfig:
     be told from the default). Projector:
     ``projector_layers`` linear layers, ``projector_hidden`` wide, ``projector_dim`` out
     (SupCon: 2048 → 2048 → 128); ``projector_bn`` puts BatchNorm after each hidden layer.
-    ``sync_bn`` and ``channels_last`` apply on GPU only.
+    ``sync_bn`` and ``channels_last`` apply on GPU only. ``init``: a local ``.safetensors`` /
+    ``.pth`` / ``.pt`` state dict (timm, torchvision, a simgraph export or checkpoint, DDP /
+    DINO wrappers) the backbone (and a matching projector) starts from at a fresh start
+    instead of random weights (:mod:`components.models.init_weights`); never downloaded.
     """
 
     backbone: str = "resnet18"
@@ -140,9 +143,13 @@ class ModelConfig:
     projector_bn: bool = True
     sync_bn: bool = True
     channels_last: bool = True
+    init: str | None = None
 
     def __post_init__(self) -> None:
         check_backbone(self.backbone)
+        if self.init is not None and (not isinstance(self.init, str) or not self.init):
+            raise ConfigError(f"model.init={clip(self.init)} is not allowed: give the path "
+                              "of a local .safetensors / .pth / .pt file, or null")
         check_at_least("model.width", self.width, 1)
         check_at_least("model.blocks", self.blocks, 1)
         check_at_least("model.projector_hidden", self.projector_hidden, 1)

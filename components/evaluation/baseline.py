@@ -1,5 +1,6 @@
 """The random-init baseline of an evaluation: the encoder of the run's config at the weights
-the run started from, scored the same way.
+the run started from, scored the same way — for a run with ``model.init``, the **init
+weights** (:func:`initial_encoder`, its row named :data:`INIT_BASELINE`).
 
 "How much did pretraining buy?" is the gain over this encoder: a random convolutional network
 already separates simple images far above chance (its kNN top-1 on Fashion-MNIST is tens of
@@ -33,9 +34,11 @@ if TYPE_CHECKING:  # torch loads when a baseline is built (the report's types ne
     from components.config import PretrainConfig
     from components.models.encoders import Encoder
 
-__all__ = ["BASELINE", "Baseline", "random_init_encoder", "score_baseline"]
+__all__ = ["BASELINE", "INIT_BASELINE", "Baseline", "initial_encoder", "random_init_encoder",
+           "score_baseline"]
 
 BASELINE = "random init"
+INIT_BASELINE = "init weights"  # a run with model.init: the file's weights it started from
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -49,6 +52,7 @@ class Baseline:
     knn_hits: np.ndarray  # [Q] bool per query image, the run's query order
     probe_hits: np.ndarray | None  # [Q] bool
     key: str  # identifies the random encoder and what it was scored on (module docstring)
+    name: str = BASELINE  # INIT_BASELINE for a run that started from model.init
 
     def intervals(self) -> dict[str, Interval]:
         """``knn@k`` and ``probe`` top-1 with their bootstrap intervals."""
@@ -73,7 +77,7 @@ class Baseline:
         return out
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": BASELINE, "seed": self.seed, "k": self.k, "knn_top1": self.knn_top1,
+        return {"name": self.name, "seed": self.seed, "k": self.k, "knn_top1": self.knn_top1,
                 "probe_top1": self.probe_top1,
                 "intervals": {k: iv.as_dict() for k, iv in self.intervals().items()}}
 
@@ -94,10 +98,28 @@ def random_init_encoder(cfg: PretrainConfig) -> Encoder:
         return build_encoder(cfg.model, cfg.data.augment.resolution)
 
 
+def initial_encoder(cfg: PretrainConfig) -> tuple[Encoder, str]:
+    """The encoder a run started from and its row's name: :func:`random_init_encoder`
+    (:data:`BASELINE`), and for a run with ``model.init`` the file's tensors loaded into it as
+    the recipe's fresh start does (:func:`components.models.init_weights.load_init`:
+    the backbone, the projector where the file has one; :data:`INIT_BASELINE`).
+
+    Raises:
+        InitWeightsError: the init file is missing, unreadable or no longer fits.
+    """
+    encoder = random_init_encoder(cfg)
+    if not cfg.model.init:
+        return encoder, BASELINE
+    from components.models.init_weights import load_init
+
+    load_init(encoder, cfg.model.init, cfg.model.backbone)
+    return encoder, INIT_BASELINE
+
+
 def score_baseline(bank_features: Tensor, bank_labels: Tensor, query_features: Tensor,
                    query_labels: Tensor, num_classes: int, *, k: int, seed: int, key: str,
                    probe_epochs: int = 100, device: torch.device | None = None,
-                   temperature: float = 0.07) -> Baseline:
+                   temperature: float = 0.07, name: str = BASELINE) -> Baseline:
     """Weighted kNN top-1 at ``k`` (votes exp(cos / ``temperature``): the run's kNN rule,
     :class:`~components.evaluation.knn.KnnRule`) and the linear probe's top-1 of the
     random-init encoder's features: bank ``[N, D]`` with labels ``[N]``, queries ``[Q, D]``
@@ -113,4 +135,5 @@ def score_baseline(bank_features: Tensor, bank_labels: Tensor, query_features: T
                       epochs=probe_epochs, device=device)
     return Baseline(seed=seed, k=k, knn_top1=float(hits.mean()) if hits.size else float("nan"),
                     probe_top1=pr.top1, knn_hits=hits,
-                    probe_hits=None if pr.hits1 is None else pr.hits1.numpy(), key=key)
+                    probe_hits=None if pr.hits1 is None else pr.hits1.numpy(), key=key,
+                    name=name)

@@ -124,7 +124,14 @@ def baseline_rows(evals: Sequence[RunEval]) -> list[tuple[str, Baseline]]:
         if e.baseline is not None and e.baseline.key not in seen:
             seen[e.baseline.key] = (e.name, e.baseline)
     many = len(seen) > 1
-    return [(f"{BASELINE} ({run})" if many else BASELINE, b) for run, b in seen.values()]
+    return [(f"{b.name} ({run})" if many else b.name, b) for run, b in seen.values()]
+
+
+def _base_name(bases: Sequence[tuple[str, Baseline]]) -> str:
+    """What the gain columns are against: the rows' common name (``random init``, ``init
+    weights``), or ``baseline`` when they differ."""
+    names = {b.name for _, b in bases}
+    return names.pop() if len(names) == 1 else "baseline"
 
 
 
@@ -142,7 +149,7 @@ def interval_table(evals: Sequence[RunEval]) -> str:
         head += [f"Δ kNN@{k} vs {evals[0].name}", "Δ probe", "Δ margin"]
     bases = baseline_rows(evals)
     if bases:
-        head += [f"gain kNN@{k} vs {BASELINE}", f"gain probe vs {BASELINE}"]
+        head += [f"gain kNN@{k} vs {_base_name(bases)}", f"gain probe vs {_base_name(bases)}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, e in enumerate(evals):
         iv = e.intervals()
@@ -169,7 +176,8 @@ def interval_table(evals: Sequence[RunEval]) -> str:
             + ("; differences are paired (the same images), `*` where the interval excludes 0"
                if paired else ""))
     if bases:
-        note += (f"; gain: the run minus the {BASELINE} encoder of its config (the weights it "
+        note += (f"; gain: the run minus the {_base_name(bases)} encoder of its config (the "
+                 "weights it "
                  "started from), paired over the same images"
                  + ("" if paired else ", `*` where the interval excludes 0"))
     return "\n".join(lines) + f"\n\n{note}."
@@ -263,9 +271,10 @@ def _write_report(e: RunEval, out: Path) -> None:
     plot_similarity(e, out / "class_similarity.png")
     write_text(out / "metrics.json", json.dumps(e.summary(), indent=1))
     visuals = _visual_sections(e, out)
+    init = "" if e.baseline is None or e.baseline.name == BASELINE else ", model.init's file"
     baseline = "" if e.baseline is None else f"""
-`{BASELINE}`: the encoder of this run's config at the weights it started from (seed
-{e.baseline.seed}, no checkpoint), its features and scores computed the same way (kNN at
+`{e.baseline.name}`: the encoder of this run's config at the weights it started from (seed
+{e.baseline.seed}{init}, no checkpoint), its features and scores computed the same way (kNN at
 k = {e.baseline.k}, probe); the gain is this run minus it, paired over the same images
 (`--no-baseline` skips it).
 """

@@ -175,6 +175,16 @@ def _interval(iv: dict[str, Any] | None, scale: float = 100.0, digits: int = 1) 
     return f" [{scale * iv['low']:.{digits}f}, {scale * iv['high']:.{digits}f}]"
 
 
+def init_line(init: dict[str, Any] | None) -> str:
+    """Where the training started: ``initialised from <file name> (sha256 …)`` for a run
+    with ``model.init``, else random weights."""
+    if not init:
+        return "Initialised from random weights (no `model.init`)."
+    sha = init.get("sha256")
+    return (f"Initialised from `{init['file']}` (sha256 {sha or 'not recorded'}; "
+            f"`model.init` {init['path']}).")
+
+
 def card_sections(config: dict[str, Any]) -> str:
     """``model_card.md``'s training, metrics and provenance sections."""
     loss, run, ds, prov = config["loss"], config["run"], config["dataset"], config["provenance"]
@@ -187,7 +197,8 @@ def card_sections(config: dict[str, Any]) -> str:
         "", "## Training", "",
         f"Loss **{loss['name']}** ({params}); run `{run['name']}`, checkpoint after epoch "
         f"{run['epoch']} of {run['epochs']} (step {run['step']}): `{run['checkpoint']}`.", "",
-        f"Dataset `{ds['path']}`; {cls}.",
+        f"Dataset `{ds['path']}`; {cls}.", "",
+        init_line(config.get("init")),
     ]
     m = config.get("metrics")
     lines += ["", "## Metrics", ""]

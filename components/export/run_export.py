@@ -124,6 +124,19 @@ def provenance() -> dict[str, Any]:
             "exported_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
 
 
+def init_section(cfg: Any, run_dir: str) -> dict[str, Any] | None:
+    """``config.json``'s ``init``: where the run's starting weights came from —
+    ``model.init``'s file name, path and sha256 (the run dir's ``init.json``,
+    :mod:`components.runs.init_checks`); None for a random init."""
+    if not cfg.model.init:
+        return None
+    from components.runs.init_checks import read_run_init
+
+    record = read_run_init(run_dir) or {}
+    return {"file": storage.basename(cfg.model.init), "path": cfg.model.init,
+            "sha256": record.get("sha256")}
+
+
 def export_run(run_dir: str, checkpoint: str | None = None, fmt: str = "safetensors",
                projector: bool = False, out: str | None = None) -> str:
     """Export one run (see the module docstring); returns the output dir (path or URI).
@@ -144,6 +157,7 @@ def export_run(run_dir: str, checkpoint: str | None = None, fmt: str = "safetens
         "run": {"name": name, "dir": storage.display(run_dir),
                 "checkpoint": storage.display(ckpt), "epoch": state.epoch,
                 "step": state.step, "epochs": cfg.train.epochs},
+        "init": init_section(cfg, run_dir),
         "loss": loss,
         "dataset": dataset_section(cfg, state),
         "provenance": provenance(),

@@ -26,6 +26,8 @@ class RunFacts:
     needs_captions: bool  # the objective reads caption embeddings
     splits: dict[str, int] = dataclasses.field(default_factory=dict)  # samples per split
     warnings: list[str] = dataclasses.field(default_factory=list)  # legal but likely mistakes
+    # model.init: path, sha256, summary line (components.runs.init_checks); {}: random init
+    init: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from components.config import PretrainConfig, to_dict
-from components.evaluation.baseline import BASELINE
 from components.evaluation.run_eval import RunEval, headline_of
 from components.runs.scoring import (
     EvaluateError,
@@ -40,7 +39,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
 
     from components.data.devices import resolve_device
     from components.data.reader import set_jit
-    from components.evaluation.baseline import random_init_encoder, score_baseline
+    from components.evaluation.baseline import score_baseline
     from components.evaluation.graph import (
         class_similarity_matrix,
         graph_metrics,
@@ -105,15 +104,16 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
     a = cfg.data.augment
     grid = with_images(grid, loaders[query_split], loaders[bank_split], a.mean, a.std)
     base = None
-    if baseline and k_head is not None:  # the same loaders, labels, rule, k and probe
-        rand = random_init_encoder(cfg).to(dev)
-        rand_bank_f, _ = features(rand, bank_split, f"{name} ({BASELINE})")
-        rand_query_f, _ = features(rand, query_split, f"{name} ({BASELINE})")
+    start = _start_encoder(cfg, run_dir) if baseline and k_head is not None else None
+    if start is not None and k_head is not None:  # the same loaders, labels, rule, k, probe
+        rand, base_name = start[0].to(dev), start[1]
+        rand_bank_f, _ = features(rand, bank_split, f"{name} ({base_name})")
+        rand_query_f, _ = features(rand, query_split, f"{name} ({base_name})")
         base = score_baseline(rand_bank_f, bank_y, rand_query_f, query_y, c, k=k_head,
                               seed=cfg.train.seed,
                               key=_baseline_key(cfg, info, projector, labels),
                               probe_epochs=probe_epochs, device=dev,
-                              temperature=rule.temperature)
+                              temperature=rule.temperature, name=base_name)
     return RunEval(
         name=name, run_dir=str(run_dir), loss=cfg.loss.name, params=params,
         epoch=state.epoch, knn=knn,
@@ -132,6 +132,35 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, *,
         embedding_map=embedding_map(query_f, query_y), neighbours=grid, baseline=base,
         knn_rule=rule.as_dict(rule_k), knn_top1=float(hits[rule_k].mean()),
     )
+
+
+def _start_encoder(cfg: PretrainConfig, run_dir: str | Path) -> tuple[Any, str] | None:
+    """The encoder the run started from and its row's name
+    (:func:`~components.evaluation.baseline.initial_encoder`); None, said in one line, when
+    the run's ``model.init`` file is gone or is not the one it started from (its sha256 in
+    the run dir's ``init.json``): no baseline rather than a wrong one."""
+    from components.evaluation.baseline import initial_encoder
+    from components.models.init_weights import InitWeightsError, sha256_of
+    from components.runtime import console
+
+    path = cfg.model.init
+    if path:
+        from components.runs.init_checks import read_run_init
+
+        record = read_run_init(str(run_dir)) or {}
+        why = None
+        if not Path(path).is_file():
+            why = "no longer exists"
+        elif record.get("sha256") and sha256_of(path) != record["sha256"]:
+            why = "is not the file the run started from (another sha256)"
+        if why:
+            console.say(f"[simgraph] no init-weights baseline: model.init {path} {why}")
+            return None
+    try:
+        return initial_encoder(cfg)
+    except InitWeightsError as e:
+        console.say(f"[simgraph] no init-weights baseline: {e}")
+        return None
 
 
 def _baseline_key(cfg: PretrainConfig, info: Any, projector: bool,

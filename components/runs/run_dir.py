@@ -61,9 +61,12 @@ def absolute_paths(cfg: PretrainConfig, base: str | Path | None = None) -> Pretr
     directories. URIs (``s3://`` …) are left as they are."""
     from components.io.paths import resolve_path
 
+    init = cfg.model.init
     return dataclasses.replace(
         cfg, storage=resolve_path(cfg.storage, base),
         data=dataclasses.replace(cfg.data, dataset=resolve_path(cfg.data.dataset, base)),
+        model=cfg.model if init is None else dataclasses.replace(
+            cfg.model, init=resolve_path(init, base)),
     )
 
 
@@ -204,8 +207,14 @@ def prepare_run(cfg: PretrainConfig, base: str | Path | None = None) -> Prepared
     Raises:
         RunError: bad dataset, run dir, storage or tracker setup (before any Ray work).
     """
+    from components.io import storage
+    from components.runs.init_checks import check_run_init, record_run_init
+
     cfg = absolute_paths(cfg, base)
     facts = check_dataset(cfg)
+    # model.init's keys against the model (meta device) before the run dir is touched
+    resuming = latest_complete(storage.join(cfg.storage, cfg.name)) is not None
+    facts = dataclasses.replace(facts, init=check_run_init(cfg, resuming))
     if cfg.tracking.mlflow:
         from components.training.tracking import require_mlflow
 
@@ -215,6 +224,7 @@ def prepare_run(cfg: PretrainConfig, base: str | Path | None = None) -> Prepared
 
         require_wandb("tracking.wandb=true")
     run_dir = prepare_run_dir(cfg, facts.dataset)
+    record_run_init(run_dir, cfg.name, facts.init)
     finished = finished_history(run_dir, cfg.train.epochs)
     if finished is None:
         check_resume(cfg, facts, run_dir)

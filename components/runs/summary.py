@@ -35,6 +35,7 @@ def run_summary(cfg: Any, facts: Any, run_dir: str) -> str:
         f"  loss    {cfg.loss.name} ({loss})" if loss else f"  loss    {cfg.loss.name}",
         f"  model   {cfg.model.backbone}, projector {cfg.model.projector_hidden}->"
         f"{cfg.model.projector_dim}",
+        *([f"  init    {facts.init['summary']}"] if getattr(facts, "init", None) else []),
         f"  batch   {w} worker(s) x {d.batch_size} = {gb} global, {d.views} views; "
         f"{steps} steps/epoch x {cfg.train.epochs} epochs = {steps * cfg.train.epochs} steps",
         f"  optim   {o.name}, peak LR {lr:.4g} = {how}; warm-up {o.warmup_epochs:g} epochs, "

@@ -205,6 +205,7 @@ class PretrainRecipe:
         from components.runs.checkpoint import CheckpointError, TrainingState
 
         if ckpt_dir is None:
+            self.load_init()
             return
         state = TrainingState.load(ckpt_dir, map_location=self.device)
         # Whatever host gave the checkpoint (Ray's snapshot, the run dir): the same data.
@@ -229,6 +230,31 @@ class PretrainRecipe:
         if self.rank == 0:
             console.say(f"[simgraph] resumed {self.cfg.name!r} after epoch {self.start_epoch} "
                         f"(step {self.step})")
+
+    def load_init(self) -> None:
+        """A fresh start with ``model.init``: the file's tensors into the encoder's backbone
+        (and projector) and the EMA copy's, before the first step
+        (:func:`components.models.init_weights.load_init`; the driver checked its keys and
+        recorded its sha256, :mod:`components.runs.init_checks`). A resume never reads it.
+
+        Raises:
+            InitWeightsError: the file no longer fits (one line naming it).
+            RunError: the file changed since the driver checked it.
+        """
+        path = self.cfg.model.init
+        if not path:
+            return
+        from components.models.init_weights import load_init, sha256_of
+
+        want = self.facts.init.get("sha256")
+        if want is not None and sha256_of(path) != want:
+            raise RunError(f"model.init {path} changed since the run was prepared (sha256 "
+                           f"{want[:12]}… then); start the run again")
+        plan = load_init(self.model.encoder, path, self.cfg.model.backbone)
+        if self.ema is not None:
+            load_init(self.ema.module, path, self.cfg.model.backbone)
+        if self.rank == 0:
+            console.say(f"[simgraph] initialised from {plan.summary()}")
 
     def _continue_schedule(self, state: TrainingState, fresh_lrs: list[float]) -> int:
         """Elastic resume: re-place the restored optimizer and schedule where a run started
