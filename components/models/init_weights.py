@@ -14,12 +14,13 @@ What a file may hold (``.safetensors``, or ``.pth`` / ``.pt`` read with
 **The key rule.** The file's keys are ``<prefix><key of the backbone>``: of every prefix that
 makes some file key a backbone key (``""``, ``module.``, ``backbone.``,
 ``teacher.backbone.``, ``module.encoder.backbone.`` …), the one matching the most backbone
-tensors is taken (a tie: the longest). The projector loads from ``<p>projector.*`` where
-``<p>`` is the backbone prefix with its last ``backbone.`` replaced (simgraph's
-``encoder.projector.*``) and only when all its tensors are there with the same shapes; else
-it stays random. Keys under ``head.`` / ``fc.`` / ``classifier.`` are ignored (a classifier);
-any other unused key is listed as unexpected; backbone tensors the file lacks stay at their
-random init and are listed as missing.
+tensors is taken (a tie: the longest, then the alphabetically last, so a flat DINO / solo-learn
+dict with both ``student.backbone.*`` and ``teacher.backbone.*`` gives the teacher's). The
+projector loads from ``<p>projector.*`` where ``<p>`` is the backbone prefix with its last
+``backbone.`` replaced (simgraph's ``encoder.projector.*``) and only when all its tensors are
+there with the same shapes; else it stays random. Keys under ``head.`` / ``fc.`` /
+``classifier.`` are ignored (a classifier); any other unused key is listed as unexpected;
+backbone tensors the file lacks stay at their random init and are listed as missing.
 
 Refused (:class:`InitWeightsError`, one line): a missing or unreadable file, a file whose keys
 match no backbone tensor, a matched tensor of another shape (naming it and both shapes).
@@ -144,7 +145,8 @@ class InitPlan:
 
 def _best_prefix(keys: list[str], targets: Mapping[str, Any]) -> tuple[str, int]:
     """The prefix ``p`` with the most keys ``p + t`` for ``t`` in ``targets`` (a tie: the
-    longest), and that count (0: nothing matches)."""
+    longest, then the alphabetically last: ``teacher.`` over ``student.``), and that count
+    (0: nothing matches)."""
     counts: dict[str, int] = {}
     for key in keys:
         cuts = [0] + [i + 1 for i, c in enumerate(key) if c == "."]
@@ -153,7 +155,7 @@ def _best_prefix(keys: list[str], targets: Mapping[str, Any]) -> tuple[str, int]
                 counts[key[:i]] = counts.get(key[:i], 0) + 1
     if not counts:
         return "", 0
-    best = max(counts, key=lambda p: (counts[p], len(p)))
+    best = max(counts, key=lambda p: (counts[p], len(p), p))
     return best, counts[best]
 
 

@@ -74,6 +74,14 @@ def test_a_dino_teacher_checkpoint_takes_its_backbone_and_lists_the_head(tmp_pat
     _equal(encoder.backbone, state)
     assert plan.unexpected == ["head.mlp.0.weight"]  # not under the backbone's prefix
 
+    flat = tmp_path / "flat.pth"  # student and teacher side by side: the teacher's is taken
+    torch.save({f"{who}.backbone.{k}": v * (1 if who == "teacher" else 0)
+                for who in ("student", "teacher") for k, v in state.items()}, flat)
+    encoder = build_encoder(ModelConfig(backbone="resnet18", small_images=False, **SMALL), 32)
+    plan = load_init(encoder, str(flat), "resnet18")
+    _equal(encoder.backbone, state)
+    assert plan.unexpected[0].startswith("student.backbone.")
+
 
 def test_a_timm_resnet10t_state_dict_loads(tmp_path: Path) -> None:
     import timm
