@@ -113,3 +113,26 @@ def test_a_run_from_an_export_reports_its_start_everywhere(
     assert f"Initialised from `model.safetensors` (sha256 {sha256_file(init)};" in card
     described = json.loads((tmp_path / "exp2" / "config.json").read_text())
     assert described["init"]["sha256"] == sha256_file(init)
+
+    init.unlink()  # a resume never reads the file: it trains on from its checkpoint
+    run_pretraining(_cfg(data, tmp_path / "runs", init, name="second", train__epochs=2))
+    out = capsys.readouterr().out
+    assert f"  init    {init}: not found (the run resumes from its checkpoint" in out
+    assert "resumed 'second' after epoch 1" in out
+
+
+def test_a_resume_goes_on_without_the_file(tmp_path: Path) -> None:
+    from tests.support.datasets import run_with_checkpoint
+
+    data = synthetic_dataset(tmp_path / "ds", train_per_class=8, val_per_class=2)
+    init = tmp_path / "start.safetensors"
+    over = {"model__init": str(init), "knn__every_epochs": 0,
+            "scaling": {"num_workers": 1, "cpus_per_worker": 1.0}}
+    cfg = from_dict(PretrainConfig, tiny_run_config(data, tmp_path / "runs", name="r", **over))
+    _init_file(init, 7, cfg)
+    run_with_checkpoint(data, tmp_path / "runs", "r", **over)
+    init.unlink()  # gone: the checkpoint holds the weights, the resume goes on
+    run = prepare_run(cfg)
+    assert run.facts.init["summary"] == (f"{init}: not found (the run resumes from its "
+                                         "checkpoint, which holds the weights)")
+    assert run.facts.init["sha256"] is None  # nothing to compare: init.json left as it is
