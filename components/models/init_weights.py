@@ -50,8 +50,6 @@ class InitWeightsError(SimgraphError, ValueError):
     """``model.init`` cannot start the run: the file is missing or unreadable, or its tensors
     do not fit the configured backbone (one line naming the path and what is wrong)."""
 
-    headline = "model.init: "
-
 
 def check_init_path(path: str) -> None:
     """The config-time check (cheap): a local file with a known suffix exists.

@@ -150,3 +150,32 @@ def test_validate_checks_a_pretrain_config_against_its_dataset(
     assert "warning loss.tau_sup=5 lies outside [0.01, 1]" in out
     assert main(["validate", path, *common, "data.batch_size=256"]) == 1  # a RunError
     assert "fewer than one global batch" in capsys.readouterr().err
+
+
+def test_validate_checks_model_init_against_the_model(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``model.init``: validate maps the file onto the model as pretrain's fresh start does,
+    prints its summary line, and refuses a file that does not fit in one line."""
+    import torch
+    from safetensors.torch import save_file
+
+    from components.config import ModelConfig
+    from components.models.encoders import build_encoder
+    from tests.support.datasets import synthetic_dataset
+
+    ds = synthetic_dataset(tmp_path / "ds")
+    init = tmp_path / "start.safetensors"
+    torch.manual_seed(0)
+    save_file(build_encoder(ModelConfig(backbone="convnet", blocks=2, width=256), 16)
+              .backbone.state_dict(), str(init))
+    path = str(ROOT / "pipelines/configs/pretrain/small_data.yaml")
+    common = [f"data.dataset={ds}", "data.augment.resolution=16", "model.blocks=2",
+              "data.batch_size=32", f"storage={tmp_path / 'runs'}", f"model.init={init}"]
+    assert main(["validate", path, *common, "model.width=256"]) == 0
+    assert f"#   init    {init}: 12 of 12 backbone tensors (projector: random)" in (
+        capsys.readouterr().out)
+    assert main(["validate", path, *common, "model.width=128"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"simgraph validate: model.init={str(init)!r}: tensor "
+                          "features.0.weight has shape [256, 3, 3, 3] but convnet's")
+    assert len(err.strip().splitlines()) == 1
