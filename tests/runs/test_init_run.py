@@ -53,8 +53,10 @@ def test_the_recipe_starts_from_the_file_and_a_changed_file_is_refused(tmp_path:
                             host=InProcess(run.run_dir, 1))
     recipe.setup()
     try:
-        for k, v in recipe.model.encoder.backbone.state_dict().items():
-            assert torch.equal(v, state[k]), k
+        assert recipe.ema is not None  # supcon with a bank: its EMA copy starts there too
+        for module in (recipe.model.encoder, recipe.ema.module):
+            for k, v in module.backbone.state_dict().items():
+                assert torch.equal(v, state[k]), k
         assert recipe.step == 0
     finally:
         recipe.cleanup()
@@ -107,6 +109,10 @@ def test_a_run_from_an_export_reports_its_start_everywhere(
     assert ev.baseline is not None and ev.baseline.name == "init weights"
     # the init weights are the first run's trained backbone: the same features, the same kNN
     assert ev.baseline.knn_top1 == ev_first.knn[ev.baseline.k]["top1"]
+    from components.evaluation.report import comparison_table, interval_table
+
+    assert "\n| init weights | — | seed=0 | 0 |" in comparison_table([ev])
+    assert f"gain kNN@{ev.baseline.k} vs init weights" in interval_table([ev])
 
     assert export(str(tmp_path / "runs" / "second"), out=str(tmp_path / "exp2")) == 0
     card = (tmp_path / "exp2" / "model_card.md").read_text()
