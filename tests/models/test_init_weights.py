@@ -165,3 +165,20 @@ def test_the_config_field_defaults_to_random_init() -> None:
     assert ModelConfig().init is None
     with pytest.raises(ConfigError, match="model.init=''"):
         ModelConfig(init="")
+
+
+def test_a_timm_vit_tiny_loads_at_its_size_and_is_refused_at_another(tmp_path: Path) -> None:
+    import timm
+
+    torch.manual_seed(6)
+    state = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32).state_dict()
+    path = tmp_path / "vit.safetensors"
+    save_file(state, str(path))
+    model = ModelConfig(backbone="timm/vit_tiny_patch16_224", small_images=False, **SMALL)
+    encoder = build_encoder(model, 32)
+    plan = load_init(encoder, str(path), model.backbone)
+    _equal(encoder.backbone, state)
+    assert sorted(plan.ignored) == ["head.bias", "head.weight"] and not plan.missing
+    with pytest.raises(InitWeightsError, match=r"tensor pos_embed has shape \[1, 5, 192\] but "
+                       r"timm/vit_tiny_patch16_224's pos_embed has shape \[1, 17, 192\]"):
+        check_init(str(path), model, 64)  # built for 64-px crops: 4x4 patches
