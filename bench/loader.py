@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -53,16 +54,21 @@ def export(n: int, root: Path) -> tuple[Path, Path]:
     return folder, beton
 
 
-def run_torchvision(folder: Path, workers: int, batch: int, epochs: int, res: int) -> dict:
+def torchvision_two_views(folder: Path, res: int, batch: int, workers: int,
+                          colour: bool = True) -> Any:
+    """torchvision ``ImageFolder`` + ``DataLoader`` giving two augmented views per image:
+    RandomResizedCrop (0.08, 1) + flip, and SimCLR's colour jitter (p 0.8) and grayscale
+    (p 0.2) when ``colour``; ImageNet normalisation. Each batch: ``((v1, v2), labels)``."""
     import torch
     from torchvision import datasets
     from torchvision.transforms import v2 as T
 
+    colour_ops = [T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
+                  T.RandomGrayscale(p=0.2)] if colour else []
     aug = T.Compose([
         T.RandomResizedCrop(res, scale=(0.08, 1.0), antialias=True),
         T.RandomHorizontalFlip(),
-        T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
-        T.RandomGrayscale(p=0.2),
+        *colour_ops,
         T.ToImage(), T.ToDtype(torch.float32, scale=True),
         T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
     ])
@@ -72,8 +78,12 @@ def run_torchvision(folder: Path, workers: int, batch: int, epochs: int, res: in
             return aug(img), aug(img)
 
     ds = datasets.ImageFolder(str(folder), transform=TwoViews())
-    dl = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
-                                     drop_last=True)
+    return torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
+                                       drop_last=True)
+
+
+def run_torchvision(folder: Path, workers: int, batch: int, epochs: int, res: int) -> dict:
+    dl = torchvision_two_views(folder, res, batch, workers)
     n, cpu0, t0 = 0, cpu_seconds(), time.perf_counter()
     for _ in range(epochs):
         for (v1, _v2), _y in dl:

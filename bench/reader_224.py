@@ -179,24 +179,9 @@ def _loop(loader: Any, n: int, take: Callable[[Any], list[Any]]) -> dict[str, fl
 
 
 def run_torchvision(folder: Path, n: int) -> dict[str, float]:
-    import torch
-    from torchvision import datasets
-    from torchvision.transforms import v2 as T
+    from loader import torchvision_two_views  # bench/loader.py: the same pipeline, no colour
 
-    aug = T.Compose([
-        T.RandomResizedCrop(RES, scale=(0.08, 1.0), antialias=True),
-        T.RandomHorizontalFlip(),
-        T.ToImage(), T.ToDtype(torch.float32, scale=True),
-        T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
-    ])
-
-    class TwoViews:
-        def __call__(self, img: object) -> tuple:
-            return aug(img), aug(img)
-
-    ds = datasets.ImageFolder(str(folder), transform=TwoViews())
-    dl = torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=0,
-                                     drop_last=True)
+    dl = torchvision_two_views(folder, RES, BATCH, workers=0, colour=False)
     return _loop(dl, n, lambda out: list(out[0]))
 
 
@@ -219,29 +204,12 @@ def _float_kernel() -> Callable[..., None]:
     """The float32 kernel resize.py had before the fixed-point one (the 'before' column)."""
     from numba import njit
 
+    from components.data.augment.resize import triangle_weights
+
     @njit(cache=False, nogil=True)
     def weights(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        scale = n_in / n_out
-        support = max(scale, 1.0)
-        taps = int(np.ceil(support)) * 2 + 1
-        first = np.zeros(n_out, np.int64)
-        count = np.zeros(n_out, np.int64)
-        w = np.zeros((n_out, taps), np.float32)
-        inv = 1.0 / support
-        for o in range(n_out):
-            centre = (o + 0.5) * scale
-            lo = max(int(centre - support + 0.5), 0)
-            hi = min(int(centre + support + 0.5), n_in)
-            total = 0.0
-            for k in range(hi - lo):
-                v = max(0.0, 1.0 - abs((k + lo - centre + 0.5) * inv))
-                w[o, k] = v
-                total += v
-            if total > 0.0:
-                for k in range(hi - lo):
-                    w[o, k] /= total
-            first[o], count[o] = lo, hi - lo
-        return first, count, w
+        first, count, w = triangle_weights(n_in, n_out)  # the same filter, used in float32
+        return first, count, w.astype(np.float32)
 
     @njit(cache=False, nogil=True)
     def kernel(src: np.ndarray, top: int, bottom: int, left: int, right: int,

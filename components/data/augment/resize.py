@@ -32,12 +32,9 @@ from numba import njit
 
 
 @njit(cache=True, nogil=True)
-def _weights(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Per output index: first input index, tap count, ``[n_out, taps]`` int32 fixed-point
-    weights of the antialiased triangle filter (half-pixel centres) and their precision in
-    bits — torch's uint8 kernel's rule: weights computed in float64, normalised, scaled by
-    ``2**p`` (the largest ``p <= 22`` with ``2 * max_weight * 2**p < 2**15``) and rounded half
-    away from zero. Taps whose fixed-point weight is 0 are dropped from both ends."""
+def triangle_weights(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per output index: first input index, tap count and ``[n_out, taps]`` float64 weights
+    (normalised to sum 1) of the antialiased triangle filter, half-pixel centres."""
     scale = n_in / n_out
     support = max(scale, 1.0)  # bilinear support 1, widened when shrinking
     taps = int(np.ceil(support)) * 2 + 1
@@ -45,7 +42,6 @@ def _weights(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,
     count = np.zeros(n_out, np.int64)
     w = np.zeros((n_out, taps), np.float64)
     inv = 1.0 / support
-    w_max = 0.0
     for o in range(n_out):
         centre = (o + 0.5) * scale
         lo = max(int(centre - support + 0.5), 0)
@@ -58,8 +54,23 @@ def _weights(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,
         if total > 0.0:
             for k in range(hi - lo):
                 w[o, k] /= total
-                w_max = max(w_max, w[o, k])
         first[o], count[o] = lo, hi - lo
+    return first, count, w
+
+
+@njit(cache=True, nogil=True)
+def _weights(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Per output index: first input index, tap count, ``[n_out, taps]`` int32 fixed-point
+    weights of the antialiased triangle filter (:func:`triangle_weights`) and their precision
+    in bits — torch's uint8 kernel's rule: weights computed in float64, normalised, scaled by
+    ``2**p`` (the largest ``p <= 22`` with ``2 * max_weight * 2**p < 2**15``) and rounded half
+    away from zero. Taps whose fixed-point weight is 0 are dropped from both ends."""
+    first, count, w = triangle_weights(n_in, n_out)
+    taps = w.shape[1]
+    w_max = 0.0
+    for o in range(n_out):
+        for k in range(count[o]):
+            w_max = max(w_max, w[o, k])
     precision = 0
     while precision < 22 and int(0.5 + w_max * (1 << (precision + 1))) < (1 << 15):
         precision += 1
