@@ -29,7 +29,6 @@ match no backbone tensor, a matched tensor of another shape (naming it and both 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,15 +64,6 @@ def check_init_path(path: str) -> None:
                                f"holding a state dict")
     if not Path(path).is_file():
         raise InitWeightsError(f"model.init={path!r}: no such file")
-
-
-def sha256_of(path: str) -> str:
-    """The file's sha256 (hex), recorded in the run dir and named by the model card."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_state_dict(path: str) -> dict[str, torch.Tensor]:

@@ -140,7 +140,8 @@ def _start_encoder(cfg: PretrainConfig, run_dir: str | Path) -> tuple[Any, str] 
     the run's ``model.init`` file is gone or is not the one it started from (its sha256 in
     the run dir's ``init.json``): no baseline rather than a wrong one."""
     from components.evaluation.baseline import initial_encoder
-    from components.models.init_weights import InitWeightsError, sha256_of
+    from components.io.files import sha256_file
+    from components.models.init_weights import InitWeightsError
     from components.runtime import console
 
     path = cfg.model.init
@@ -151,7 +152,7 @@ def _start_encoder(cfg: PretrainConfig, run_dir: str | Path) -> tuple[Any, str] 
         why = None
         if not Path(path).is_file():
             why = "no longer exists"
-        elif record.get("sha256") and sha256_of(path) != record["sha256"]:
+        elif record.get("sha256") and sha256_file(path) != record["sha256"]:
             why = "is not the file the run started from (another sha256)"
         if why:
             console.say(f"[simgraph] no init-weights baseline: model.init {path} {why}")

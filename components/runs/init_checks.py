@@ -32,7 +32,8 @@ def check_run_init(cfg: PretrainConfig, resuming: bool) -> dict[str, Any]:
     """
     from pathlib import Path
 
-    from components.models.init_weights import check_init, check_init_path, sha256_of
+    from components.io.files import sha256_file
+    from components.models.init_weights import check_init, check_init_path
 
     path = cfg.model.init
     if not path:
@@ -42,11 +43,11 @@ def check_run_init(cfg: PretrainConfig, resuming: bool) -> dict[str, Any]:
             return {"path": path, "sha256": None,
                     "summary": f"{path}: not found (the run resumes from its checkpoint, "
                                "which holds the weights)"}
-        return {"path": path, "sha256": sha256_of(path),
+        return {"path": path, "sha256": sha256_file(path),
                 "summary": f"{path}: not read (the run resumes from its checkpoint)"}
     check_init_path(path)
     plan = check_init(path, cfg.model, cfg.data.augment.resolution)
-    return {"path": path, "sha256": sha256_of(path), "summary": plan.summary()}
+    return {"path": path, "sha256": sha256_file(path), "summary": plan.summary()}
 
 
 def record_run_init(run_dir: str, name: str, init: dict[str, Any]) -> None:

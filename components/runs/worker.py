@@ -244,10 +244,11 @@ class PretrainRecipe:
         path = self.cfg.model.init
         if not path:
             return
-        from components.models.init_weights import load_init, sha256_of
+        from components.io.files import sha256_file
+        from components.models.init_weights import load_init
 
         want = self.facts.init.get("sha256")
-        if want is not None and sha256_of(path) != want:
+        if want is not None and sha256_file(path) != want:
             raise RunError(f"model.init {path} changed since the run was prepared (sha256 "
                            f"{want[:12]}… then); start the run again")
         plan = load_init(self.model.encoder, path, self.cfg.model.backbone)
