@@ -164,54 +164,67 @@ def test_killed_run_resumes_to_identical_weights_and_metrics(dataset: Path,
     assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3", "4"]
 
 
-@pytest.mark.slow
-def test_in_process_run_matches_ray_train_and_resumes_the_same_way(dataset: Path,
-                                                                   tmp_path: Path) -> None:
-    """``scaling.host``: a one-worker run trained in the ``simgraph pretrain`` process (the
-    default for a local one-worker CPU run) gives Ray Train's weights, optimizer state and
-    history for the same seed, and either resumes the other's checkpoints to the same end."""
-    def cfg(name: str, host: str) -> dict[str, Any]:
-        return tiny_run_config(dataset, tmp_path / "runs", name=name, train__epochs=3,
-                               scaling__num_workers=1, scaling__cpus_per_worker=1.0,
-                               scaling__host=host)
+def _one_worker(dataset: Path, storage: Path, name: str, host: str = "auto") -> dict[str, Any]:
+    """A 3-epoch one-worker run (in this process unless ``host`` says otherwise) that keeps
+    every checkpoint, so that epoch 1's can be compared too."""
+    return tiny_run_config(dataset, storage, name=name, train__epochs=3,
+                           scaling__num_workers=1, scaling__cpus_per_worker=1.0,
+                           scaling__host=host, checkpoint__keep=3)
 
-    for name, host in (("ray", "ray_train"), ("local", "auto")):
-        _finish(_start(cfg(name, host), tmp_path), tmp_path, name)
-    local_log = (tmp_path / "local.log").read_text()
-    assert "hiding known-harmless Ray" not in local_log  # no Ray was started
-    # Switching host on a resume: Ray Train killed in epoch 2, the rest in-process.
+
+@pytest.fixture(scope="module")
+def in_process_run(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted one-worker run in the ``simgraph pretrain`` process (the default for a
+    local one-worker CPU run): the reference of the in-process, host-switch and Ctrl-C tests."""
+    tmp = tmp_path_factory.mktemp("reference")
+    _finish(_start(_one_worker(dataset, tmp / "runs", "local"), tmp), tmp, "local")
+    assert "hiding known-harmless Ray" not in (tmp / "local.log").read_text()  # no Ray started
+    return tmp / "runs" / "local"
+
+
+def _same_training(a: dict[str, Any], b: dict[str, Any]) -> None:
+    """Weights, optimizer and scheduler state, and history (timings aside) identical."""
+    assert a["epoch"] == b["epoch"] and a["step"] == b["step"]
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    for key in ("optimizer", "scheduler"):
+        assert repr(a[key]) == repr(b[key]), key
+    assert ([{k: v for k, v in r.items() if k not in TIMING} for r in a["history"]]
+            == [{k: v for k, v in r.items() if k not in TIMING} for r in b["history"]])
+
+
+@pytest.mark.slow
+def test_in_process_run_matches_ray_train_and_resumes_the_same_way(
+        dataset: Path, in_process_run: Path, tmp_path: Path) -> None:
+    """``scaling.host``: Ray Train's epoch-1 checkpoint of a one-worker run (killed in epoch
+    2) equals the in-process run's for the same seed — weights, optimizer state, history —
+    and the in-process host resumes it to the uninterrupted run's end."""
     steps = 8  # 128 train samples / (1 worker × 16)
-    proc = _start(cfg("mixed", "ray_train"), tmp_path, pause_at_step=steps + 1)
+    mixed = _one_worker(dataset, tmp_path / "runs", "mixed", host="ray_train")
+    proc = _start(mixed, tmp_path, pause_at_step=steps + 1)
     run_dir = tmp_path / "runs" / "mixed"
     _wait_for(lambda: (run_dir / "workers" / f"paused-rank0-step{steps + 1}").exists()
               and _registered(run_dir, "epoch_00001"), proc, tmp_path, "mixed")
     kill_session(proc.pid)
     assert proc.wait(timeout=30) != 0 and latest_complete(run_dir)[0] == 1  # type: ignore[index]
-    _finish(_start(cfg("mixed", "in_process"), tmp_path), tmp_path, "mixed")
+    _same_training(load_state(in_process_run / "epoch_00001"),
+                   load_state(run_dir / "epoch_00001"))
+    _finish(_start({**mixed, "scaling": {**mixed["scaling"], "host": "in_process"}},
+                   tmp_path), tmp_path, "mixed")
     assert "resumed 'mixed' after epoch 1" in (tmp_path / "mixed.log").read_text()
-    ray, *others = (_final(tmp_path / "runs" / n) for n in ("ray", "local", "mixed"))
-    for other in others:
-        assert other["epoch"] == ray["epoch"] == 3 and other["step"] == ray["step"]
-        for key in ray["model"]:
-            assert torch.equal(ray["model"][key], other["model"][key]), key
-        for key in ("optimizer", "scheduler"):
-            assert repr(ray[key]) == repr(other[key]), key
-        assert ([{k: v for k, v in r.items() if k not in TIMING} for r in ray["history"]]
-                == [{k: v for k, v in r.items() if k not in TIMING} for r in other["history"]])
+    ref = _final(in_process_run)
+    assert ref["epoch"] == 3
+    _same_training(ref, _final(run_dir))
 
 
 @pytest.mark.slow
-def test_ctrl_c_is_one_line_and_the_run_resumes_to_the_same_weights(dataset: Path,
-                                                                   tmp_path: Path) -> None:
+def test_ctrl_c_is_one_line_and_the_run_resumes_to_the_same_weights(
+        dataset: Path, in_process_run: Path, tmp_path: Path) -> None:
     """Ctrl-C (SIGINT) in epoch 2 of an in-process run: exit 130, one line and no traceback;
     the same command resumes after epoch 1 and ends where an uninterrupted run ends."""
-    def cfg(name: str) -> dict[str, Any]:
-        return tiny_run_config(dataset, tmp_path / "runs", name=name, train__epochs=3,
-                               scaling__num_workers=1, scaling__cpus_per_worker=1.0)
-
-    _finish(_start(cfg("straight"), tmp_path), tmp_path, "straight")
     steps = 8  # 128 train samples / (1 worker × 16)
-    proc = _start(cfg("stopped"), tmp_path, pause_at_step=steps + 1)
+    stopped = _one_worker(dataset, tmp_path / "runs", "stopped")
+    proc = _start(stopped, tmp_path, pause_at_step=steps + 1)
     run_dir = tmp_path / "runs" / "stopped"
     _wait_for(lambda: (run_dir / "workers" / f"paused-rank0-step{steps + 1}").exists(),
               proc, tmp_path, "stopped")
@@ -219,9 +232,9 @@ def test_ctrl_c_is_one_line_and_the_run_resumes_to_the_same_weights(dataset: Pat
     assert proc.wait(timeout=60) == 130
     log = (tmp_path / "stopped.log").read_text()
     assert "Traceback" not in log and log.count("simgraph pretrain: interrupted (Ctrl-C)") == 1
-    _finish(_start(cfg("stopped"), tmp_path), tmp_path, "stopped")
+    _finish(_start(stopped, tmp_path), tmp_path, "stopped")
     assert "resumed 'stopped' after epoch 1" in (tmp_path / "stopped.log").read_text()
-    a, b = _final(tmp_path / "runs" / "straight"), _final(run_dir)
+    a, b = _final(in_process_run), _final(run_dir)
     assert a["epoch"] == b["epoch"] == 3
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
