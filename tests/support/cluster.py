@@ -57,7 +57,13 @@ class LoopbackCluster:
                     # Train's controller polls every 2 s by default and a report waits for
                     # it: what a local Ray gets (components/runtime/session.py), for the
                     # tests' one-second epochs
-                    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25"}
+                    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25",
+                    # The GCS marks a node dead after `failure_threshold` failed health checks
+                    # `period_ms` apart: Ray's 5 × 3 s made the killed-raylet test wait ~14 s
+                    # to see the node go; ~2 s here (a check still waits Ray's 10 s for a
+                    # busy raylet's answer before it counts as failed)
+                    "RAY_health_check_period_ms": "500",
+                    "RAY_health_check_failure_threshold": "4"}
         self.env.pop("RAY_ADDRESS", None)
         self.started = False
         self.nodes_added = 0
@@ -95,7 +101,7 @@ class LoopbackCluster:
             for pid in self.pids():  # a chance to exit cleanly: raylets reap their workers
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
-            self.wait(lambda: not self.pids(), 10, "the cluster's processes to exit")
+            self.wait(lambda: not self.pids(), 3, "the cluster's processes to exit")
         except TimeoutError:
             pass
         finally:
