@@ -1,4 +1,4 @@
-"""``simgraph pretrain`` on Ray Train: exact resume after a SIGKILL, worker failover,
+"""``simgraph pretrain`` on Ray Train: exact resume after a SIGKILL and after a worker failover,
 interrupted checkpoints, and the driver's checks (all on a synthetic dataset, 2 CPU workers)."""
 
 from __future__ import annotations
@@ -90,30 +90,34 @@ def _registered(run_dir: Path, name: str) -> bool:
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_to_identical_weights_and_metrics(dataset: Path,
-                                                             tmp_path: Path) -> None:
-    """4 epochs straight vs 2 epochs, SIGKILL of the whole process tree, re-run: identical.
+def test_killed_run_and_killed_worker_resume_to_identical_weights_and_metrics(
+        dataset: Path, tmp_path: Path) -> None:
+    """4 epochs straight vs: 2 epochs, SIGKILL of the whole process tree, re-run, and in the
+    re-run one worker SIGKILLed in epoch 4 (``scaling.max_failures=1``: Ray Train restarts the
+    group from epoch 3's checkpoint): identical weights, optimizer, history and metrics.
 
-    A half-written ``epoch_00003`` (what a kill during the upload leaves) is planted before
-    the re-run: it must not be used, and the resumed run writes a complete one over it.
+    CoNe: its first step (empty bank) leaves the projector without a gradient under DDP. A
+    half-written ``epoch_00003`` (what a kill during the upload leaves) is planted before the
+    re-run: it must not be used, and the resumed run writes a complete one over it.
     """
-    straight = tiny_run_config(dataset, tmp_path / "runs", name="straight")
+    cone = {"name": "cone", "bank_size": 40, "top_n": 4}
+    straight = tiny_run_config(dataset, tmp_path / "runs", name="straight", loss=cone)
     _finish(_start(straight, tmp_path, verbose=True), tmp_path, "straight")
     loud = (tmp_path / "straight.log").read_text()
     assert "TrainingReport(" in loud  # --verbose: Ray Train's own lines too
 
-    killed = tiny_run_config(dataset, tmp_path / "runs", name="killed",
-                             tracking={"mlflow": True, "wandb": True})
+    killed = tiny_run_config(dataset, tmp_path / "runs", name="killed", loss=cone,
+                             scaling__max_failures=1, tracking={"mlflow": True, "wandb": True})
     steps = 4  # 128 train samples / (2 workers × 16)
     proc = _start(killed, tmp_path, pause_at_step=2 * steps + 1)
     run_dir = tmp_path / "runs" / "killed"
+    log = tmp_path / "killed.log"
     # Killed in epoch 3, once epoch 2's checkpoint is registered and its line is in the log:
     # the line comes through Ray's log monitor, which the kill could otherwise beat (with
     # Train's 0.25 s poll the checkpoint is registered within a fraction of a second)
     _wait_for(lambda: (run_dir / "workers" / "paused-rank0-step9").exists()
               and _registered(run_dir, "epoch_00002")
-              and "[simgraph] epoch 2/4" in (tmp_path / "killed.log").read_text(),
-              proc, tmp_path, "killed")
+              and "[simgraph] epoch 2/4" in log.read_text(), proc, tmp_path, "killed")
     kill_session(proc.pid)
     assert proc.wait(timeout=30) != 0 and not session_pids(proc.pid)
     assert latest_complete(run_dir)[0] == 2  # type: ignore[index]
@@ -121,9 +125,18 @@ def test_killed_run_resumes_to_identical_weights_and_metrics(dataset: Path,
     partial.mkdir()
     (partial / "state.pt").write_bytes(b"\x80\x02 half a pickle")
 
-    _finish(_start(killed, tmp_path), tmp_path, "killed")
-    quiet = (tmp_path / "killed.log").read_text()
+    # The re-run; its rank 1 killed in epoch 4, once epoch 3's checkpoint is registered
+    proc = _start(killed, tmp_path, pause_at_step=3 * steps + 2)
+    _wait_for(lambda: (run_dir / "workers" / "paused-rank1-step14").exists()
+              and _registered(run_dir, "epoch_00003")
+              and "[simgraph] epoch 3/4" in log.read_text(), proc, tmp_path, "killed")
+    victim = json.loads((run_dir / "workers" / "rank1.json").read_text())["pid"]
+    os.kill(victim, signal.SIGKILL)
+    _finish(proc, tmp_path, "killed")
+    assert json.loads((run_dir / "workers" / "rank1.json").read_text())["pid"] != victim
+    quiet = log.read_text()
     assert quiet.count("resumed 'killed' after epoch 2") == 1
+    assert quiet.count("resumed 'killed' after epoch 3") == 1  # Train's restart of the group
     # Quiet by default: the run summary and one line per epoch, none of Ray Train's dumps.
     assert "TrainingReport(" not in quiet and "Checkpoint successfully created" not in quiet
     assert "peak LR" in quiet and "2 worker(s) x 16 = 32 global" in quiet
@@ -136,17 +149,18 @@ def test_killed_run_resumes_to_identical_weights_and_metrics(dataset: Path,
 
     client = mlflow.MlflowClient(f"sqlite:///{run_dir / 'mlflow.db'}")
     (mrun,) = client.search_runs([client.get_experiment_by_name("simgraph").experiment_id])
-    assert mrun.info.status == "FINISHED" and mrun.data.params["loss.name"] == "supcon"
+    assert mrun.info.status == "FINISHED" and mrun.data.params["loss.name"] == "cone"
     assert [m.step for m in client.get_metric_history(mrun.info.run_id, "loss")] == [1, 2, 3, 4]
-    # tracking.wandb (offline): the resumed process continues the same W&B run id with the
-    # epochs it trained (the killed process's run may have lost unflushed records)
+    # tracking.wandb (offline): every rank-0 process (the killed one, the re-run's, the
+    # restarted worker's) continues the same W&B run id with the epochs it trained (a killed
+    # process's run may have lost unflushed records)
     from tests.support.wandb_offline import offline_runs
 
-    *_, resumed = offline_runs(run_dir)
+    *_, restarted = offline_runs(run_dir)
     dirs = sorted((run_dir / "wandb").glob("offline-run-*"))  # <time>-<run id>, per process
-    assert len(dirs) == 2 and {d.name.rsplit("-", 1)[1] for d in dirs} == {resumed.run_id}
-    assert resumed.name == "killed" and resumed.config["loss"]["name"] == "supcon"
-    assert [h["epoch"] for h in resumed.history if "loss" in h] == [3, 4]
+    assert len(dirs) == 3 and {d.name.rsplit("-", 1)[1] for d in dirs} == {restarted.run_id}
+    assert restarted.name == "killed" and restarted.config["loss"]["name"] == "cone"
+    assert [h["epoch"] for h in restarted.history if "loss" in h] == [4]
 
     a, b = _final(tmp_path / "runs" / "straight"), _final(run_dir)
     assert a["epoch"] == b["epoch"] == 4 and a["step"] == b["step"] == 16
@@ -262,24 +276,6 @@ def test_where_a_run_trains() -> None:
         with pytest.raises(ConfigError, match=rf"scaling.host=in_process needs {needs}.*use "
                                               r"scaling.host=ray_train \(or auto\)"):
             config(host="in_process", **scaling)
-
-
-@pytest.mark.slow
-def test_sigkilled_worker_is_restarted_from_checkpoint(dataset: Path, tmp_path: Path) -> None:
-    # CoNe: its first step (empty bank) leaves the projector without a gradient under DDP
-    cfg = tiny_run_config(dataset, tmp_path / "runs", name="failover", scaling__max_failures=1,
-                          loss={"name": "cone", "bank_size": 40, "top_n": 4})
-    proc = _start(cfg, tmp_path, pause_at_step=6)  # mid-epoch 2 (4 steps per epoch)
-    run_dir = tmp_path / "runs" / "failover"
-    _wait_for(lambda: (run_dir / "workers" / "paused-rank1-step6").exists(), proc, tmp_path,
-              "failover")
-    victim = json.loads((run_dir / "workers" / "rank1.json").read_text())["pid"]
-    os.kill(victim, signal.SIGKILL)
-    _finish(proc, tmp_path, "failover")
-    state = _final(run_dir)
-    assert state["epoch"] == 4 and state["step"] == 16
-    assert [r["epoch"] for r in state["history"]] == [1, 2, 3, 4]
-    assert json.loads((run_dir / "workers" / "rank1.json").read_text())["pid"] != victim
 
 
 # ---------------------------------------------------------------------------------------------
