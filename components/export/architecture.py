@@ -15,6 +15,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from components.config import ModelConfig
+from components.config.backbones import is_timm, timm_name, timm_probe
 from components.export.formats import MODEL_PY
 from components.models.encoders import Encoder
 
@@ -32,26 +33,50 @@ class Architecture:
     projector_dim: int
     projector_layers: int
     projector_bn: bool
+    # A timm backbone built with ``img_size`` (a ViT-like one: its position embeddings are
+    # sized for the run's resolution): that size; None for the others.
+    timm_img_size: int | None = None
 
     @property
     def timm(self) -> bool:
-        """A timm backbone (``timm/<name>``): only TorchScript and ONNX carry it."""
-        return self.backbone.startswith("timm/")
+        """A timm backbone (``timm/<name>``): its weights are timm's own state dict."""
+        return is_timm(self.backbone)
+
+    @property
+    def timm_model_name(self) -> str:
+        """The timm architecture name of a timm backbone (``timm/<name>`` → ``<name>``)."""
+        return timm_name(self.backbone)
 
     @classmethod
-    def of(cls, model: ModelConfig, feature_dim: int) -> Architecture:
+    def of(cls, model: ModelConfig, feature_dim: int, resolution: int) -> Architecture:
+        """The architecture of ``model``'s encoder at the run's ``resolution`` (what a timm
+        ViT-like backbone was built for)."""
+        img_size = None
+        if is_timm(model.backbone) and timm_probe(timm_name(model.backbone),
+                                                  resolution).takes_img_size:
+            img_size = resolution
         return cls(backbone=model.backbone, small_images=model.small_images,
                    width=model.width, blocks=model.blocks, feature_dim=feature_dim,
                    projector_hidden=model.projector_hidden, projector_dim=model.projector_dim,
-                   projector_layers=model.projector_layers, projector_bn=model.projector_bn)
+                   projector_layers=model.projector_layers, projector_bn=model.projector_bn,
+                   timm_img_size=img_size)
+
+    def timm_kwargs(self) -> dict[str, Any]:
+        """``timm.create_model``'s arguments besides the name that rebuild the run's backbone
+        (weights aside): ``num_classes=0`` and, for a ViT-like one, ``img_size``."""
+        return {"num_classes": 0,
+                **({} if self.timm_img_size is None else {"img_size": self.timm_img_size})}
 
     def describe(self, with_projector: bool) -> dict[str, Any]:
-        """``config.json``'s ``architecture``."""
+        """``config.json``'s ``architecture`` (``simgraph_architecture`` for a timm backbone's
+        safetensors export, whose ``architecture`` is timm's: ``export_dir.timm_section``)."""
         out: dict[str, Any] = {"backbone": self.backbone, "feature_dim": self.feature_dim}
         if self.timm:
-            out.update(definition=f"timm.create_model({self.backbone[len('timm/'):]!r}, "
-                                  f"pretrained=False, num_classes=0), img_size=input "
-                                  f"resolution for a ViT-like one")
+            args = "".join(f", {k}={v!r}" for k, v in self.timm_kwargs().items())
+            out.update(definition=f"timm.create_model({self.timm_model_name!r}, "
+                                  f"pretrained=False{args})")
+            if self.timm_img_size is not None:
+                out["img_size"] = self.timm_img_size
         elif self.backbone == "convnet":
             out.update(width=self.width, blocks=self.blocks, min_side=2**self.blocks,
                        definition=f"{MODEL_PY}: ConvNet")
@@ -100,5 +125,7 @@ def plain_state_dict(module: nn.Module) -> dict[str, Tensor]:
 
 def plain_state_dicts(encoder: Encoder) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """The backbone's (torchvision's keys for a ResNet, without ``fc``; ``features.<i>.*`` for
-    the ConvNet) and the projector's (``nn.Sequential``: ``<i>.*``) state dicts."""
+    the ConvNet; a timm model's own keys, those of ``timm.create_model(name, num_classes=0)``:
+    the encoder holds the timm module itself, unwrapped) and the projector's
+    (``nn.Sequential``: ``<i>.*``) state dicts."""
     return plain_state_dict(encoder.backbone), plain_state_dict(encoder.projector)

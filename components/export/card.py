@@ -14,7 +14,28 @@ from components.export.formats import (
     ONNX_FILE,
     PROJECTOR_FILE,
     TORCHSCRIPT_FILE,
+    timm_load_kwargs,
 )
+
+
+def architecture_of(config: dict[str, Any]) -> dict[str, Any]:
+    """simgraph's description of the architecture: ``config.json``'s ``architecture``, or
+    ``simgraph_architecture`` where ``architecture`` is timm's (the timm name: a timm
+    backbone's safetensors export, in timm's layout)."""
+    arch = config.get("simgraph_architecture", config["architecture"])
+    if not isinstance(arch, dict):
+        raise TypeError(f"{CONFIG} has no simgraph architecture description")
+    return arch
+
+
+def timm_call(name: str, img_size: int | None, file: str) -> str:
+    """The ``timm.create_model(...)`` call that loads a timm backbone's ``model.safetensors``
+    (``file``), as :func:`components.export.formats.timm_load_kwargs` makes it."""
+    kw = timm_load_kwargs(img_size, file)
+    overlay = ", ".join(f"{k}={v!r}" for k, v in kw.pop("pretrained_cfg_overlay").items())
+    args = ", ".join(f"{k}={v!r}" for k, v in kw.items())
+    return (f"timm.create_model(\n    {name!r}, {args},\n"
+            f"    pretrained_cfg_overlay=dict({overlay}))").replace("'", '"')
 
 
 def projector_expression(projector: dict[str, Any], in_dim: int) -> str:
@@ -35,7 +56,7 @@ def projector_expression(projector: dict[str, Any], in_dim: int) -> str:
 def loading_code(config: dict[str, Any]) -> str:
     """The lines that load the export without simgraph, for its format and backbone."""
     fmt = config["weights"]["format"]
-    arch = config["architecture"]
+    arch = architecture_of(config)
     with_projector = "projector" in arch
     r = config["input"]["resolution"]
     if fmt == "torchscript":
@@ -65,6 +86,26 @@ images = np.zeros((8, 3, {r}, {r}), np.float32)  # preprocessed as below; any ba
         proj = (f"\nprojector = {projector_expression(arch['projector'], arch['feature_dim'])}"
                 f"\nprojector.load_state_dict(load_file(\"{PROJECTOR_FILE}\"), strict=True)"
                 "\nprojection = projector.eval()(features)")
+    if arch["backbone"].startswith("timm/"):
+        imports = ("from safetensors.torch import load_file\nfrom torch import nn\n"
+                   if with_projector else "")
+        call = timm_call(arch["backbone"][len("timm/"):], arch.get("img_size"), BACKBONE_FILE)
+        return f"""```python
+import timm
+import torch
+{imports}
+backbone = {call}
+features = backbone.eval()(torch.zeros(8, 3, {r}, {r}))  # [8, {arch['feature_dim']}]{proj}
+```
+
+timm's own model of that name, built as the run built it (no classifier: `num_classes=0`;
+global pooling), loads `{BACKBONE_FILE}` strictly: `num_classes=0` in the overlay too keeps
+timm's loader strict. `{CONFIG}` is in timm's layout as well (`architecture`, `num_classes`,
+`model_args`, `pretrained_cfg` with this card's preprocessing), so
+`timm.create_model("local-dir:<this folder>", pretrained=True)` gives the same model, whose
+`pretrained_cfg` holds the preprocessing below (`timm.data.resolve_data_config(model=...)`).
+(`{MODEL_PY}` beside it does the same without the overlay: `import model; backbone,
+projector = model.load()`.)"""
     if arch["backbone"] == "convnet":
         nn_import = "from torch import nn\n" if with_projector else ""
         return f"""```python
@@ -114,18 +155,21 @@ def preprocess(image):  # a PIL image or a uint8 tensor [3, H, W], RGB
 def model_card(config: dict[str, Any], extra: str = "") -> str:
     """``model_card.md``: what the export is, how to load it, preprocessing; ``extra``: the
     pipeline's sections (training, metrics, provenance)."""
-    arch, spec, w = config["architecture"], config["input"], config["weights"]
+    arch, spec, w = architecture_of(config), config["input"], config["weights"]
     r, crop = spec["resolution"], spec["eval_crop"]
     outs = ", ".join(f"`{o['name']}` [{', '.join(map(str, o['shape']))}]"
                      for o in config["outputs"])
     files = ", ".join(f"`{f}`" for f in w["files"])
     diffs = ", ".join(f"{k} {v:.1e}" for k, v in config["check"]["max_abs_diff"].items())
     loss = config.get("loss", {}).get("name")
+    recipe = config.get("recipe", {}).get("summary")
     what = (f"A {arch['backbone']} backbone{' and its projector' if 'projector' in arch else ''}"
             f" pretrained by simgraph{f' with the **{loss}** loss' if loss else ''}, exported "
-            f"as {w['format']} ({files}) for use without simgraph.")
-    needs = {"safetensors": "torch, safetensors"
-                            + ("" if arch["backbone"] == "convnet" else ", torchvision"),
+            f"as {w['format']} ({files}) for use without simgraph."
+            + (f" Recipe: {recipe}." if recipe else ""))
+    library = ("" if arch["backbone"] == "convnet" else
+               ", timm" if arch["backbone"].startswith("timm/") else ", torchvision")
+    needs = {"safetensors": "torch, safetensors" + library,
              "torchscript": "torch", "onnx": "onnxruntime, numpy"}[w["format"]]
     note = ("\n\nTorchScript is deprecated in recent PyTorch releases; `--format safetensors` "
             "is the durable export." if w["format"] == "torchscript" else "")
@@ -230,7 +274,9 @@ def card_sections(config: dict[str, Any]) -> str:
     lines += [
         "", "## Provenance", "",
         f"simgraph {prov['simgraph']} (git commit `{prov['git_commit']}`), torch "
-        f"{prov['torch']}, torchvision {prov['torchvision']}; exported {prov['exported_at']}.",
+        f"{prov['torch']}, torchvision {prov['torchvision']}"
+        + (f", timm {prov['timm']}" if prov.get("timm") else "")
+        + f"; exported {prov['exported_at']}.",
         f"Dataset identity (manifest digest and split checksums) in `{CONFIG}` "
         "→ `dataset.identity`.", "",
     ]

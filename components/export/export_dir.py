@@ -1,7 +1,8 @@
 """An export dir as a whole (``simgraph export``): the encoder written in one format with
-``config.json`` (architecture, input and outputs, the check, what the caller adds) and
-``model_card.md`` (:func:`export_encoder`), and which files of a dir an export may replace or
-delete (:func:`claim_export_dir`).
+``config.json`` (architecture, input and outputs, the check, what the caller adds; for a timm
+backbone's safetensors, timm's own ``config.json`` layout at its top level:
+:func:`timm_section`) and ``model_card.md`` (:func:`export_encoder`), and which files of a dir
+an export may replace or delete (:func:`claim_export_dir`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from components.export.formats import (
     MODEL_PY,
     PROJECTION,
     ExportError,
-    check_backbone_format,
     check_export,
     check_format,
     write_onnx,
@@ -73,9 +73,52 @@ def outputs_spec(arch: Architecture, with_projector: bool) -> list[dict[str, Any
     return out
 
 
+# timm's names of the resize kernels (timm.data.transforms.str_to_interp_mode) for the
+# evaluation reader's: OpenCV's INTER_AREA averages each output pixel's footprint, as PIL's
+# BOX filter does when shrinking.
+TIMM_INTERPOLATION = {"bilinear": "bilinear", "area": "box"}
+
+
+def timm_section(arch: Architecture, augment: AugmentConfig, backbone: nn.Module,
+                 description: str) -> dict[str, Any]:
+    """``config.json``'s top-level keys in timm's ``save_for_hf`` layout (``architecture``: the
+    timm name; ``num_classes`` 0; ``num_features``; ``model_args``: what the
+    run built it with; ``pretrained_cfg``: the run's input size, normalisation, centre crop and
+    resize kernel), for a timm backbone's safetensors export: ``timm.create_model("local-dir:
+    <dir>", pretrained=True)`` reads them (``timm.models._hub._parse_model_cfg``) and loads
+    ``model.safetensors`` beside them, and ``timm.data.resolve_data_config(model=...)`` then
+    gives the run's preprocessing. Of the registry's ``pretrained_cfg`` only what describes the
+    architecture is kept (first conv, classifier, fixed input size; the pool size when the
+    resolution is the registry's): its weights' tag, licence and papers are not these weights'.
+    ``description``: what trained them (the recipe)."""
+    registry = dict(getattr(backbone, "pretrained_cfg", None) or {})
+    r = augment.resolution
+    size = [3, r, r]
+    same_size = list(registry.get("input_size") or [])[1:] == [r, r]
+    pretrained_cfg: dict[str, Any] = {
+        "input_size": size,
+        "fixed_input_size": bool(registry.get("fixed_input_size", False)),
+        "interpolation": TIMM_INTERPOLATION[augment.interpolation],
+        "crop_pct": augment.eval_crop_ratio,
+        "crop_mode": "center",
+        "mean": [float(m) for m in augment.mean],
+        "std": [float(s) for s in augment.std],
+        "num_classes": 0,
+        "pool_size": registry.get("pool_size") if same_size else None,
+        "first_conv": registry.get("first_conv"),
+        "classifier": registry.get("classifier"),
+        "description": description,
+    }
+    out: dict[str, Any] = {"architecture": arch.timm_model_name, "num_classes": 0,
+                           "num_features": arch.feature_dim}
+    out["model_args"] = {k: v for k, v in arch.timm_kwargs().items() if k != "num_classes"}
+    out["pretrained_cfg"] = pretrained_cfg
+    return out
+
 
 def own_module(mod: ModuleType, encoder: Encoder, with_projector: bool) -> nn.Module:
-    """A copy of the encoder's own backbone (a timm model: :mod:`model.py` cannot build it), in
+    """A copy of the encoder's own backbone (a timm model, for TorchScript and ONNX: the
+    run's module as it ran, scripted or traced from it rather than from a rebuild), in
     ``model.py``'s ``WithProjector`` with a copy of its projector, in eval mode on the CPU."""
     backbone = copy.deepcopy(encoder.backbone).to("cpu").eval()
     if not with_projector:
@@ -99,9 +142,8 @@ def export_encoder(encoder: Encoder, model: ModelConfig, augment: AugmentConfig,
         ExportError: the export does not reproduce the encoder.
     """
     check_format(fmt)
-    check_backbone_format(model.backbone, fmt)
     encoder = encoder.eval()
-    arch = Architecture.of(model, encoder.feat_dim)
+    arch = Architecture.of(model, encoder.feat_dim, augment.resolution)
     backbone_sd, projector_sd = plain_state_dicts(encoder)
     out.mkdir(parents=True, exist_ok=True)
     source = model_source(arch, augment, run)
@@ -119,15 +161,21 @@ def export_encoder(encoder: Encoder, model: ModelConfig, augment: AugmentConfig,
             written = (write_torchscript(out, module) if fmt == "torchscript"
                        else write_onnx(out, module, augment.resolution, with_projector))
         check = check_export(fmt, out, mod, encoder, with_projector, augment.resolution)
-    config: dict[str, Any] = {
-        "format": FORMAT,
+    config: dict[str, Any] = {"format": FORMAT}
+    architecture = "architecture"
+    if arch.timm and fmt == "safetensors":  # timm's layout: "local-dir:<dir>" loads it
+        recipe = ((describe or {}).get("recipe") or {}).get("summary")
+        config.update(timm_section(arch, augment, encoder.backbone,
+                                   "simgraph pretraining" + (f": {recipe}" if recipe else "")))
+        architecture = "simgraph_architecture"
+    config.update({
         "weights": {"format": fmt, "files": {f: sha256_file(out / f) for f in written}},
-        "architecture": arch.describe(with_projector),
+        architecture: arch.describe(with_projector),
         "input": input_spec(augment),
         "outputs": outputs_spec(arch, with_projector),
         "check": check,
         **(describe or {}),
-    }
+    })
     write_json(out / CONFIG, config)
     write_text(out / CARD, model_card(config, card_extra(config) if card_extra else ""))
     for stale in (set(EXPORT_FILES) - {*written, CONFIG, CARD}) & set(replaceable):

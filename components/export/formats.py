@@ -9,11 +9,24 @@ weights for the **backbone** (and, on request, the **projector**), in one of thr
   ``layer1.0.bn1.running_mean``, …; no ``fc``: it is an ``nn.Identity``), ``features.<i>.*``
   for the ConvNet — and ``projector.safetensors`` (``--projector``) with the keys of an
   ``nn.Sequential`` (``0.weight``, ``1.running_mean``, …). Beside them ``model.py``: one
-  self-contained file (torch, and torchvision for the ResNets) whose ``build()`` /
-  ``build_projector()`` make modules those state dicts load into with ``strict=True``.
-  A timm backbone (``timm/<name>``) has no ``model.py`` form: refused
-  (:func:`check_backbone_format`), it exports as TorchScript or ONNX, written from the run's
-  own timm modules.
+  self-contained file (torch; torchvision for the ResNets, timm for a timm backbone) whose
+  ``build()`` / ``build_projector()`` make modules those state dicts load into with
+  ``strict=True``.
+  A timm backbone (``timm/<name>``): ``model.safetensors`` holds exactly the state dict of
+  timm's own ``timm.create_model(<name>, num_classes=0[, img_size=R])`` (the encoder holds the
+  timm module itself, so its keys need no prefix stripped; ``img_size`` for a ViT-like model,
+  whose position embeddings were built for the run's resolution R), so timm loads it with
+  ``timm.create_model(<name>, pretrained=True, num_classes=0[, img_size=R],
+  pretrained_cfg_overlay=dict(file=..., num_classes=0))`` (:func:`timm_load_kwargs`:
+  ``num_classes=0`` in the overlay too keeps timm's loader strict — it drops strictness when
+  the model's classes differ from its registry's; at the built size a ViT's filter leaves the
+  position embeddings as they are). ``config.json`` then carries timm's ``save_for_hf``
+  layout at its top level (``architecture`` = the timm name, ``num_classes``,
+  ``num_features``, ``model_args``, ``pretrained_cfg`` with the run's input size, mean, std,
+  crop and interpolation), so ``timm.create_model("local-dir:<dir>", pretrained=True)``
+  loads the dir too; simgraph's own description moves to ``simgraph_architecture``
+  (:func:`components.export.export_dir.timm_section`). ``model.py``'s ``build()`` calls timm.
+  TorchScript and ONNX files of a timm backbone are written from the run's own timm modules.
 * ``torchscript``: ``model.ts`` (``torch.jit.script``), loads with ``torch.jit.load``.
 * ``onnx``: ``model.onnx`` (opset :data:`ONNX_OPSET`), input ``images`` ``[N, 3, R, R]`` with
   a dynamic batch axis.
@@ -24,7 +37,7 @@ the ones ``model.py`` defines (:data:`components.export.model_file.MODEL_MODULE`
 from that text, so the file a user reads is the code the TorchScript and ONNX files were made
 from. Every export is checked before it is described: the written file, loaded the way the
 card says, must reproduce the simgraph encoder's output on a fixed input
-(:func:`check_export`).
+(:func:`check_export`; a timm backbone's safetensors through ``timm.create_model`` as above).
 
 ``config.json`` (:data:`CONFIG`, format :data:`FORMAT`) and ``model_card.md`` (:data:`CARD`)
 describe the files: architecture, input (resolution, RGB, NCHW float32, normalisation mean /
@@ -83,23 +96,16 @@ class UnknownFormat(SimgraphError, ValueError):
     exit_code = 2
 
 
-TIMM_FORMATS = ("torchscript", "onnx")  # the formats that carry a timm backbone
-
-
-def check_backbone_format(backbone: str, fmt: str) -> None:
-    """A timm backbone (``timm/<name>``) exports as :data:`TIMM_FORMATS` only: ``safetensors``'
-    ``model.py`` re-declares simgraph's ConvNet and the torchvision ResNets, not timm's
-    architectures.
-
-    Raises:
-        ExportError: ``fmt`` cannot carry ``backbone`` (one line naming both and the formats
-            that can).
-    """
-    if backbone.startswith("timm/") and fmt not in TIMM_FORMATS:
-        raise ExportError(
-            f"--format {fmt} cannot carry model.backbone={backbone!r}: its {MODEL_PY} "
-            f"re-declares only the convnet and the torchvision ResNets; export a timm "
-            f"backbone with --format {' or --format '.join(TIMM_FORMATS)}")
+def timm_load_kwargs(img_size: int | None, file: str) -> dict[str, Any]:
+    """``timm.create_model(<name>, **kwargs)``'s arguments that load a timm backbone's
+    ``model.safetensors`` (``file``), as the card prints them and the check runs them: the
+    run's build (``num_classes=0``: no classifier, global pooling; ``img_size`` for a ViT-like
+    one) with the weights from ``file``. ``num_classes=0`` in the overlay matches the
+    ``pretrained_cfg``'s classes to the model's, so timm's loader stays strict (it drops
+    strictness and the classifier keys when they differ) — a key that does not fit fails."""
+    return {"pretrained": True, "num_classes": 0,
+            **({} if img_size is None else {"img_size": img_size}),
+            "pretrained_cfg_overlay": {"file": file, "num_classes": 0}}
 
 
 def check_format(fmt: str) -> str:
@@ -166,8 +172,14 @@ def _run_written(fmt: str, out: Path, mod: ModuleType, with_projector: bool,
     if fmt == "safetensors":
         from safetensors.torch import load_file
 
-        backbone = mod.build()
-        backbone.load_state_dict(load_file(str(out / BACKBONE_FILE)), strict=True)
+        if mod.BACKBONE.startswith("timm/"):  # as a timm user loads it: timm.create_model
+            import timm
+
+            backbone = timm.create_model(mod.BACKBONE[len("timm/"):], **timm_load_kwargs(
+                mod.TIMM_IMG_SIZE, str(out / BACKBONE_FILE)))
+        else:
+            backbone = mod.build()
+            backbone.load_state_dict(load_file(str(out / BACKBONE_FILE)), strict=True)
         backbone.eval()
         with torch.no_grad():
             h = backbone(x)

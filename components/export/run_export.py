@@ -10,15 +10,16 @@
    RGB, NCHW float32, the evaluation reader's normalisation), loss and its parameters, dataset
    identity and classes (from the dataset's manifest when it is reachable and still the one
    the run trained on, else from the checkpoint's record of it), ``<run>/eval/metrics.json``
-   when the run was evaluated (with its intervals), simgraph's version and git commit.
+   when the run was evaluated (with its intervals), the recipe in one line (loss, backbone,
+   epochs, batch, optimiser), simgraph's version and git commit.
 
 Everything goes to ``--out`` (default ``<run>/export/``; a path or URI): a new or empty folder,
 or one an earlier export wrote; a folder holding other files is refused naming them, and of
 an earlier export only the files its ``config.json`` records (unchanged since) are replaced or
 removed (:func:`components.export.export_dir.claim_export_dir`).
 
-This module owns what a run's export adds to ``config.json`` (``run``, ``loss``, ``dataset``,
-``metrics``, ``provenance``); the card's sections for them are
+This module owns what a run's export adds to ``config.json`` (``run``, ``loss``, ``recipe``,
+``dataset``, ``metrics``, ``provenance``); the card's sections for them are
 :func:`components.export.card.card_sections`.
 """
 
@@ -32,11 +33,12 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from components.config import PretrainConfig, to_dict
+from components.config.backbones import is_timm
 from components.data.identity import dataset_identity
 from components.data.shards import MANIFEST
 from components.export.card import card_sections
 from components.export.export_dir import claim_export_dir, export_encoder
-from components.export.formats import ExportError, check_backbone_format, check_format
+from components.export.formats import ExportError, check_format
 from components.io import storage
 from components.io.paths import project_root
 from components.runs.run_dir import load_run
@@ -107,9 +109,10 @@ def git_commit() -> str:
     return commit if done.returncode == 0 and commit else "unknown"
 
 
-def provenance() -> dict[str, Any]:
+def provenance(backbone: str | None = None) -> dict[str, Any]:
     """``config.json``'s ``provenance``: simgraph's version and git commit, torch's and
-    torchvision's versions, when."""
+    torchvision's versions (and timm's for a timm ``backbone``: its module names are the
+    weights' keys), when."""
     # torch and torchvision only for their versions (a ConvNet's export never imports
     # torchvision otherwise)
     import torch
@@ -119,9 +122,14 @@ def provenance() -> dict[str, Any]:
         version = importlib.metadata.version("simgraph")
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
-    return {"simgraph": version, "git_commit": git_commit(), "torch": torch.__version__,
-            "torchvision": torchvision.__version__,
-            "exported_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    out = {"simgraph": version, "git_commit": git_commit(), "torch": torch.__version__,
+           "torchvision": torchvision.__version__}
+    if backbone is not None and is_timm(backbone):
+        import timm
+
+        out["timm"] = timm.__version__
+    out["exported_at"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    return out
 
 
 def init_section(cfg: Any, run_dir: str) -> dict[str, Any] | None:
@@ -137,6 +145,26 @@ def init_section(cfg: Any, run_dir: str) -> dict[str, Any] | None:
             "sha256": record.get("sha256")}
 
 
+def recipe_section(cfg: PretrainConfig) -> dict[str, Any]:
+    """``config.json``'s ``recipe``: what trained the weights in one line (``summary``, which
+    the card and a timm export's ``pretrained_cfg.description`` quote) and its numbers: the
+    loss and its parameters, the backbone, epochs, the global batch (per worker × workers),
+    the optimiser and its base learning rate, the crops' resolution."""
+    loss = to_dict(cfg.loss)
+    name = loss.pop("name")
+    params = ", ".join(f"{k}={v}" for k, v in loss.items())
+    workers = cfg.scaling.num_workers
+    batch = cfg.data.batch_size * workers
+    r = cfg.data.augment.resolution
+    summary = (f"{name} ({params}) on {cfg.model.backbone}, {cfg.train.epochs} epochs, "
+               f"batch {batch} ({cfg.data.batch_size} × {workers} worker"
+               f"{'s' if workers != 1 else ''}), {cfg.optim.name} lr {cfg.optim.lr}, {r} px")
+    return {"summary": summary, "loss": name, "backbone": cfg.model.backbone,
+            "epochs": cfg.train.epochs, "batch_size": batch,
+            "batch_size_per_worker": cfg.data.batch_size, "workers": workers,
+            "optimizer": cfg.optim.name, "lr": cfg.optim.lr, "resolution": r}
+
+
 def export_run(run_dir: str, checkpoint: str | None = None, fmt: str = "safetensors",
                projector: bool = False, out: str | None = None) -> str:
     """Export one run (see the module docstring); returns the output dir (path or URI).
@@ -148,7 +176,6 @@ def export_run(run_dir: str, checkpoint: str | None = None, fmt: str = "safetens
     check_format(fmt)
     run = load_run(run_dir, checkpoint, error=ExportError, command="export")
     cfg, state, ckpt = run.config, run.state, run.checkpoint
-    check_backbone_format(cfg.model.backbone, fmt)  # before the encoder is built
     encoder = run.encoder()
     name = storage.basename(run_dir)
     loss = to_dict(cfg.loss)
@@ -159,8 +186,9 @@ def export_run(run_dir: str, checkpoint: str | None = None, fmt: str = "safetens
                 "step": state.step, "epochs": cfg.train.epochs},
         "init": init_section(cfg, run_dir),
         "loss": loss,
+        "recipe": recipe_section(cfg),
         "dataset": dataset_section(cfg, state),
-        "provenance": provenance(),
+        "provenance": provenance(cfg.model.backbone),
     }
     metrics = metrics_section(run_dir)
     if metrics is not None:

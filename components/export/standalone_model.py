@@ -1,5 +1,6 @@
 """The encoder of run RUN exported by `simgraph export`: plain PyTorch
-(torchvision for the ResNets), no simgraph needed. See model_card.md and config.json beside it.
+(torchvision for the ResNets, timm for a timm backbone), no simgraph needed. See model_card.md
+and config.json beside it.
 
     import model
     backbone, projector = model.load()  # eval mode; projector is None when not exported
@@ -7,7 +8,7 @@
 """
 # This file is `simgraph export`'s model.py (components/export/model_file.py: model_source): its
 # text is copied into every export with the run's name and the constants below replaced, so it
-# must keep importing nothing but torch, torchvision and safetensors, and stay Python 3.8-safe
+# must keep importing nothing but torch, torchvision, timm and safetensors, and stay Python 3.8-safe
 # (Optional / Tuple). Everything after this comment block is exported as it is.
 
 import os
@@ -25,6 +26,7 @@ PROJECTOR_HIDDEN = 512
 PROJECTOR_DIM = 128
 PROJECTOR_LAYERS = 2
 PROJECTOR_BN = True
+TIMM_IMG_SIZE = None  # timm backbones built with img_size (ViT-like: position embeddings)
 RESOLUTION = 28
 MEAN = [0.5, 0.5, 0.5]  # on RGB values in [0, 1]
 STD = [0.5, 0.5, 0.5]
@@ -70,9 +72,24 @@ def resnet(name: str = BACKBONE, small_images: bool = SMALL_IMAGES) -> nn.Module
     return net
 
 
+def timm_model(name: str = BACKBONE, img_size: Optional[int] = TIMM_IMG_SIZE) -> nn.Module:
+    """timm's model "timm/<name>" as the run built it: random init, no classifier
+    (num_classes=0: global pooling on), img_size for a ViT-like one."""
+    import timm
+
+    arch = name[len("timm/"):]
+    if img_size is None:
+        return timm.create_model(arch, pretrained=False, num_classes=0)
+    return timm.create_model(arch, pretrained=False, num_classes=0, img_size=img_size)
+
+
 def build() -> nn.Module:
     """The backbone, randomly initialised: load model.safetensors into it."""
-    return ConvNet(WIDTH, BLOCKS) if BACKBONE == "convnet" else resnet(BACKBONE, SMALL_IMAGES)
+    if BACKBONE == "convnet":
+        return ConvNet(WIDTH, BLOCKS)
+    if BACKBONE.startswith("timm/"):
+        return timm_model(BACKBONE, TIMM_IMG_SIZE)
+    return resnet(BACKBONE, SMALL_IMAGES)
 
 
 def build_projector(in_dim: int = FEATURE_DIM, hidden: int = PROJECTOR_HIDDEN,
