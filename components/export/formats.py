@@ -167,22 +167,45 @@ def write_onnx(out: Path, module: nn.Module, resolution: int, with_projector: bo
 # Checking what was written: loaded as the card says, it must reproduce the encoder.
 
 
+def _run_timm(backbone: str, img_size: int | None, file: Path, x: Tensor) -> Tensor:
+    """A timm backbone's ``model.safetensors`` loaded by ``timm.create_model`` as the card
+    says (:func:`timm_load_kwargs`), in eval mode, on ``x`` ``[N, 3, R, R]``: ``[N, F]``.
+
+    Raises:
+        ExportError: timm cannot load the file or run the model it loaded (an architecture
+            whose checkpoint filter reads these keys as another layout's, say): one line with
+            timm's reason and the formats that carry the run's own modules instead.
+    """
+    import timm
+
+    name = backbone[len("timm/"):]
+    try:
+        model = timm.create_model(name, **timm_load_kwargs(img_size, str(file)))
+        with torch.no_grad():
+            out: Tensor = model.eval()(x)
+    except Exception as e:  # noqa: BLE001 - timm's loaders and filters raise anything
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise ExportError(
+            f"timm.create_model({name!r}, pretrained=True, pretrained_cfg_overlay=dict(file=...)) "
+            f"cannot load or run the exported {BACKBONE_FILE} ({reason}); export this "
+            f"backbone with --format torchscript or --format onnx, and please report it"
+        ) from None
+    return out
+
+
 def _run_written(fmt: str, out: Path, mod: ModuleType, with_projector: bool,
                  x: Tensor) -> list[Tensor]:
     if fmt == "safetensors":
         from safetensors.torch import load_file
 
         if mod.BACKBONE.startswith("timm/"):  # as a timm user loads it: timm.create_model
-            import timm
-
-            backbone = timm.create_model(mod.BACKBONE[len("timm/"):], **timm_load_kwargs(
-                mod.TIMM_IMG_SIZE, str(out / BACKBONE_FILE)))
+            h = _run_timm(mod.BACKBONE, mod.TIMM_IMG_SIZE, out / BACKBONE_FILE, x)
         else:
             backbone = mod.build()
             backbone.load_state_dict(load_file(str(out / BACKBONE_FILE)), strict=True)
-        backbone.eval()
+            with torch.no_grad():
+                h = backbone.eval()(x)
         with torch.no_grad():
-            h = backbone(x)
             if not with_projector:
                 return [h]
             proj = mod.build_projector()

@@ -208,3 +208,26 @@ def test_timms_load_of_the_export_is_strict(dataset: Path, tmp_path: Path) -> No
     with pytest.raises(RuntimeError, match=r"Missing key\(s\).*conv1\.0\.weight"):
         timm.create_model("resnet10t", pretrained=True, num_classes=0, pretrained_cfg_overlay=dict(
             file=str(tmp_path / "partial.safetensors"), num_classes=0))
+
+
+def test_an_export_timm_cannot_load_as_written_is_one_line(
+        dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The check loads the file through timm as the card says; where that fails (here: the
+    ViT's img_size left out, so timm builds it for 224 px and resamples its position
+    embeddings, and the 32-px check input no longer fits), the export is a one-line error
+    naming timm's reason and the formats that carry the run's own modules."""
+    from components.export import formats
+
+    run = _run(dataset, tmp_path / "runs", "vit", **TIMM["vit_tiny"])
+    real = formats.timm_load_kwargs
+    monkeypatch.setattr(formats, "timm_load_kwargs",
+                        lambda img_size, file: real(None, file))
+    assert main(str(run), out=str(tmp_path / "export")) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("simgraph export: timm.create_model('vit_tiny_patch16_224', "), err
+    assert "cannot load or run the exported model.safetensors (" in err
+    assert err.endswith("export this backbone with --format torchscript or --format onnx, "
+                        "and please report it")
+    assert not (tmp_path / "export" / "config.json").exists()  # nothing described
