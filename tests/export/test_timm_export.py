@@ -78,91 +78,110 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-job = json.load(open("job.json"))
-d, name, img_size = job["dir"], job["name"], job["img_size"]
+jobs = json.load(open("jobs.json"))
 x = torch.load("x.pt")
-kwargs = {} if img_size is None else {"img_size": img_size}
-out = {}
-# the same keys as timm's own model of that name: no prefix, no classifier
-sd = load_file(d + "/model.safetensors")
-own = timm.create_model(name, pretrained=False, num_classes=0, **kwargs).state_dict()
-assert sorted(sd) == sorted(own), (sorted(set(sd) ^ set(own)))[:10]
-assert all(sd[k].shape == own[k].shape for k in own)
-with torch.no_grad():
-    model = timm.create_model(
-        name, pretrained=True, num_classes=0,
-        pretrained_cfg_overlay=dict(file=d + "/model.safetensors", num_classes=0), **kwargs)
-    out["file"] = model.eval()(x)
-    local = timm.create_model("local-dir:" + d, pretrained=True)
-    out["local-dir"] = local.eval()(x)
-    cfg = local.pretrained_cfg
-    assert local.num_classes == 0 and cfg["source"] == "local-dir", cfg
-    # the projector: an nn.Sequential from config.json's description
-    config = json.load(open(d + "/config.json"))
-    p = config["simgraph_architecture"]["projector"]
-    mods, dim = [], config["num_features"]
-    for _ in range(p["layers"] - 1):
-        mods += [nn.Linear(dim, p["hidden"], bias=not p["batch_norm"])]
-        mods += [nn.BatchNorm1d(p["hidden"])] if p["batch_norm"] else []
-        mods += [nn.ReLU()]
-        dim = p["hidden"]
-    projector = nn.Sequential(*mods, nn.Linear(dim, p["out_dim"]))
-    projector.load_state_dict(load_file(d + "/projector.safetensors"), strict=True)
-    out["projection"] = projector.eval()(out["file"])
-    # model.py beside the weights: load() builds the same through timm
-    spec = importlib.util.spec_from_file_location("exported_model", d + "/model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    backbone, proj = module.load(d)
-    out["model.py"] = backbone(x)
-    out["model.py:projection"] = proj(out["model.py"])
-    # the model card's loading block, run as printed in the export dir, on its zeros input
-    block = open(d + "/model_card.md").read().split("```python\n")[1].split("```")[0]
-    os.chdir(d)
-    ns = {}
-    exec(block, ns)
-    out["card"] = torch.as_tensor(ns["features"])
-    out["card:projection"] = torch.as_tensor(ns["projection"])
+home = os.getcwd()
+results = {}
+for job in jobs:  # one interpreter for every model: timm and torch import once
+    os.chdir(home)
+    d, name, img_size = job["dir"], job["name"], job["img_size"]
+    kwargs = {} if img_size is None else {"img_size": img_size}
+    out = {}
+    # the same keys as timm's own model of that name: no prefix, no classifier
+    sd = load_file(d + "/model.safetensors")
+    own = timm.create_model(name, pretrained=False, num_classes=0, **kwargs).state_dict()
+    assert sorted(sd) == sorted(own), (sorted(set(sd) ^ set(own)))[:10]
+    assert all(sd[k].shape == own[k].shape for k in own)
+    with torch.no_grad():
+        model = timm.create_model(
+            name, pretrained=True, num_classes=0,
+            pretrained_cfg_overlay=dict(file=d + "/model.safetensors", num_classes=0), **kwargs)
+        out["file"] = model.eval()(x)
+        local = timm.create_model("local-dir:" + d, pretrained=True)
+        out["local-dir"] = local.eval()(x)
+        cfg = local.pretrained_cfg
+        assert local.num_classes == 0 and cfg["source"] == "local-dir", cfg
+        # the projector: an nn.Sequential from config.json's description
+        config = json.load(open(d + "/config.json"))
+        p = config["simgraph_architecture"]["projector"]
+        mods, dim = [], config["num_features"]
+        for _ in range(p["layers"] - 1):
+            mods += [nn.Linear(dim, p["hidden"], bias=not p["batch_norm"])]
+            mods += [nn.BatchNorm1d(p["hidden"])] if p["batch_norm"] else []
+            mods += [nn.ReLU()]
+            dim = p["hidden"]
+        projector = nn.Sequential(*mods, nn.Linear(dim, p["out_dim"]))
+        projector.load_state_dict(load_file(d + "/projector.safetensors"), strict=True)
+        out["projection"] = projector.eval()(out["file"])
+        # model.py beside the weights: load() builds the same through timm
+        spec = importlib.util.spec_from_file_location("exported_model", d + "/model.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        backbone, proj = module.load(d)
+        out["model.py"] = backbone(x)
+        out["model.py:projection"] = proj(out["model.py"])
+        # the model card's loading block, run as printed in the export dir, on its zeros input
+        block = open(d + "/model_card.md").read().split("```python\n")[1].split("```")[0]
+        os.chdir(d)
+        ns = {}
+        exec(block, ns)
+        out["card"] = torch.as_tensor(ns["features"])
+        out["card:projection"] = torch.as_tensor(ns["projection"])
+    out["preprocessing"] = [list(cfg["input_size"]), list(cfg["mean"]), list(cfg["std"]),
+                            cfg["crop_pct"], cfg["interpolation"]]
+    results[job["key"]] = out
 leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("components", "pipelines"))
 assert not leaked, leaked
-out["preprocessing"] = [list(cfg["input_size"]), list(cfg["mean"]), list(cfg["std"]),
-                        cfg["crop_pct"], cfg["interpolation"]]
-torch.save(out, job["result"])
+torch.save(results, os.path.join(home, "got.pt"))
 '''
 
 
-def _load_without_simgraph(tmp_path: Path, x: torch.Tensor, job: dict[str, Any]) -> dict[str, Any]:
+def _load_without_simgraph(tmp_path: Path, x: torch.Tensor,
+                           jobs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """:data:`LOADER` in a fresh interpreter over ``jobs`` (``key``, export ``dir``, timm
+    ``name``, ``img_size``): what each way of loading computed, by job key."""
     work = tmp_path / "loader"
     work.mkdir()
     torch.save(x, work / "x.pt")
-    (work / "job.json").write_text(json.dumps({**job, "result": str(work / "got.pt")}))
+    (work / "jobs.json").write_text(json.dumps(jobs))
     (work / "load.py").write_text(LOADER)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["HF_HUB_OFFLINE"] = "1"  # a download would fail, not pass silently
     done = subprocess.run([sys.executable, "load.py"], cwd=work, env=env, capture_output=True,
                           text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    got: dict[str, Any] = torch.load(work / "got.pt")
+    got: dict[str, dict[str, Any]] = torch.load(work / "got.pt")
     return got
 
 
-@pytest.mark.parametrize(("key", "img_size"), [("resnet10t", None), ("vit_tiny", RESOLUTION)])
+IMG_SIZE = {"resnet10t": None, "vit_tiny": RESOLUTION}  # ViT-like: built for the run's size
+
+
 def test_a_timm_backbone_loads_with_timm_create_model_without_simgraph(
-        dataset: Path, tmp_path: Path, key: str, img_size: int | None) -> None:
-    run = _run(dataset, tmp_path / "runs", key, **TIMM[key])
-    out = tmp_path / "export"
-    assert main(str(run), fmt="safetensors", projector=True, out=str(out)) == 0
-    assert sorted(p.name for p in out.iterdir()) == [
-        "config.json", "model.py", "model.safetensors", "model_card.md", "projector.safetensors"]
-    name = TIMM[key]["model__backbone"][len("timm/"):]
+        dataset: Path, tmp_path: Path) -> None:
     x = torch.randn(5, 3, RESOLUTION, RESOLUTION, generator=torch.Generator().manual_seed(1))
-    got = _load_without_simgraph(tmp_path, x, {"dir": str(out), "name": name,
-                                               "img_size": img_size})
+    runs, jobs = {}, []
+    for key, img_size in IMG_SIZE.items():
+        runs[key] = _run(dataset, tmp_path / "runs", key, **TIMM[key])
+        out = tmp_path / f"export-{key}"
+        assert main(str(runs[key]), fmt="safetensors", projector=True, out=str(out)) == 0
+        assert sorted(p.name for p in out.iterdir()) == [
+            "config.json", "model.py", "model.safetensors", "model_card.md",
+            "projector.safetensors"]
+        jobs.append({"key": key, "dir": str(out), "img_size": img_size,
+                     "name": TIMM[key]["model__backbone"][len("timm/"):]})
+    loaded = _load_without_simgraph(tmp_path, x, jobs)
+    for job in jobs:
+        _check_loaded(job, loaded[job["key"]], runs[job["key"]], x)
+
+
+def _check_loaded(job: dict[str, Any], got: dict[str, Any], run: Path, x: torch.Tensor) -> None:
+    name, img_size, out = job["name"], job["img_size"], Path(job["dir"])
     h, z = _reference(run, x)
     h0, z0 = _reference(run, torch.zeros(8, 3, RESOLUTION, RESOLUTION))
     tol = CHECK_TOLERANCE["safetensors"]
     for way in ("file", "local-dir", "model.py"):
-        torch.testing.assert_close(got[way], h, atol=tol, rtol=0, msg=way)
+        torch.testing.assert_close(got[way], h, atol=tol, rtol=0, msg=f"{name}: {way}")
     torch.testing.assert_close(got["projection"], z, atol=tol, rtol=0)
     torch.testing.assert_close(got["model.py:projection"], z, atol=tol, rtol=0)
     torch.testing.assert_close(got["card"], h0, atol=tol, rtol=0)
