@@ -46,7 +46,6 @@ import datetime
 import json
 import math
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -60,54 +59,21 @@ sys.path.insert(0, str(ROOT))
 
 from components.config import PretrainConfig, load_config  # noqa: E402
 from components.errors import SimgraphError  # noqa: E402
+from components.runs.estimate import (  # noqa: E402
+    FRACTION,
+    PEAKS,
+    Estimate,
+    GPUSpec,
+    amp_for,
+    count_flops,
+    find_gpu,
+)
 
 CONFIG = ROOT / "pipelines/configs/pretrain/fashion_mnist_resnet18.yaml"
 DATA = ROOT / "pipelines/configs/data/fashion_mnist.yaml"
 WORK = Path("runs/gpu_acceptance")
 SYNC_ENV = "SIMGRAPH_CUDA_SYNC_DEBUG"  # honoured by the recipe: torch.cuda.set_sync_debug_mode
 SYNC_MESSAGE = "synchronizing CUDA operation"  # torch's sync-debug warning text
-FRACTION = 0.35  # assumed achieved fraction of the peak (a ResNet at a good MFU)
-
-
-@dataclasses.dataclass(frozen=True)
-class GPUSpec:
-    name: str
-    tflops: float  # peak dense tensor-core TFLOPS at the AMP dtype (bf16, or fp16 before sm_80)
-    cc: tuple[int, int]  # compute capability
-
-
-# Vendor datasheet peaks, dense (no 2:4 sparsity). Matched against torch.cuda.get_device_name()
-# ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "Tesla T4", ...): the first whole-word hit.
-PEAKS: list[tuple[str, GPUSpec]] = [
-    ("H200 NVL", GPUSpec("H200 NVL", 835.0, (9, 0))),
-    ("H200", GPUSpec("H200 SXM", 989.0, (9, 0))),
-    ("H100 NVL", GPUSpec("H100 NVL", 835.0, (9, 0))),
-    ("H100 PCIe", GPUSpec("H100 PCIe", 756.0, (9, 0))),
-    ("H100", GPUSpec("H100 SXM", 989.0, (9, 0))),
-    ("L40S", GPUSpec("L40S", 362.0, (8, 9))),
-    ("L4", GPUSpec("L4", 121.0, (8, 9))),
-    ("A100", GPUSpec("A100", 312.0, (8, 0))),
-    ("A10", GPUSpec("A10", 125.0, (8, 6))),
-    ("T4", GPUSpec("T4", 65.0, (7, 5))),
-    ("V100S", GPUSpec("V100S", 130.0, (7, 0))),
-    ("V100", GPUSpec("V100", 125.0, (7, 0))),
-]
-
-
-def find_gpu(name: str) -> GPUSpec | None:
-    """The :data:`PEAKS` entry whose key occurs in ``name`` as a whole word (so ``A10`` is not
-    ``A100`` and ``L4`` is not ``L40S``), case-insensitive; ``None`` if none does."""
-    for key, spec in PEAKS:
-        pattern = r"(?<![A-Za-z0-9])" + re.escape(key).replace(r"\ ", r"[\s_-]+") + \
-            r"(?![A-Za-z0-9])"
-        if re.search(pattern, name, flags=re.IGNORECASE):
-            return spec
-    return None
-
-
-def amp_for(cc: tuple[int, int]) -> str:
-    """``bf16`` where it is native (Ampere, sm_80, and later), else ``fp16`` (+ GradScaler)."""
-    return "bf16" if cc >= (8, 0) else "fp16"
 
 
 def build_supports(cc: tuple[int, int]) -> bool:
@@ -121,72 +87,6 @@ def build_supports(cc: tuple[int, int]) -> bool:
         return True
     ptx = [a[len("compute_"):] for a in archs if a.startswith("compute_")]
     return any(int(p) <= major * 10 + minor for p in ptx if p.isdigit())
-
-
-# ---------------------------------------------------------------------------------------------
-# The paper estimate.
-
-
-@dataclasses.dataclass(frozen=True)
-class Estimate:
-    gpu: str
-    cc: tuple[int, int] | None
-    amp: str
-    peak_tflops: float
-    fraction: float
-    views: int
-    batch: int
-    encoder_gflop_per_view: float  # forward
-    objective_mflop_per_image: float  # forward, at the config's batch
-    images_per_epoch: int
-    images_note: str
-    epochs: int
-
-    @property
-    def gflop_per_image(self) -> float:
-        """Training FLOPs per image: 3 × forward (backward ≈ 2 × forward), every view."""
-        forward = self.views * self.encoder_gflop_per_view + self.objective_mflop_per_image / 1e3
-        return 3.0 * forward
-
-    @property
-    def images_per_s(self) -> float:
-        return self.fraction * self.peak_tflops * 1e12 / (self.gflop_per_image * 1e9)
-
-    @property
-    def seconds_per_epoch(self) -> float:
-        return self.images_per_epoch * self.gflop_per_image * 1e9 / (
-            self.fraction * self.peak_tflops * 1e12)
-
-
-def count_flops(cfg: PretrainConfig, num_classes: int = 10) -> tuple[float, float]:
-    """Forward GFLOP per view of the encoder (backbone + projector) and forward MFLOP per image
-    of the objective at the config's batch: ``FlopCounterMode`` (matmuls and convolutions) on
-    CPU over the model :func:`components.training.step.build_model` builds. Per-image conv FLOPs do
-    not depend on the batch, so the encoder is counted on 2 images; the objective's similarity
-    matmuls grow with the batch, so it is counted on random embeddings of a full batch."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from components.objectives import ContrastiveBatch
-    from components.training.step import build_model
-
-    torch.manual_seed(0)
-    model, _ = build_model(cfg.model, cfg.loss, num_classes, torch.eye(num_classes), 0,
-                           cfg.data.augment.resolution)
-    model.train()
-    r, v, b = cfg.data.augment.resolution, cfg.data.views, cfg.data.batch_size
-    with torch.no_grad(), FlopCounterMode(display=False) as enc:
-        model.encoder(torch.randn(2 * v, 3, r, r))
-    needs = model.objective.requires
-    obj_flops = 0.0
-    if needs <= {"labels"}:  # SupCon / SimCLR-like; the others add terms the config lacks
-        batch = ContrastiveBatch(z=torch.randn(b, v, cfg.model.projector_dim),
-                                 labels=torch.randint(0, num_classes, (b,)),
-                                 sample_ids=torch.arange(b))
-        with torch.no_grad(), FlopCounterMode(display=False) as obj:
-            model.objective(batch)
-        obj_flops = float(obj.get_total_flops())
-    return enc.get_total_flops() / (2 * v) / 1e9, obj_flops / b / 1e6
 
 
 def images_per_epoch(cfg: PretrainConfig, dataset: Path) -> tuple[int, str]:
