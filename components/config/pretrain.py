@@ -355,6 +355,27 @@ def check_wandb(prefix: str, project: str, mode: str) -> None:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class RecipeSection:
+    """What a config reproduces, for people and for the paper estimate; it changes nothing in
+    training (a run may change it on resume). ``name``: a short label
+    (``supcon-imagenet-resnet50``); ``paper``: the citation and the section or table followed;
+    ``train_images``: the paper's training-set size (ImageNet-1k: 1,281,167), which
+    ``simgraph validate`` uses for the GPU-hours estimate when the dataset is not built here
+    (0: unknown)."""
+
+    name: str = ""
+    paper: str = ""
+    train_images: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.train_images, bool) or not isinstance(self.train_images, int) \
+                or self.train_images < 0:
+            raise ConfigError(f"recipe.train_images={clip(self.train_images)} is not allowed: "
+                              "give the paper's number of training images, an integer >= 0 "
+                              "(0: unknown)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class PretrainConfig:
     """``simgraph pretrain``: the run dir is ``storage/name``; re-running the same name resumes
     from its latest complete checkpoint (the stored config must match)."""
@@ -370,6 +391,7 @@ class PretrainConfig:
     scaling: ScalingSection = dataclasses.field(default_factory=ScalingSection)
     knn: KNNConfig = dataclasses.field(default_factory=KNNConfig)
     tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
+    recipe: RecipeSection = dataclasses.field(default_factory=RecipeSection)
 
     tagged_unions: ClassVar[dict[str, dict[str, type]]] = {"loss": LOSS_CONFIGS}
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 RESUMABLE_CHANGES = (
     "train.epochs", "train.log_every_steps", "scaling.", "checkpoint.keep",
     "knn.every_epochs", "data.num_workers", "data.os_cache", "data.jit", "data.stage",
-    "storage", "tracking.",
+    "storage", "tracking.", "recipe.",  # recipe: descriptive only
     # What a diverged run is told to change before it resumes from its last good checkpoint.
     "optim.lr", "train.amp", "train.grad_clip",
 )
