@@ -3,7 +3,8 @@
 Available now:
 
 * ``simgraph validate CONFIG [key=value ...]`` — load a config file with dotted overrides,
-  check every key, type and range, and print the resolved config (exit 2 on an error).
+  check every key, type and range, and print the resolved config (exit 2 on an error); a
+  pretrain config also gets its GPU-hours by the paper estimate (docs/gpu.md).
 
 * ``simgraph preprocess CONFIG [key=value ...] [--overwrite]`` — images → FFCV dataset dir.
 
@@ -130,6 +131,7 @@ def validate(config: str, overrides: Sequence[str]) -> int:
         print(yaml.safe_dump(redacted(to_dict(cfg)), sort_keys=False), end="")
         if kind == "pretrain":
             _check_pretrain_dataset(cfg)
+            _print_paper_estimate(cfg)
 
     return run_command("validate", body)
 
@@ -172,6 +174,41 @@ def _check_pretrain_dataset(cfg: Any) -> None:
         facts = dataclasses.replace(facts, init=check_run_init(cfg, False))
     print("\n".join("# " + line for line in run_summary(
         cfg, facts, storage.join(cfg.storage, cfg.name)).splitlines()))
+
+
+def _print_paper_estimate(cfg: Any) -> None:
+    """The GPU-hours of ``cfg`` by the paper estimate (docs/gpu.md), on the train split of
+    the built dataset (its manifest, as :func:`_check_pretrain_dataset` reads it) or else on
+    ``recipe.train_images``; one line saying what is missing when neither is known, and one
+    line (never a traceback) when counting the model's FLOPs fails: the estimate is advice,
+    the config is valid either way."""
+    from components.data.reader import DatasetError, DatasetInfo
+    from components.io import storage
+    from components.io.paths import is_uri
+    from components.runs.estimate import estimate_lines
+    from components.runs.run_dir import absolute_paths
+
+    dataset = absolute_paths(cfg).data.dataset
+    n, source = 0, ""
+    if not is_uri(dataset) and Path(dataset).exists():  # a URI: not read here
+        try:
+            n = DatasetInfo.load(dataset).splits.get("train", 0)
+            source = f"{n:,} train images in {storage.display(dataset)}'s manifest"
+        except DatasetError:
+            n = 0
+    if not n and cfg.recipe.train_images:
+        n = cfg.recipe.train_images
+        source = f"recipe.train_images = {n:,} (the paper's train set; dataset not built here)"
+    if not n:
+        print("# paper estimate: needs the built dataset (data.dataset) or "
+              "recipe.train_images, the number of training images")
+        return
+    try:
+        lines = estimate_lines(cfg, n, source)
+    except Exception as e:  # noqa: BLE001 - advice only: one line, never a traceback
+        print(f"# paper estimate: not available ({type(e).__name__}: {str(e)[:200]})")
+        return
+    print("\n".join(lines))
 
 
 def build_parser() -> argparse.ArgumentParser:
