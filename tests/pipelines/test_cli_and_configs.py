@@ -81,7 +81,8 @@ def test_preprocess_cli_reports_config_errors(
     assert "image.write_mode='png' is not allowed" in capsys.readouterr().err
 
 
-PRETRAIN_FILES = sorted((ROOT / "pipelines" / "configs" / "pretrain").glob("*.yaml"))
+PRETRAIN_FILES = sorted((ROOT / "pipelines" / "configs" / "pretrain").glob("*.yaml")) + sorted(
+    (ROOT / "pipelines" / "configs" / "recipes").glob("*.yaml"))
 DATA_FILES = sorted((ROOT / "pipelines" / "configs" / "data").glob("*.yaml"))
 
 
@@ -90,7 +91,7 @@ def test_run_and_data_configs_validate(path: Path, capsys: pytest.CaptureFixture
     from components.config import PreprocessConfig, PretrainConfig
     from pipelines.cli import config_class
 
-    cls = PretrainConfig if path.parent.name == "pretrain" else PreprocessConfig
+    cls = PretrainConfig if path.parent.name in ("pretrain", "recipes") else PreprocessConfig
     assert config_class(str(path)) is cls
     load_config(path, cls)
     assert main(["validate", str(path)]) == 0
