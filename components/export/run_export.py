@@ -149,7 +149,8 @@ def recipe_section(cfg: PretrainConfig) -> dict[str, Any]:
     """``config.json``'s ``recipe``: what trained the weights in one line (``summary``, which
     the card and a timm export's ``pretrained_cfg.description`` quote) and its numbers: the
     loss and its parameters, the backbone, epochs, the global batch (per worker × workers),
-    the optimiser and its base learning rate, the crops' resolution."""
+    the optimiser and its base learning rate, the crops' resolution; a config that names its
+    recipe (``recipe.name`` / ``recipe.paper``, pipelines/configs/recipes/) leads with it."""
     loss = to_dict(cfg.loss)
     name = loss.pop("name")
     params = ", ".join(f"{k}={v}" for k, v in loss.items())
@@ -159,7 +160,11 @@ def recipe_section(cfg: PretrainConfig) -> dict[str, Any]:
     summary = (f"{name} ({params}) on {cfg.model.backbone}, {cfg.train.epochs} epochs, "
                f"batch {batch} ({cfg.data.batch_size} × {workers} worker"
                f"{'s' if workers != 1 else ''}), {cfg.optim.name} lr {cfg.optim.lr}, {r} px")
-    return {"summary": summary, "loss": name, "backbone": cfg.model.backbone,
+    named = {k: v for k, v in (("name", cfg.recipe.name), ("paper", cfg.recipe.paper)) if v}
+    if named:
+        summary = f"{' — '.join(named.values())}: {summary}"
+    return {"summary": summary, **{f"recipe_{k}": v for k, v in named.items()},
+            "loss": name, "backbone": cfg.model.backbone,
             "epochs": cfg.train.epochs, "batch_size": batch,
             "batch_size_per_worker": cfg.data.batch_size, "workers": workers,
             "optimizer": cfg.optim.name, "lr": cfg.optim.lr, "resolution": r}

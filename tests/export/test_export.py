@@ -207,7 +207,8 @@ def test_every_format_loads_without_simgraph(dataset: Path, tmp_path: Path,
 def test_config_json_and_card(dataset: Path, tmp_path: Path) -> None:
     run = _run(dataset, tmp_path, "c", data__augment={"resolution": 16, "eval_crop_ratio": 0.875,
                                                      "mean": [0.5, 0.4, 0.3],
-                                                     "std": [0.2, 0.25, 0.3]})
+                                                     "std": [0.2, 0.25, 0.3]},
+               recipe={"name": "supcon-tiny", "paper": "Khosla et al. 2020, Table 1"})
     state = load_state(run / "epoch_00001")
     # an evaluated run: its metrics (with intervals) travel with the export
     (run / "eval").mkdir()
@@ -238,6 +239,10 @@ def test_config_json_and_card(dataset: Path, tmp_path: Path) -> None:
     assert c["metrics"]["intervals"]["knn@20"]["low"] == 0.6
     assert c["metrics"]["knn"]["20"]["top1"] == 0.75
     assert c["run"]["epoch"] == 1 and c["run"]["step"] == 4
+    # the config's recipe: leads the one-line summary the card quotes
+    assert c["recipe"]["recipe_name"] == "supcon-tiny"
+    assert c["recipe"]["summary"].startswith("supcon-tiny — Khosla et al. 2020, Table 1: "
+                                             "supcon (tau=0.2, ")
     prov = c["provenance"]
     assert prov["simgraph"] == "0.1.0"
     assert prov["git_commit"] == "unknown" or len(prov["git_commit"]) == 40
@@ -246,7 +251,8 @@ def test_config_json_and_card(dataset: Path, tmp_path: Path) -> None:
     for text in ("## Load it", "## Preprocessing", "## Metrics", "## Provenance",
                  "load_state_dict(load_file(\"model.safetensors\"), strict=True)",
                  "| weighted kNN@20 top-1 | 75.0 % | [60.0, 90.0] |",
-                 "int(0.875 * min(x.shape[-2:]))", "mean=[0.5, 0.4, 0.3]", "**supcon**"):
+                 "int(0.875 * min(x.shape[-2:]))", "mean=[0.5, 0.4, 0.3]", "**supcon**",
+                 "Recipe: supcon-tiny — Khosla et al. 2020, Table 1: supcon ("):
         assert text in card, text
     # another format into the same dir replaces the first: the dir describes one export
     assert main(str(run), fmt="onnx") == 0
