@@ -22,6 +22,14 @@ there with the same shapes; else it stays random. Keys under ``head.`` / ``fc.``
 ``classifier.`` are ignored (a classifier); any other unused key is listed as unexpected;
 backbone tensors the file lacks stay at their random init and are listed as missing.
 
+**Position embeddings of another size.** A timm ViT-like backbone built for the run's
+resolution has ``pos_embed [1, prefix + h·w, D]`` for its ``h × w`` patch grid; a file made at
+another size (ImageNet's 224 px: 14 × 14) has another grid. Such a ``pos_embed`` (same width D,
+a square grid after the same prefix tokens) is resampled to the run's grid with timm's own
+``resample_abs_pos_embed`` (bicubic, antialiased; the class / register tokens' rows kept as
+they are), as timm does when it loads a checkpoint at another ``img_size``, and the plan says
+so.
+
 Refused (:class:`InitWeightsError`, one line): a missing or unreadable file, a file whose keys
 match no backbone tensor, a matched tensor of another shape (naming it and both shapes).
 """
@@ -29,6 +37,7 @@ match no backbone tensor, a matched tensor of another shape (naming it and both 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -115,6 +124,9 @@ class InitPlan:
     missing: list[str]  # backbone keys the file lacks (they stay random)
     ignored: list[str]  # classifier keys in the file
     unexpected: list[str]  # other file keys not used
+    # backbone key -> (the file's patch grid, the run's): position embeddings resampled
+    resampled: dict[str, tuple[tuple[int, int], tuple[int, int]]] = dataclasses.field(
+        default_factory=dict)
 
     def summary(self) -> str:
         """The run summary's line: ``init  <path>: 102 of 102 backbone tensors (projector:
@@ -122,6 +134,8 @@ class InitPlan:
         proj = "from the file" if self.projector else "random"
         parts = [f"{self.path}: {len(self.backbone)} of {self.backbone_total} backbone "
                  f"tensors (projector: {proj})"]
+        for t, (was, now) in self.resampled.items():
+            parts.append(f"{t} resampled from {was[0]}x{was[1]} to {now[0]}x{now[1]} patches")
         if self.missing:
             parts.append(f"missing (random init): {_listed(self.missing)}")
         if self.ignored:
@@ -151,13 +165,49 @@ def _shape(t: Any) -> tuple[int, ...]:
     return tuple(int(s) for s in t.shape)
 
 
+@dataclasses.dataclass(frozen=True)
+class PosEmbed:
+    """A ViT-like backbone's ``pos_embed`` layout: ``prefix`` rows (class / register tokens)
+    before the ``grid`` (h, w) of patches."""
+
+    prefix: int
+    grid: tuple[int, int]
+
+
+def pos_embed_layout(backbone: Any) -> PosEmbed | None:
+    """The layout of a timm backbone's absolute position embeddings (``pos_embed [1, prefix +
+    h·w, D]``, ``patch_embed.grid_size``), or ``None`` for a backbone without them."""
+    pos = getattr(backbone, "pos_embed", None)
+    grid = getattr(getattr(backbone, "patch_embed", None), "grid_size", None)
+    if pos is None or grid is None or getattr(pos, "ndim", 0) != 3:
+        return None
+    prefix = 0 if getattr(backbone, "no_embed_class", False) else int(
+        getattr(backbone, "num_prefix_tokens", 0))
+    h, w = (int(g) for g in grid)
+    return PosEmbed(prefix, (h, w)) if pos.shape[1] == prefix + h * w else None
+
+
+def _file_grid(shape: tuple[int, ...], target: tuple[int, ...],
+               layout: PosEmbed) -> tuple[int, int] | None:
+    """The square patch grid of a file's ``pos_embed`` of ``shape`` that can be resampled to
+    ``target`` (same batch of 1 and width, the same prefix rows), else ``None``."""
+    if len(shape) != 3 or shape[0] != 1 or shape[2] != target[2]:
+        return None
+    side = math.isqrt(max(shape[1] - layout.prefix, 0))
+    return (side, side) if side > 0 and side * side == shape[1] - layout.prefix else None
+
+
 def plan_init(path: str, tensors: Mapping[str, Any], backbone: Mapping[str, Any],
-              projector: Mapping[str, Any], backbone_name: str) -> InitPlan:
+              projector: Mapping[str, Any], backbone_name: str,
+              pos_embed: PosEmbed | None = None) -> InitPlan:
     """Map ``tensors`` (the file's) onto ``backbone`` / ``projector`` (their state dicts, or
     anything with shapes: a meta-device build's) by the module docstring's rule.
+    ``pos_embed``: the backbone's position-embedding layout (:func:`pos_embed_layout`), which
+    lets a ``pos_embed`` of another square grid be resampled.
 
     Raises:
-        InitWeightsError: nothing matches, or a matched tensor's shape differs.
+        InitWeightsError: nothing matches, or a matched tensor's shape differs (and is not a
+            position embedding that can be resampled).
     """
     keys = list(tensors)
     prefix, n = _best_prefix(keys, backbone)
@@ -173,8 +223,14 @@ def plan_init(path: str, tensors: Mapping[str, Any], backbone: Mapping[str, Any]
     if head is not None and all(head + t in tensors for t in projector) and all(
             _shape(tensors[head + t]) == _shape(v) for t, v in projector.items()):
         proj = {t: head + t for t in projector}
+    resampled: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {}
     for t, k in mapped.items():
         if _shape(tensors[k]) != _shape(backbone[t]):
+            grid = (None if pos_embed is None or t != "pos_embed"
+                    else _file_grid(_shape(tensors[k]), _shape(backbone[t]), pos_embed))
+            if grid is not None:
+                resampled[t] = (grid, pos_embed.grid)  # type: ignore[union-attr]
+                continue
             raise InitWeightsError(
                 f"model.init={path!r}: tensor {k} has shape {list(_shape(tensors[k]))} but "
                 f"{backbone_name}'s {t} has shape {list(_shape(backbone[t]))} (another "
@@ -186,7 +242,7 @@ def plan_init(path: str, tensors: Mapping[str, Any], backbone: Mapping[str, Any]
                and k.startswith(prefix)]
     return InitPlan(path=path, backbone=mapped, projector=proj, backbone_total=len(backbone),
                     missing=[t for t in backbone if t not in mapped], ignored=ignored,
-                    unexpected=[k for k in rest if k not in ignored])
+                    unexpected=[k for k in rest if k not in ignored], resampled=resampled)
 
 
 def plan_for(path: str, encoder: nn.Module, backbone_name: str,
@@ -198,7 +254,7 @@ def plan_for(path: str, encoder: nn.Module, backbone_name: str,
     backbone: Any = encoder.backbone
     projector: Any = encoder.projector
     return plan_init(path, tensors, backbone.state_dict(), projector.state_dict(),
-                     backbone_name)
+                     backbone_name, pos_embed_layout(backbone))
 
 
 def check_init(path: str, model: Any, resolution: int | None) -> InitPlan:
@@ -229,9 +285,18 @@ def load_init(encoder: nn.Module, path: str, backbone_name: str) -> InitPlan:
 
     tensors = read_state_dict(path)
     plan = plan_for(path, encoder, backbone_name, tensors)
+    layout = pos_embed_layout(encoder.backbone)
     with torch.no_grad():
         for part, mapping in (("backbone", plan.backbone), ("projector", plan.projector)):
             state = getattr(encoder, part).state_dict()
             for t, k in mapping.items():
-                state[t].copy_(tensors[k])
+                value = tensors[k]
+                if part == "backbone" and t in plan.resampled and layout is not None:
+                    from timm.layers import resample_abs_pos_embed
+
+                    was, now = plan.resampled[t]
+                    value = resample_abs_pos_embed(value.float(), new_size=list(now),
+                                                   old_size=list(was),
+                                                   num_prefix_tokens=layout.prefix)
+                state[t].copy_(value)
     return plan

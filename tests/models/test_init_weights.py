@@ -179,6 +179,38 @@ def test_a_timm_vit_tiny_loads_at_its_size_and_is_refused_at_another(tmp_path: P
     plan = load_init(encoder, str(path), model.backbone)
     _equal(encoder.backbone, state)
     assert sorted(plan.ignored) == ["head.bias", "head.weight"] and not plan.missing
-    with pytest.raises(InitWeightsError, match=r"tensor pos_embed has shape \[1, 5, 192\] but "
-                       r"timm/vit_tiny_patch16_224's pos_embed has shape \[1, 17, 192\]"):
-        check_init(str(path), model, 64)  # built for 64-px crops: 4x4 patches
+    assert not plan.resampled
+    # a position embedding that is no square grid after the class token cannot be resampled
+    bad = dict(state, pos_embed=state["pos_embed"][:, :4])
+    save_file(bad, str(tmp_path / "bad.safetensors"))
+    with pytest.raises(InitWeightsError, match=r"tensor pos_embed has shape \[1, 4, 192\] but "
+                       r"timm/vit_tiny_patch16_224's pos_embed has shape \[1, 5, 192\]"):
+        check_init(str(tmp_path / "bad.safetensors"), model, 32)
+
+
+def test_a_vit_made_at_224_px_starts_a_32_px_run_with_its_position_embeddings_resampled(
+        tmp_path: Path) -> None:
+    """An ImageNet-size file (14 × 14 patches + the class token) into a ViT built for 32-px
+    crops (2 × 2): ``pos_embed`` resampled by timm's own function, the class token's row kept,
+    every other tensor copied; the plan says so, the driver's check accepts it."""
+    import timm
+    from timm.layers import resample_abs_pos_embed
+
+    torch.manual_seed(7)
+    state = timm.create_model("vit_tiny_patch16_224", pretrained=False).state_dict()
+    assert state["pos_embed"].shape == (1, 197, 192)
+    path = tmp_path / "vit224.safetensors"
+    save_file(state, str(path))
+    model = ModelConfig(backbone="timm/vit_tiny_patch16_224", small_images=False, **SMALL)
+    checked = check_init(str(path), model, 32)  # the driver's check, on the meta device
+    assert checked.resampled == {"pos_embed": ((14, 14), (2, 2))}
+    encoder = build_encoder(model, 32)
+    plan = load_init(encoder, str(path), model.backbone)
+    assert plan.resampled == {"pos_embed": ((14, 14), (2, 2))} and not plan.missing
+    assert "pos_embed resampled from 14x14 to 2x2 patches" in plan.summary()
+    got = encoder.backbone.state_dict()
+    want = resample_abs_pos_embed(state["pos_embed"], new_size=[2, 2], old_size=[14, 14],
+                                  num_prefix_tokens=1)
+    assert got["pos_embed"].shape == (1, 5, 192) and torch.equal(got["pos_embed"], want)
+    assert torch.equal(got["pos_embed"][:, 0], state["pos_embed"][:, 0])  # the class token's
+    _equal(encoder.backbone, {**state, "pos_embed": want})
