@@ -214,7 +214,20 @@ class TrainConfig:
     recorded in its ``workers/rank<r>.json``. ``compile``: the encoder's forward through
     ``torch.compile`` (Inductor; the first steps pay the compile, docs/benchmarks.md says when
     it pays back). ``steps_per_epoch`` caps an epoch (demos, tests; ``None`` = the
-    whole split). ``grad_clip``: max global gradient norm, ``None`` = off."""
+    whole split). ``grad_clip``: max global gradient norm, ``None`` = off.
+
+    ``accumulate``: k ≥ 1 encoder chunks per step (the "gradient cache"; 1 = off). A step
+    still takes one loader batch of ``data.batch_size`` per worker (the global batch, steps
+    per epoch and the LR scaling are unchanged); the encoder sees it as k chunks of
+    ``batch_size / k`` (k must divide it), so activation memory is a chunk's, while the loss
+    sees the whole batch: negatives, positives, graph targets, memory-bank writes and the
+    gathers across workers are those of the unchunked step, and so is the gradient when the
+    encoder has no batch-dependent layer. BatchNorm normalises each chunk with its own
+    statistics — as k workers of ``batch_size / k`` would without SyncBN (``model.sync_bn``
+    on GPUs: each chunk over every worker's same chunk) — and its running statistics take
+    one update per chunk. Each chunk runs forward twice (about one extra forward pass of
+    time): without a graph to compute the loss, then with one to backpropagate its slice
+    (:class:`components.training.step.GradCache`). A resume may change it."""
 
     epochs: int = 100
     seed: int = 0
@@ -223,9 +236,11 @@ class TrainConfig:
     grad_clip: float | None = None
     steps_per_epoch: int | None = None
     log_every_steps: int = 50
+    accumulate: int = 1
 
     def __post_init__(self) -> None:
         check_at_least("train.epochs", self.epochs, 1)
+        check_at_least("train.accumulate", self.accumulate, 1)
         if self.grad_clip is not None:
             check_positive("train.grad_clip", self.grad_clip)
         if self.steps_per_epoch is not None:
@@ -410,6 +425,15 @@ class PretrainConfig:
             )
         if is_timm(self.model.backbone):  # patch size vs resolution; the size timm accepts
             timm_probe(timm_name(self.model.backbone), side)
+        k, b = self.train.accumulate, self.data.batch_size
+        if b % k:
+            divisors = [str(d) for d in range(1, b + 1) if b % d == 0]  # [1, …, b]
+            allowed = (", ".join(divisors[:-1]) + f" or {divisors[-1]}" if len(divisors) <= 12
+                       else ", ".join(divisors[:11]) + ", …")
+            raise ConfigError(
+                f"train.accumulate={k} does not divide data.batch_size={b}: a step splits "
+                f"each worker's batch into train.accumulate equal encoder chunks; use one of "
+                f"{allowed} (or change data.batch_size)")
         if self.scaling.use_gpu is False and self.train.amp == "fp16":
             raise ConfigError("train.amp='fp16' needs scaling.use_gpu=true; on CPU use 'bf16' "
                               "or 'none'")

@@ -26,6 +26,9 @@ RESUMABLE_CHANGES = (
     "storage", "tracking.", "recipe.",  # recipe: descriptive only
     # What a diverged run is told to change before it resumes from its last good checkpoint.
     "optim.lr", "train.amp", "train.grad_clip",
+    # Memory, not the schedule: the same batch per step in k encoder chunks (another GPU may
+    # need another k); only BatchNorm's per-chunk statistics change with it.
+    "train.accumulate",
 )
 
 

@@ -37,7 +37,9 @@ def run_summary(cfg: Any, facts: Any, run_dir: str) -> str:
         f"{cfg.model.projector_dim}",
         *([f"  init    {facts.init['summary']}"] if getattr(facts, "init", None) else []),
         f"  batch   {w} worker(s) x {d.batch_size} = {gb} global, {d.views} views; "
-        f"{steps} steps/epoch x {cfg.train.epochs} epochs = {steps * cfg.train.epochs} steps",
+        f"{steps} steps/epoch x {cfg.train.epochs} epochs = {steps * cfg.train.epochs} steps"
+        + (f"; encoder in {k} chunks of {d.batch_size // k} (train.accumulate)"
+           if (k := cfg.train.accumulate) > 1 else ""),
         f"  optim   {o.name}, peak LR {lr:.4g} = {how}; warm-up {o.warmup_epochs:g} epochs, "
         f"then {o.schedule}" + (f" to {o.final_lr_fraction:g} x peak"
                                 if o.schedule == "cosine" else
