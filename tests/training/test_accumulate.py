@@ -378,3 +378,24 @@ def test_ddp_accumulated_step_equals_one_process_on_the_whole_batch(
             for key, value in bank.state_dict().items():
                 torch.testing.assert_close(torch.tensor(got["bank"][key], dtype=value.dtype),
                                            value, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.slow  # Inductor compiles the no-grad forward, the forward and the backward
+def test_a_compiled_encoder_accumulates_like_the_eager_one() -> None:
+    """``train.compile`` with ``accumulate``: pass 1 (no grad) and pass 2 (a graph) are two
+    compiled graphs of one encoder; the steps equal the eager ones."""
+    from components.training.step import compile_encoder
+
+    losses, weights = [], []
+    for compiled in (False, True):
+        model, ema = _setup("supcon", torch.float32)
+        if compiled:
+            compile_encoder(model)
+        opt, sched = _optim(model)
+        torch.manual_seed(0)
+        for step in range(2):
+            losses.append(_step(model, ema, opt, sched, _batch(step, torch.float32), 2,
+                                step)["loss"])
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert losses[2:] == pytest.approx(losses[:2], rel=1e-4)
+    torch.testing.assert_close(weights[1], weights[0], rtol=1e-4, atol=1e-5)
