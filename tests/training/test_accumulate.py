@@ -50,6 +50,7 @@ from components.data.reader import Batch
 from components.runs.resume import config_diff, resume_changes
 from components.training.optim import build_optimizer, build_scheduler
 from components.training.step import (
+    NonFiniteLossError,
     PretrainModel,
     SkippedStep,
     build_model,
@@ -101,9 +102,11 @@ def _optim(model: torch.nn.Module) -> tuple[Any, Any]:
 
 
 def _step(model: Any, ema: Any, opt: Any, sched: Any, batch: Batch, k: int, step: int = 0,
-          scaler: Any = None, amp: str = "none") -> dict[str, Any]:
+          scaler: Any = None, amp: str = "none", grad_clip: float | None = None
+          ) -> dict[str, Any]:
     return train_step(model, ema, opt, sched, scaler, batch,
-                      train_cfg=TrainConfig(accumulate=k, amp=amp), device=CPU, step=step,
+                      train_cfg=TrainConfig(accumulate=k, amp=amp, grad_clip=grad_clip),
+                      device=CPU, step=step,
                       total_steps=10, ema_momentum=0.99, where=f"step {step}")
 
 
@@ -125,8 +128,9 @@ def _close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], **tol: f
                          + [(name, 4) for name in ("clip", "cone", "simclr_bank")])
 def test_accumulated_step_equals_the_unchunked_step_for_every_loss(name: str, k: int) -> None:
     """BatchNorm in eval mode (no batch-dependent layer): k chunks give the unchunked step's
-    gradients, loss and bank to float64 rounding, over two steps (the second with a bank
-    holding the first batch's keys: CoNe's neighbour and distribution terms)."""
+    gradients, loss, gradient norm and bank to float64 rounding, over two steps (the second
+    with a bank holding the first batch's keys: CoNe's neighbour and distribution terms).
+    The gradients are read after clipping (``grad_clip``): clipped once, after pass 2."""
     model, ema = _setup(name)
     model.encoder.eval()
     twin, twin_ema = copy.deepcopy(model), copy.deepcopy(ema)
@@ -136,15 +140,17 @@ def test_accumulated_step_equals_the_unchunked_step_for_every_loss(name: str, k:
         torch.manual_seed(0)
         steps = []
         for step in range(2):
-            metrics = _step(m, e, opt, sched, _batch(seed=step), kk, step)
+            metrics = _step(m, e, opt, sched, _batch(seed=step), kk, step, grad_clip=0.05)
             steps.append((metrics, _grads(m)))
         runs.append(steps)
     for (want_m, want_g), (got_m, got_g) in zip(*runs, strict=True):
         assert got_g, "no gradient"
         _close(got_g, want_g, rtol=1e-10, atol=1e-12)
         assert got_m.keys() == want_m.keys()
-        for key in want_m:
-            assert got_m[key] == pytest.approx(want_m[key], rel=1e-12, abs=1e-12), key
+        for key in want_m:  # grad_norm: a 0-d tensor
+            assert float(got_m[key]) == pytest.approx(float(want_m[key]), rel=1e-12,
+                                                      abs=1e-12), key
+        assert float(want_m["grad_norm"]) > 0.05  # the clip did act
     if name == "clip":  # the objective's own parameters are trained too
         assert any(n.startswith("objective.head") for n in runs[1][0][1])
     bank = getattr(model.objective, "bank", None)
@@ -238,6 +244,8 @@ def test_gradient_scaler_gives_the_unscaled_gradient_and_still_skips_non_finite(
     before = [p.detach().clone() for p in twin.parameters()]
     with pytest.raises(SkippedStep, match="non-finite"):
         _step(twin, twin_ema, *_optim(twin), bad, 2, scaler=scaler)
+    with pytest.raises(NonFiniteLossError, match="step 0: z has .* non-finite"):
+        _step(twin, twin_ema, *_optim(twin), bad, 2)  # no scaler: the run stops
     assert all(torch.equal(p, q) for p, q in zip(twin.parameters(), before, strict=True))
 
 
