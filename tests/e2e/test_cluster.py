@@ -1,5 +1,6 @@
 """``simgraph submit`` against a real two-node Ray cluster (tests/support/cluster.py): loopback
-only, token auth, the demo pretraining with one worker per node, and a raylet killed mid-run."""
+only, token auth, a sweep over both nodes, and the demo pretraining with one worker per node
+whose second node's raylet is killed mid-run."""
 
 from __future__ import annotations
 
@@ -75,27 +76,6 @@ def test_loopback_only_and_token_auth(cluster: LoopbackCluster, shared: Path) ->
     assert not (shared / "runs" / "nope").exists()
 
 
-def test_submit_demo_pretraining_one_worker_per_node(cluster: LoopbackCluster,
-                                                     shared: Path) -> None:
-    p = cluster.run([*submit_argv(shared, "spread", "--base-dir", str(shared)),
-                     "train.epochs=3"], timeout=400)
-    assert "SUCCEEDED" in p.stdout, p.stdout[-3000:]
-    run_dir = shared / "runs" / "spread"
-    assert (run_dir / "config.yaml").exists()
-    assert [r["epoch"] for r in history(run_dir)] == ["1", "2", "3"]
-    done = latest_complete(run_dir)
-    assert done is not None and done[0] == 3
-    w = workers(run_dir)
-    alive = {n["node_id"] for n in cluster.nodes()}
-    assert {x["node_id"] for x in w} == alive  # one worker on each of the two nodes
-    assert [x["node_rank"] for x in w] == [0, 1] and [x["local_rank"] for x in w] == [0, 0]
-    # Ray Train ranks nodes by IP: both nodes share 127.0.0.1, so both are its node 0.
-    assert [x["ray_node_rank"] for x in w] == [0, 0]
-    assert all(x["device"] == "cpu" for x in w)
-    # The code that ran is the job's shipped working_dir, not this checkout.
-    assert all(x["code"] != str(ROOT) and "working_dir" in x["code"] for x in w), w
-
-
 def test_submit_sweep_over_both_nodes(cluster: LoopbackCluster, shared: Path) -> None:
     """A shipped search space, trials whose workers are spread over the nodes: each trial
     actor re-roots the space's path in its own node's copy of the project."""
@@ -120,8 +100,11 @@ def test_submit_sweep_over_both_nodes(cluster: LoopbackCluster, shared: Path) ->
     assert (sweep_dir / "best.yaml").exists()
 
 
-def test_raylet_killed_mid_run_resumes_when_a_node_returns(cluster: LoopbackCluster,
-                                                          shared: Path, tmp_path: Path) -> None:
+def test_submitted_run_spreads_over_the_nodes_and_resumes_when_a_killed_raylet_returns(
+        cluster: LoopbackCluster, shared: Path, tmp_path: Path) -> None:
+    """The demo pretraining submitted with one worker per node (STRICT_SPREAD), the code the
+    job shipped; the second node's raylet SIGKILLed after epoch 2's checkpoint: the worker
+    group restarts from it once a node returns, and the run ends with every epoch once."""
     run_dir = shared / "runs" / "failover"
     log = tmp_path / "submit.log"
     # 4 steps per epoch: every rank pauses before step 9, i.e. after epoch 2's checkpoint.
@@ -133,8 +116,17 @@ def test_raylet_killed_mid_run_resumes_when_a_node_returns(cluster: LoopbackClus
         cluster.wait(lambda: all(f.exists() for f in flags) or proc.poll() is not None, 300,
                      "both ranks to pause after epoch 2")
         assert proc.poll() is None, log.read_text()[-3000:]
-        lost = next(n["node_id"] for n in cluster.nodes() if not n["is_head_node"])
-        assert lost in {x["node_id"] for x in workers(run_dir)}
+        nodes = cluster.nodes()
+        lost = next(n["node_id"] for n in nodes if not n["is_head_node"])
+        before = workers(run_dir)
+        assert {x["node_id"] for x in before} == {n["node_id"] for n in nodes}  # one per node
+        assert [x["node_rank"] for x in before] == [0, 1]
+        assert [x["local_rank"] for x in before] == [0, 0]
+        # Ray Train ranks nodes by IP: both nodes share 127.0.0.1, so both are its node 0.
+        assert [x["ray_node_rank"] for x in before] == [0, 0]
+        assert all(x["device"] == "cpu" for x in before)
+        # The code that ran is the job's shipped working_dir, not this checkout.
+        assert all(x["code"] != str(ROOT) and "working_dir" in x["code"] for x in before), before
         os.kill(cluster.raylets()["ray-node1"], signal.SIGKILL)
         cluster.wait(lambda: lost not in {n["node_id"] for n in cluster.nodes()}, 120,
                      "the cluster to see the node die")
@@ -152,3 +144,5 @@ def test_raylet_killed_mid_run_resumes_when_a_node_returns(cluster: LoopbackClus
     assert done is not None and done[0] == 4
     w = workers(run_dir)
     assert lost not in {x["node_id"] for x in w} and w[0]["node_id"] != w[1]["node_id"]
+    assert {x["node_id"] for x in w} == {n["node_id"] for n in cluster.nodes()}
+    assert (run_dir / "config.yaml").exists()
