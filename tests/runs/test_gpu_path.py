@@ -143,81 +143,93 @@ class _Host:
         self.rows.append(row)
 
 
-def _strict_worker(rank: int, world: int, port: int, cfg: dict[str, Any], out: str) -> None:
+def _strict_worker(rank: int, world: int, port: int, cfgs: list[dict[str, Any]],
+                   out: str) -> None:
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        for i, cfg in enumerate(cfgs):  # one process group for every config: ranks start once
+            _strict_run(rank, world, cfg, Path(out) / f"{i}-r{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _strict_run(rank: int, world: int, cfg: dict[str, Any], out: Path) -> None:
     from components.runs.dataset_checks import check_dataset
     from components.runs.recipe import loop_config
     from components.runs.run_dir import prepare_run_dir
     from components.runs.worker import PretrainRecipe
 
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    try:
-        config = from_dict(PretrainConfig, cfg)
-        facts = check_dataset(config)
-        run_dir = prepare_run_dir(config) if rank == 0 else None
-        box = [run_dir]
-        dist.broadcast_object_list(box)
-        host = _Host(rank, world, str(box[0]))
+    config = from_dict(PretrainConfig, cfg)
+    facts = check_dataset(config)
+    run_dir = prepare_run_dir(config) if rank == 0 else None
+    box = [run_dir]
+    dist.broadcast_object_list(box)
+    host = _Host(rank, world, str(box[0]))
 
-        class GpuPathsOnCpu(PretrainRecipe):
-            """The recipe with what it would do on a GPU, where a CPU can do it."""
+    class GpuPathsOnCpu(PretrainRecipe):
+        """The recipe with what it would do on a GPU, where a CPU can do it."""
 
-            def gpu_paths(self, device: torch.device) -> bool:
-                return True
+        def gpu_paths(self, device: torch.device) -> bool:
+            return True
 
-            def setup(self) -> None:
-                super().setup()
-                assert self.train_loader._gpu_aug is not None  # batched augmentation
-                layouts = {p.is_contiguous(memory_format=torch.channels_last)
-                           for m in (self.model, self.ema) if m is not None
-                           for p in m.parameters() if p.dim() == 4}
-                assert layouts == {True}  # model and EMA copy: channels_last
-                from components.runtime.distributed import GlobalBatchNorm
+        def setup(self) -> None:
+            super().setup()
+            assert self.train_loader._gpu_aug is not None  # batched augmentation
+            layouts = {p.is_contiguous(memory_format=torch.channels_last)
+                       for m in (self.model, self.ema) if m is not None
+                       for p in m.parameters() if p.dim() == 4}
+            assert layouts == {True}  # model and EMA copy: channels_last
+            from components.runtime.distributed import GlobalBatchNorm
 
-                norms = [m for m in self.ddp.module.encoder.modules()
-                         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-                # model.sync_bn: BatchNorm over both ranks' batch, without host syncs
-                assert norms and all(isinstance(m, GlobalBatchNorm) for m in norms)
+            norms = [m for m in self.ddp.module.encoder.modules()
+                     if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+            # model.sync_bn: BatchNorm over both ranks' batch, without host syncs
+            assert norms and all(isinstance(m, GlobalBatchNorm) for m in norms)
 
-            def train_epoch(self, epoch: int) -> dict[str, Any]:
-                with strict_device() as mode:
-                    row = super().train_epoch(epoch)
-                self.checked = getattr(self, "checked", 0) + mode.collectives
-                return row
+        def train_epoch(self, epoch: int) -> dict[str, Any]:
+            with strict_device() as mode:
+                row = super().train_epoch(epoch)
+            self.checked = getattr(self, "checked", 0) + mode.collectives
+            return row
 
-            def evaluate_epoch(self, epoch: int, row: dict[str, Any]) -> None:
-                with strict_device() as mode:
-                    super().evaluate_epoch(epoch, row)
-                self.checked += mode.collectives
+        def evaluate_epoch(self, epoch: int, row: dict[str, Any]) -> None:
+            with strict_device() as mode:
+                super().evaluate_epoch(epoch, row)
+            self.checked += mode.collectives
 
-        recipe = GpuPathsOnCpu(loop_config(config, host.run_dir, facts, pause_at_step=0),
-                               host=host)
-        recipe.run()
-        torch.save({"rows": host.rows, "checked": recipe.checked}, Path(out) / f"r{rank}.pt")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    recipe = GpuPathsOnCpu(loop_config(config, host.run_dir, facts, pause_at_step=0),
+                           host=host)
+    recipe.run()
+    torch.save({"rows": host.rows, "checked": recipe.checked}, out)
+    dist.barrier()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("loss", [
+STRICT_LOSSES = [
     {"name": "supcon", "tau": 0.2},
     {"name": "xclr", "tau": 0.2, "tau_s": 0.1, "graph": "caption"},
     {"name": "cone", "bank_size": 40, "top_n": 8},
-])
-def test_strict_device_run_of_the_recipe(loss: dict[str, Any], tmp_path: Path) -> None:
+]
+
+
+@pytest.mark.slow
+def test_strict_device_run_of_the_recipe(tmp_path: Path) -> None:
+    """A 2-rank recipe run per loss (SupCon, X-CLR on captions, CoNe) with the GPU paths taken
+    on CPU under the strict device mode (the two ranks start once for the three runs)."""
     data = synthetic_dataset(tmp_path / "ds", size=16)
-    cfg = tiny_run_config(data, tmp_path / "runs", loss=loss, train__epochs=2,
-                          train__steps_per_epoch=2, train__amp="bf16",
-                          data__augment={"resolution": 16, "blur_p": 0.5})
-    mp.spawn(_strict_worker, args=(2, free_port(), cfg, str(tmp_path)), nprocs=2, join=True)
-    for r in range(2):
-        got = torch.load(tmp_path / f"r{r}.pt", weights_only=False)
-        assert [row["epoch"] for row in got["rows"]] == [1, 2]
-        assert all(np.isfinite(row["loss"]) and 0 <= row["knn_top1"] <= 1
-                   for row in got["rows"])
-        assert got["checked"] > 0  # the collectives were seen and checked
+    cfgs = [tiny_run_config(data, tmp_path / "runs", name=f"run-{loss['name']}", loss=loss,
+                            train__epochs=2, train__steps_per_epoch=2, train__amp="bf16",
+                            data__augment={"resolution": 16, "blur_p": 0.5})
+            for loss in STRICT_LOSSES]
+    mp.spawn(_strict_worker, args=(2, free_port(), cfgs, str(tmp_path)), nprocs=2, join=True)
+    for i, loss in enumerate(STRICT_LOSSES):
+        for r in range(2):
+            got = torch.load(tmp_path / f"{i}-r{r}.pt", weights_only=False)
+            assert [row["epoch"] for row in got["rows"]] == [1, 2], loss
+            assert all(np.isfinite(row["loss"]) and 0 <= row["knn_top1"] <= 1
+                       for row in got["rows"]), loss
+            assert got["checked"] > 0, loss  # the collectives were seen and checked
 
 
 # -- workers the recipe cannot place on GPUs ---------------------------------------------------
