@@ -46,13 +46,25 @@ UV_VERSION := 0.13.9
 UV_PIP = $(VENV)/bin/uv pip install -q -p $(PY) --compile-bytecode --index-strategy unsafe-best-match \
 	$$($(PY) .ci/pip_sources.py)
 
+# FFCV has no wheel on the index, only an sdist whose setup.py imports numpy: built against
+# the venv's numpy (--no-build-isolation) in ~20 s, which uv repeats for every new venv (its
+# cache does not cover a build in a foreign environment). The wheel is built once per FFCV,
+# numpy and Python version into FFCV_WHEELHOUSE and installed from there by every later
+# `make setup` (a fresh clone, CI on the same machine); where the build fails, uv builds it.
+FFCV_WHEELHOUSE ?= $(HOME)/.cache/simgraph/wheels/ffcv-1.0.2-numpy-2.4.6
+FFCV_WHEEL = $$(ls $(FFCV_WHEELHOUSE)/ffcv-1.0.2-$$($(PY) -c 'import sys; v = sys.version_info; \
+	print(f"cp{v[0]}{v[1]}")')-*.whl 2>/dev/null | head -n 1)
+
 $(STAMP): pyproject.toml
 	@$(MAKE) --no-print-directory apt-deps
 	@[ -x $(PY) ] || python3 -m venv $(VENV)
 	# numpy first: ffcv's setup.py imports it at build time.
 	@if $(PY) -m pip install -q uv==$(UV_VERSION) && \
 	    $(UV_PIP) setuptools wheel numpy==2.4.6 && \
-	    $(UV_PIP) --no-build-isolation ffcv==1.0.2 && \
+	    { [ -n "$(FFCV_WHEEL)" ] || $(PY) -m pip wheel -q --no-deps --no-build-isolation \
+	        -w $(FFCV_WHEELHOUSE) ffcv==1.0.2 || true; } && \
+	    if [ -n "$(FFCV_WHEEL)" ]; then $(UV_PIP) "$(FFCV_WHEEL)"; \
+	    else $(UV_PIP) --no-build-isolation ffcv==1.0.2; fi && \
 	    $(UV_PIP) -e '.[dev,bench]'; then echo "installed with uv"; else \
 	  echo "uv could not install: installing with pip" >&2 && \
 	  $(PY) -m pip install -q --upgrade pip setuptools wheel && \
