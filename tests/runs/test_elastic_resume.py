@@ -14,9 +14,10 @@ before any step, naming what changed and what to do.
 
 * unit: the re-placed schedule gives, step for step, the LRs of a fresh run of the new shape
   (every optimizer, schedule and ``optim.lr_scaling``);
-* end to end, CPU: 1 → 2 workers (the resumed leg on Ray Train) and 2 → 1 (in-process), each
-  compared step for step with a fresh run of the new shape (4 epochs, warm-up 3 epochs: the
-  resumed epochs are in the warm-up and in the cosine);
+* end to end, CPU: 1 → 2 workers (the resumed leg on Ray Train) and back 2 → 1 (in-process),
+  each compared step for step with a fresh run of the new shape (4 epochs, warm-up 3 epochs:
+  the resumed epochs are in the warm-up and in the cosine; the fresh 2-worker run's LRs from
+  the schedule a worker builds, checked against a real run's);
 * a resume past the new schedule's end is refused before anything trains.
 
 The 2-worker runs need Ray Train: run this file inside
@@ -219,34 +220,56 @@ def _state(run_dir: Path) -> TrainingState:
     return TrainingState.load(found[1])
 
 
-def _same_schedule(a: TrainingState, b: TrainingState) -> None:
+def _same_schedule(a: TrainingState, b: TrainingState, resumed_at: int) -> None:
+    """``a`` (resumed after epoch ``resumed_at`` on ``b``'s shape) ends with ``b``'s schedule,
+    optimizer LRs and per-epoch LRs of the epochs it trained at that shape."""
     assert a.epoch == b.epoch == EPOCHS and a.step == b.step
     assert a.scheduler["last_epoch"] == b.scheduler["last_epoch"]
     assert a.scheduler["base_lrs"] == b.scheduler["base_lrs"]
     assert a.scheduler["_last_lr"] == b.scheduler["_last_lr"]
     for ga, gb in zip(a.optimizer["param_groups"], b.optimizer["param_groups"], strict=True):
         assert ga["lr"] == gb["lr"] and ga["initial_lr"] == gb["initial_lr"]
-    assert [r["lr"] for r in a.history[RESUME_AT:]] == [r["lr"] for r in b.history[RESUME_AT:]]
+    assert [r["lr"] for r in a.history[resumed_at:]] == [r["lr"] for r in b.history[resumed_at:]]
+
+
+TRAIN_IMAGES = 128  # the synthetic dataset's train split
+
+
+def _fresh_lrs(cfg: dict[str, Any]) -> dict[int, str]:
+    """The LR of every step of a fresh run of ``cfg``, as rank 0 prints it (``lr {:.6g}``),
+    without running it: the optimiser and schedule a worker assembles
+    (:func:`components.training.optim.build_for_run` at the run's global batch and steps per
+    epoch, ``drop_last``), stepped. Checked against a real run in the test."""
+    from components.training.optim import build_for_run
+
+    c = from_dict(PretrainConfig, cfg)
+    world, batch = c.scaling.num_workers, c.data.batch_size
+    steps = TRAIN_IMAGES // (batch * world)
+    opt, sched = build_for_run(_model(), c.optim, batch * world, steps, c.train.epochs)
+    lrs = {}
+    for s in range(1, steps * c.train.epochs + 1):
+        lrs[s] = f"{opt.param_groups[0]['lr']:.6g}"
+        opt.step()
+        sched.step()
+    return lrs
 
 
 @pytest.mark.slow
 def test_resume_one_to_two_workers_and_two_to_one_train_at_the_new_shapes_lr(
         data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fresh 1-worker (in-process) and 2-worker (Ray Train) runs of 4 epochs; each one's
-    checkpoint after epoch 2 resumed on the other shape: the resumed epochs' LR at every step
-    is the fresh run's of the new shape at the same samples seen (step 17 of 1 worker = step 9
-    of 2: 256 samples), and the final schedule and optimizer LRs are identical."""
+    """A fresh 1-worker run (in-process) of 4 epochs; its checkpoint after epoch 2 resumed on
+    2 workers (Ray Train): the resumed epochs' LR at every step is a fresh 2-worker run's at
+    the same samples seen (step 17 of 1 worker = step 9 of 2: 256 samples); that run's
+    checkpoint after epoch 3 (2 workers, 384 samples) resumed on 1 worker: steps 25-32 at the
+    fresh 1-worker run's LRs, and the final schedule and optimizer LRs are the fresh run's.
+    A fresh 2-worker run's LRs are the schedule a worker builds (:func:`_fresh_lrs`), which
+    must give the real 1-worker run's, printed the same way."""
     one = _in_process(_cfg(data, tmp_path / "one", ONE), monkeypatch)
-    two, _ = _on_ray(_cfg(data, tmp_path / "two", TWO), tmp_path, "two")
-    assert sorted(one) == list(range(1, 33)) and sorted(two) == list(range(1, 17))
-
-    # 2 -> 1: the 2-worker run's epoch-2 checkpoint (8 steps, 256 samples) on 1 worker
-    _cut(tmp_path / "two" / "run", tmp_path / "two_to_one", RESUME_AT)
-    resumed = _in_process(_cfg(data, tmp_path / "two_to_one", ONE), monkeypatch)
-    assert sorted(resumed) == list(range(17, 33))  # continued at the 1-worker step of 256
-    for s in resumed:
-        assert resumed[s] == one[s], f"step {s}: resumed {resumed[s]} vs fresh {one[s]}"
-    _same_schedule(_state(tmp_path / "two_to_one" / "run"), _state(tmp_path / "one" / "run"))
+    assert sorted(one) == list(range(1, 33))
+    assert {s: f"{lr:.6g}" for s, lr in one.items()} == _fresh_lrs(
+        _cfg(data, tmp_path / "one", ONE))
+    two = _fresh_lrs(_cfg(data, tmp_path / "two", TWO))
+    assert sorted(two) == list(range(1, 17))
 
     # 1 -> 2: the 1-worker run's epoch-2 checkpoint (16 steps, 256 samples) on 2 workers
     _cut(tmp_path / "one" / "run", tmp_path / "one_to_two", RESUME_AT)
@@ -256,7 +279,17 @@ def test_resume_one_to_two_workers_and_two_to_one_train_at_the_new_shapes_lr(
     assert sorted(lrs) == list(range(9, 17))
     for s in lrs:
         assert lrs[s] == two[s], f"step {s}: resumed {lrs[s]} vs fresh {two[s]}"
-    _same_schedule(_state(tmp_path / "one_to_two" / "run"), _state(tmp_path / "two" / "run"))
+    end = _state(tmp_path / "one_to_two" / "run")
+    assert end.epoch == EPOCHS and end.step == 16 and end.scheduler["last_epoch"] == 16
+
+    # 2 -> 1: that 2-worker run's epoch-3 checkpoint (12 steps, 384 samples) on 1 worker
+    _cut(tmp_path / "one_to_two" / "run", tmp_path / "two_to_one", RESUME_AT + 1)
+    resumed = _in_process(_cfg(data, tmp_path / "two_to_one", ONE), monkeypatch)
+    assert sorted(resumed) == list(range(25, 33))  # continued at the 1-worker step of 384
+    for s in resumed:
+        assert resumed[s] == one[s], f"step {s}: resumed {resumed[s]} vs fresh {one[s]}"
+    _same_schedule(_state(tmp_path / "two_to_one" / "run"), _state(tmp_path / "one" / "run"),
+                   RESUME_AT + 1)
 
 
 @pytest.mark.parametrize("record", ["meta", "state"])
