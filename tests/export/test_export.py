@@ -20,6 +20,7 @@ from components.runs.checkpoint import load_state
 from components.training.step import extract_features
 from pipelines.export import main
 from tests.support.datasets import checkpoint_encoder, run_with_checkpoint, synthetic_dataset
+from tests.support.fresh_python import NO_SIMGRAPH
 
 RESNET = {"model__backbone": "resnet18", "model__small_images": True}
 
@@ -51,22 +52,10 @@ def _reference(run_dir: Path, x: torch.Tensor) -> dict[str, torch.Tensor]:
 # Runs in a fresh interpreter: imports of simgraph's packages fail (the venv's editable install
 # would otherwise make them importable from anywhere), only torch / torchvision / safetensors /
 # onnxruntime are used, as a user without simgraph would.
-LOADER = r'''
-import importlib.abc
+LOADER = NO_SIMGRAPH + r'''
 import importlib.util
 import json
 import os
-import sys
-
-
-class NoSimgraph(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("components", "pipelines", "tests"):
-            raise ImportError(name + ": simgraph must not be needed to load an export")
-        return None
-
-
-sys.meta_path.insert(0, NoSimgraph())
 
 import numpy as np
 import onnxruntime as ort

@@ -22,6 +22,7 @@ import torch
 from components.export.formats import CHECK_TOLERANCE
 from pipelines.export import main
 from tests.support.datasets import run_with_checkpoint, synthetic_dataset
+from tests.support.fresh_python import NO_SIMGRAPH
 
 RESOLUTION = 32  # ViT-Ti/16: 2×2 patches
 TIMM = {"resnet10t": {"model__backbone": "timm/resnet10t", "model__small_images": False},
@@ -56,22 +57,10 @@ def _reference(run_dir: Path, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 # A fresh interpreter that cannot import simgraph (the venv's editable install would otherwise
 # make it importable): torch, timm and safetensors only, as a timm user has them.
-LOADER = r'''
-import importlib.abc
+LOADER = NO_SIMGRAPH + r'''
 import importlib.util
 import json
 import os
-import sys
-
-
-class NoSimgraph(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("components", "pipelines", "tests"):
-            raise ImportError(name + ": simgraph must not be needed to load an export")
-        return None
-
-
-sys.meta_path.insert(0, NoSimgraph())
 
 import timm
 import torch

@@ -7,10 +7,14 @@ import contextlib
 import datetime
 import os
 import socket
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
+import pytest
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
 
 def free_port() -> int:
@@ -48,3 +52,18 @@ def gloo_group(rank: int, world: int, port: int | str,
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def spawn_bounded(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int,
+                  wait_s: float) -> None:
+    """``mp.spawn(fn, args, nprocs)`` that fails the test, killing the ranks, when they are
+    not all done within ``wait_s`` (spawn and imports included): a hung rank fails, never
+    hangs the suite. A rank's exception is raised here, as ``mp.spawn``'s."""
+    ctx = mp.spawn(fn, args=args, nprocs=nprocs, join=False)
+    deadline = time.monotonic() + wait_s
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            pytest.fail(f"the {nprocs}-rank run did not finish in {wait_s:.0f} s: a rank hung")

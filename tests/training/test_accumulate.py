@@ -28,14 +28,12 @@ import copy
 import csv
 import json
 import math
-import time
 import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from components.config import (
     LOSS_CONFIGS,
@@ -57,7 +55,7 @@ from components.training.step import (
     train_step,
 )
 from tests.support.datasets import synthetic_dataset, tiny_run_config
-from tests.support.gloo import gloo_group, rendezvous_file
+from tests.support.gloo import gloo_group, rendezvous_file, spawn_bounded
 
 C, E, B, V = 3, 6, 8, 2
 MODEL = ModelConfig(backbone="convnet", width=4, blocks=2, projector_hidden=16, projector_dim=8)
@@ -363,15 +361,7 @@ def _ddp_worker(rank: int, world: int, port: str, out: str, name: str) -> None:
 @pytest.mark.parametrize("name", ["supcon", "clip"])
 def test_ddp_accumulated_step_equals_one_process_on_the_whole_batch(
         tmp_path: Path, name: str) -> None:
-    ctx = mp.spawn(_ddp_worker, args=(2, rendezvous_file(tmp_path), str(tmp_path), name),
-                   nprocs=2, join=False)
-    deadline = time.monotonic() + WAIT_S
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            pytest.fail(f"the 2-rank step did not finish in {WAIT_S:.0f} s")
+    spawn_bounded(_ddp_worker, (2, rendezvous_file(tmp_path), str(tmp_path), name), 2, WAIT_S)
     model, ema = _setup(name)
     model.encoder.eval()
     want = _step(model, ema, *_optim(model), _batch(seed=7), 1)

@@ -14,16 +14,14 @@ timeout and the test waits a bounded time: a hang fails it.
 from __future__ import annotations
 
 import json
-import time
 import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from tests.support.gloo import gloo_group, rendezvous_file
+from tests.support.gloo import gloo_group, rendezvous_file, spawn_bounded
 
 WAIT_S = 240.0  # the whole 2-rank run (spawn and imports included); a hang fails after it
 B, V, SIZE = 4, 2, 16
@@ -86,17 +84,7 @@ def _worker(rank: int, world: int, port: str, out: str, loss: dict[str, Any],
 
 
 def _spawn_bounded(args: tuple[Any, ...], world: int = 2) -> None:
-    """``mp.spawn`` that fails the test (killing the ranks) when they are not done within
-    :data:`WAIT_S`."""
-    ctx = mp.spawn(_worker, args=(world, rendezvous_file(args[0]), *args), nprocs=world,
-                   join=False)
-    deadline = time.monotonic() + WAIT_S
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            pytest.fail(f"the 2-rank step did not finish in {WAIT_S:.0f} s: a rank hung")
+    spawn_bounded(_worker, (world, rendezvous_file(args[0]), *args), world, WAIT_S)
 
 
 LOSSES = {
