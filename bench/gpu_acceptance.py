@@ -66,6 +66,7 @@ from components.runs.estimate import (  # noqa: E402
     GPUSpec,
     amp_for,
     count_flops,
+    estimate_for,
     find_gpu,
 )
 
@@ -139,20 +140,10 @@ def make_estimate(cfg: PretrainConfig, gpu: str, peak_tflops: float | None, frac
     Raises:
         SimgraphError: ``gpu`` is not in :data:`PEAKS` and no ``peak_tflops`` was given.
     """
-    spec = gpu_spec(gpu, peak_tflops)
-    cc = spec.cc if spec else None
-    peak = peak_tflops if peak_tflops is not None else spec.tflops if spec else 0.0
-    enc, obj = count_flops(cfg)
+    gpu_spec(gpu, peak_tflops)  # UsageError: neither the table nor --peak-tflops knows it
     n, note = images_per_epoch(dataclasses.replace(cfg, train=dataclasses.replace(
         cfg.train, steps_per_epoch=None)), dataset)
-    return Estimate(
-        gpu=spec.name if spec and peak_tflops is None else gpu, cc=cc,
-        amp=amp_for(cc) if cc else cfg.train.amp,
-        peak_tflops=peak,
-        fraction=fraction, views=cfg.data.views, batch=cfg.data.batch_size,
-        encoder_gflop_per_view=enc, objective_mflop_per_image=obj, images_per_epoch=n,
-        images_note=note, epochs=cfg.train.epochs,
-    )
+    return estimate_for(cfg, gpu, count_flops(cfg), n, note, fraction, peak_tflops)
 
 
 def estimate_table(e: Estimate) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from components.config.backbones import is_timm, timm_name
 from components.export.formats import (
     BACKBONE_FILE,
     CONFIG,
@@ -86,10 +87,10 @@ images = np.zeros((8, 3, {r}, {r}), np.float32)  # preprocessed as below; any ba
         proj = (f"\nprojector = {projector_expression(arch['projector'], arch['feature_dim'])}"
                 f"\nprojector.load_state_dict(load_file(\"{PROJECTOR_FILE}\"), strict=True)"
                 "\nprojection = projector.eval()(features)")
-    if arch["backbone"].startswith("timm/"):
+    if is_timm(arch["backbone"]):
         imports = ("from safetensors.torch import load_file\nfrom torch import nn\n"
                    if with_projector else "")
-        call = timm_call(arch["backbone"][len("timm/"):], arch.get("img_size"), BACKBONE_FILE)
+        call = timm_call(timm_name(arch["backbone"]), arch.get("img_size"), BACKBONE_FILE)
         return f"""```python
 import timm
 import torch
@@ -168,7 +169,7 @@ def model_card(config: dict[str, Any], extra: str = "") -> str:
             f"as {w['format']} ({files}) for use without simgraph."
             + (f" Recipe: {recipe}." if recipe else ""))
     library = ("" if arch["backbone"] == "convnet" else
-               ", timm" if arch["backbone"].startswith("timm/") else ", torchvision")
+               ", timm" if is_timm(arch["backbone"]) else ", torchvision")
     needs = {"safetensors": "torch, safetensors" + library,
              "torchscript": "torch", "onnx": "onnxruntime, numpy"}[w["format"]]
     note = ("\n\nTorchScript is deprecated in recent PyTorch releases; `--format safetensors` "

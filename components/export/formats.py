@@ -63,6 +63,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from components.config.backbones import is_timm, timm_name
 from components.errors import SimgraphError
 from components.io.files import replacing
 from components.models.encoders import Encoder
@@ -178,7 +179,7 @@ def _run_timm(backbone: str, img_size: int | None, file: Path, x: Tensor) -> Ten
     """
     import timm
 
-    name = backbone[len("timm/"):]
+    name = timm_name(backbone)
     try:
         model = timm.create_model(name, **timm_load_kwargs(img_size, str(file)))
         with torch.no_grad():
@@ -198,7 +199,7 @@ def _run_written(fmt: str, out: Path, mod: ModuleType, with_projector: bool,
     if fmt == "safetensors":
         from safetensors.torch import load_file
 
-        if mod.BACKBONE.startswith("timm/"):  # as a timm user loads it: timm.create_model
+        if is_timm(mod.BACKBONE):  # as a timm user loads it: timm.create_model
             h = _run_timm(mod.BACKBONE, mod.TIMM_IMG_SIZE, out / BACKBONE_FILE, x)
         else:
             backbone = mod.build()

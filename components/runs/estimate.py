@@ -59,7 +59,6 @@ def amp_for(cc: tuple[int, int]) -> str:
     return "bf16" if cc >= (8, 0) else "fp16"
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Estimate:
     gpu: str
@@ -122,8 +121,6 @@ def count_flops(cfg: PretrainConfig, num_classes: int = 10) -> tuple[float, floa
     return enc.get_total_flops() / (2 * v) / 1e9, obj_flops / b / 1e6
 
 
-
-
 def whole_batches(cfg: PretrainConfig, train_images: int) -> int:
     """Images one epoch of ``cfg`` trains on: ``train_images`` cut to whole global batches
     (``scaling.num_workers × data.batch_size``), as the loader's ``drop_last`` does."""
@@ -132,20 +129,27 @@ def whole_batches(cfg: PretrainConfig, train_images: int) -> int:
 
 
 def estimate_for(cfg: PretrainConfig, gpu: str, flops: tuple[float, float], images: int,
-                 note: str, fraction: float = FRACTION) -> Estimate:
-    """The :class:`Estimate` of ``cfg`` on the :data:`PEAKS` GPU named ``gpu``, from
-    :func:`count_flops`'s ``flops`` and ``images`` per epoch (``note``: where that came from).
+                 note: str, fraction: float = FRACTION,
+                 peak_tflops: float | None = None) -> Estimate:
+    """The :class:`Estimate` of ``cfg`` on ``gpu`` (a :data:`PEAKS` name or a device name),
+    from :func:`count_flops`'s ``flops`` and ``images`` per epoch (``note``: where that came
+    from); ``peak_tflops`` overrides the table's peak (then ``gpu`` may be any name, and the
+    AMP dtype is the config's where the GPU is not in the table).
 
     Raises:
-        ValueError: ``gpu`` is not in :data:`PEAKS` (a programming error: callers name one).
+        ValueError: ``gpu`` is not in :data:`PEAKS` and no ``peak_tflops`` is given.
     """
     spec = find_gpu(gpu)
-    if spec is None:
-        raise ValueError(f"no PEAKS entry for {gpu!r}")
-    return Estimate(gpu=spec.name, cc=spec.cc, amp=amp_for(spec.cc), peak_tflops=spec.tflops,
-                    fraction=fraction, views=cfg.data.views, batch=cfg.data.batch_size,
-                    encoder_gflop_per_view=flops[0], objective_mflop_per_image=flops[1],
-                    images_per_epoch=images, images_note=note, epochs=cfg.train.epochs)
+    if spec is None and peak_tflops is None:
+        raise ValueError(f"no PEAKS entry for {gpu!r} and no peak_tflops")
+    cc = spec.cc if spec else None
+    return Estimate(
+        gpu=spec.name if spec and peak_tflops is None else gpu, cc=cc,
+        amp=amp_for(cc) if cc else cfg.train.amp,
+        peak_tflops=peak_tflops if peak_tflops is not None else spec.tflops,  # type: ignore[union-attr]
+        fraction=fraction, views=cfg.data.views, batch=cfg.data.batch_size,
+        encoder_gflop_per_view=flops[0], objective_mflop_per_image=flops[1],
+        images_per_epoch=images, images_note=note, epochs=cfg.train.epochs)
 
 
 def gpu_hours(e: Estimate) -> float:
