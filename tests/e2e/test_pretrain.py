@@ -164,12 +164,7 @@ def test_killed_run_and_killed_worker_resume_to_identical_weights_and_metrics(
 
     a, b = _final(tmp_path / "runs" / "straight"), _final(run_dir)
     assert a["epoch"] == b["epoch"] == 4 and a["step"] == b["step"] == 16
-    for key in a["model"]:
-        assert torch.equal(a["model"][key], b["model"][key]), key
-    for key in ("optimizer", "scheduler"):
-        assert repr(a[key]) == repr(b[key]), key
-    strip = [{k: v for k, v in row.items() if k not in TIMING} for row in a["history"]]
-    assert strip == [{k: v for k, v in row.items() if k not in TIMING} for row in b["history"]]
+    _same_training(a, b)
     assert [r["epoch"] for r in b["history"]] == [1, 2, 3, 4]
     assert 0.0 <= b["history"][-1]["knn_top1"] <= 1.0
     assert b["model"]["objective.bank.features"].abs().sum() > 0  # the memory bank was restored
