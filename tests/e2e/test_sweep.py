@@ -556,38 +556,77 @@ def test_importances_only_where_the_data_supports_them(
 
 
 @pytest.mark.slow
-def test_a_repeats_sweep_trains_seeds_and_the_searcher_sees_their_mean(tmp_path: Path) -> None:
+def test_a_repeats_sweep_in_s3_trains_seeds_and_the_searcher_sees_their_mean(
+        s3_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``repeats: 2``: each setting trains with seeds 0 and 1, settings are ranked by their
+    mean, and Optuna (behind Tune's Repeater) is told that mean. The dataset, the sweep dir and
+    every trial's run dir live in S3 (moto, tests/support/s3.py): the trials stage the dataset,
+    checkpoint into S3, and nothing goes to a local look-alike path; a second start must say
+    --resume; --resume accepts Tune's state as the sweep left it and refuses a changed one."""
     import pickle
 
-    space = _space(tmp_path)
-    spec = yaml.safe_load(space.read_text())
-    spec.update({"num_samples": 2, "repeats": 2, "scheduler": {"name": "fifo"}, "mlflow": False,
-                 "wandb": False, "study_storage": None, "max_concurrent": 2, "metric": "loss",
-                 "mode": "min", "overrides": ["train.epochs=1", "knn.every_epochs=0"]})
-    space.write_text(yaml.safe_dump(spec))
-    out = subprocess.run([sys.executable, "-m", "pipelines.cli", "sweep", str(space)],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    sweep_dir = tmp_path / "sweeps" / "s"
-    with open(sweep_dir / "trials.csv") as f:
-        rows = list(csv.DictReader(f))
-    assert len(rows) == 4 and {r["setting_n"] for r in rows} == {"2"}
+    from components.io import storage
+    from components.runs.checkpoints import latest_complete
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # the state record's key
+    dataset = storage.join(s3_uri, "datasets", "syn")
+    storage.upload_dir(synthetic_dataset(tmp_path / "syn"), dataset)
+    base = tiny_run_config(dataset, tmp_path / "unused", name="base", train__epochs=1,
+                           data__stage_dir=str(tmp_path / "stage"), knn__every_epochs=0,
+                           loss={"name": "simclr", "tau": 0.2})
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    sweeps = storage.join(s3_uri, "sweeps")
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({
+        "name": "s", "storage": sweeps, "base": str(tmp_path / "base.yaml"),
+        "metric": "loss", "mode": "min", "num_samples": 2, "repeats": 2, "max_concurrent": 2,
+        "resources": {"workers": 1, "cpus_per_worker": 1.0, "gpus_per_worker": 0.0},
+        "searcher": {"name": "random", "seed": 0}, "scheduler": {"name": "fifo"},
+        "space": {"optim.lr": {"loguniform": [0.01, 0.5]}},
+    }))
+
+    def sweep(*args: str, rc: int = 0) -> str:
+        out = subprocess.run([sys.executable, "-m", "pipelines.cli", "sweep", str(space), *args],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=400)
+        assert out.returncode == rc, out.stdout[-3000:] + out.stderr[-3000:]
+        return out.stdout + out.stderr
+
+    sweep()
+    sweep_dir = storage.join(sweeps, "s")
+    names = set(storage.list_dir(sweep_dir))
+    assert {"trials.csv", "trials.md", "best.yaml", "trials", "state_digest.json"} <= names, names
+    rows = list(csv.DictReader(storage.read_text(storage.join(sweep_dir, "trials.csv"))
+                               .splitlines()))
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"finished"}, rows
+    assert {r["setting_n"] for r in rows} == {"2"}
     settings: dict[str, list[dict[str, str]]] = {}
     for r in rows:
         settings.setdefault(r["optim.lr"], []).append(r)
     assert len(settings) == 2
     for members in settings.values():  # seeds 0 and 1 of each setting, different scores
-        seeds = sorted(load_config(sweep_dir / "trials" / m["trial"] / "config.yaml",
-                                   PretrainConfig).train.seed for m in members)
+        seeds = sorted(yaml.safe_load(storage.read_text(storage.join(
+            sweep_dir, "trials", m["trial"], "config.yaml")))["train"]["seed"] for m in members)
         assert seeds == [0, 1] and sorted(m["repeat"] for m in members) == ["0", "1"]
         scores = [float(m["score"]) for m in members]
         assert scores[0] != scores[1]
         assert float(members[0]["setting_mean"]) == pytest.approx(sum(scores) / 2)
     # the searcher (Optuna, behind Tune's Repeater) was told each setting's mean
-    (state,) = sweep_dir.glob("searcher-state-*.pkl")
-    study = pickle.loads(state.read_bytes())["_ot_study"]
+    (state,) = [n for n in names if n.startswith("searcher-state-") and n.endswith(".pkl")]
+    study = pickle.loads(storage.read_bytes(storage.join(sweep_dir, state)))["_ot_study"]
     assert sorted(t.value for t in study.trials) == pytest.approx(
         sorted(float(m[0]["setting_mean"]) for m in settings.values()))
+    for r in rows:  # every trial's run dir, checkpoint included, is in S3
+        done = latest_complete(storage.join(sweep_dir, "trials", r["trial"]))
+        assert done is not None and done[0] == 1
+    assert not (tmp_path / "s3:").exists()
+
+    # The sweep dir in S3 is seen as taken: a second start must say --resume.
+    assert "already holds a sweep: add --resume" in sweep(rc=1)
+    # Tune's state as the sweep left it, signed: --resume accepts it; a changed file is refused.
+    sweep("--resume")
+    storage.write_bytes(storage.join(sweep_dir, "tuner.pkl"), b"not Tune's")
+    out = sweep("--resume", rc=1)
+    assert "tuner.pkl" in out and "changed since the last sweep run recorded it" in out, out
 
 
 @pytest.mark.slow

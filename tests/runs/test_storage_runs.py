@@ -1,5 +1,6 @@
 """Runs whose dataset, run dir and reports live in S3 (moto on 127.0.0.1, tests/support/s3.py):
-pretrain from a staged copy, resume from the S3 checkpoint, evaluate from S3."""
+pretrain from a staged copy, resume from the S3 checkpoint, evaluate from S3. (A sweep in S3:
+tests/e2e/test_sweep.py::test_a_repeats_sweep_in_s3_trains_seeds_and_the_searcher_sees_their_mean.)"""
 
 from __future__ import annotations
 
@@ -76,48 +77,3 @@ def test_pretrain_resume_and_evaluate_with_s3_storage(s3_uri: str, tmp_path: Pat
     assert "# Evaluation of `s3run`" in report
     assert {"metrics.json", "knn_vs_k.png"} <= set(storage.list_dir(storage.join(run_dir,
                                                                                 "eval")))
-
-
-@pytest.mark.slow
-def test_sweep_with_s3_storage(s3_uri: str, tmp_path: Path,
-                               monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # the state record's key
-    local = synthetic_dataset(tmp_path / "syn", size=16)
-    dataset = storage.join(s3_uri, "datasets", "syn")
-    storage.upload_dir(local, dataset)
-    base = tiny_run_config(dataset, tmp_path / "unused", name="base", train__epochs=1,
-                           data__stage_dir=str(tmp_path / "stage"), knn__k=5,
-                           loss={"name": "simclr", "tau": 0.2})
-    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
-    sweeps = storage.join(s3_uri, "sweeps")
-    space = {
-        "name": "s3sweep", "storage": sweeps, "base": str(tmp_path / "base.yaml"),
-        "metric": "knn_top1", "mode": "max", "num_samples": 2, "max_concurrent": 1,
-        "resources": {"workers": 1, "cpus_per_worker": 1.0, "gpus_per_worker": 0.0},
-        "searcher": {"name": "random", "seed": 0}, "scheduler": {"name": "fifo"},
-        "space": {"optim.lr": {"loguniform": [0.01, 0.5]}},
-    }
-    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
-    _simgraph("sweep", str(tmp_path / "space.yaml"), cwd=tmp_path)
-
-    sweep_dir = storage.join(sweeps, "s3sweep")
-    names = set(storage.list_dir(sweep_dir))
-    assert {"trials.csv", "trials.md", "best.yaml", "trials"} <= names, names
-    rows = list(csv.DictReader(io.StringIO(storage.read_text(storage.join(sweep_dir,
-                                                                          "trials.csv")))))
-    assert len(rows) == 2 and all(r["status"] == "finished" for r in rows), rows
-    trials = storage.list_dir(storage.join(sweep_dir, "trials"))
-    assert len(trials) == 2
-    for t in trials:  # every trial's run dir, checkpoint included, is in S3
-        done = latest_complete(storage.join(sweep_dir, "trials", t))
-        assert done is not None and done[0] == 1
-    assert not (tmp_path / "s3:").exists()
-    # The sweep dir in S3 is seen as taken: a second start must say --resume.
-    out = _simgraph("sweep", str(tmp_path / "space.yaml"), cwd=tmp_path, rc=1)
-    assert "already holds a sweep: add --resume" in out
-    # Tune's state as the sweep left it, signed: --resume accepts it; a changed file is refused.
-    assert "state_digest.json" in names
-    _simgraph("sweep", str(tmp_path / "space.yaml"), "--resume", cwd=tmp_path)
-    storage.write_bytes(storage.join(sweep_dir, "tuner.pkl"), b"not Tune's")
-    out = _simgraph("sweep", str(tmp_path / "space.yaml"), "--resume", cwd=tmp_path, rc=1)
-    assert "tuner.pkl" in out and "changed since the last sweep run recorded it" in out, out
