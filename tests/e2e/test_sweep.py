@@ -1,5 +1,6 @@
 """``simgraph sweep``: a 4-trial sweep on tiny data, killed after 2 trials and resumed without
-re-running them; results, best config and the Optuna study; failed trials stay failed."""
+re-running them, then confirmed; a repeats sweep in S3; results, best config and the Optuna
+study; failed trials stay failed."""
 
 from __future__ import annotations
 
@@ -58,8 +59,19 @@ def _done(trials: Path) -> list[Path]:
 
 
 @pytest.mark.slow
-def test_sweep_killed_after_two_trials_resumes_the_rest(tmp_path: Path) -> None:
+def test_sweep_killed_after_two_trials_resumes_the_rest_and_confirms(tmp_path: Path) -> None:
+    """Killed after two trials; an edit before --resume is refused; --resume runs the rest and
+    then ``confirm: {top: 2, seeds: 2}``: the two best settings retrained with fresh seeds,
+    scored on the test split; confirm.md / .csv, trials.md and best.yaml say the confirmed
+    best. Then ``--confirm`` on the finished sweep resumes: the finished runs are not trained
+    again. Results reach trials.csv, Optuna's study, MLflow, TensorBoard and W&B."""
+    import json
+
     space = _space(tmp_path)
+    synthetic_dataset(tmp_path / "ds", test_per_class=6)  # the same images + a test split
+    spec = yaml.safe_load(space.read_text())
+    spec["confirm"] = {"top": 2, "seeds": 2}
+    space.write_text(yaml.safe_dump(spec))
     log = open(tmp_path / "sweep.log", "a")  # noqa: SIM115
     proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "sweep", str(space)],
                             cwd=tmp_path, start_new_session=True, stdout=log,
@@ -106,8 +118,26 @@ def test_sweep_killed_after_two_trials_resumes_the_rest(tmp_path: Path) -> None:
         assert (trials / name / "workers" / "rank0.json").read_text() == info
     for r in rows:  # conditional parameter only where the loss has it
         assert (r["loss.tau_s"] != "") == (r["loss.name"] == "xclr")
-    best = load_config(tmp_path / "sweeps" / "s" / "best.yaml", PretrainConfig)
-    assert best.name == "s-best"
+    sweep_dir = tmp_path / "sweeps" / "s"
+    confirmed = json.loads((sweep_dir / "confirm.json").read_text())
+    assert [r["confirmed_rank"] for r in confirmed] == [1, 2]
+    assert sorted(r["sweep_rank"] for r in confirmed) == [1, 2]
+    assert all(r["split"] == "test" and len(r["seed_scores"]) == 2 for r in confirmed)
+    reruns = sorted(p.name for p in (sweep_dir / "confirm").iterdir()
+                  if p.is_dir())  # beside each: its run dir's lock, .<run>.lock
+    assert reruns == ["rank01-seed0", "rank01-seed1", "rank02-seed0", "rank02-seed1"]
+    seeds = {load_config(sweep_dir / "confirm" / r / "config.yaml", PretrainConfig).train.seed
+             for r in reruns}
+    assert seeds == {1000, 1001}  # fresh: the sweep's trials used seed 0
+    top = confirmed[0]
+    header, *_ = (sweep_dir / "best.yaml").read_text().splitlines()
+    assert header.startswith(f"# confirmed best of sweep s (sweep rank {top['sweep_rank']}): "
+                             f"test kNN top-1 {100 * top['score']:.1f} % [")
+    best = load_config(sweep_dir / "best.yaml", PretrainConfig)
+    assert best.name == "s-best" and best.loss.name == top["params"]["loss.name"]
+    assert best.optim.lr == pytest.approx(top["params"]["optim.lr"])
+    assert "## Confirmation" in (sweep_dir / "trials.md").read_text()
+    assert f"confirmed best (sweep rank {top['sweep_rank']}): test kNN top-1" in out.stdout
     import optuna
 
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'study.db'}")
@@ -150,6 +180,16 @@ def test_sweep_killed_after_two_trials_resumes_the_rest(tmp_path: Path) -> None:
             assert w.name not in final or knn[-1] == pytest.approx(final[w.name]), (w.name, knn)
         complete += len(knn) == 2
     assert complete >= 1, [(w.name, len(w.history)) for w in wb]
+
+    stamps = {r: (sweep_dir / "confirm" / r / "epoch_00002" / "state.pt").stat().st_mtime_ns
+              for r in reruns}
+    again = subprocess.run([sys.executable, "-m", "pipelines.cli", "sweep", str(space),
+                            "--confirm"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert json.loads((sweep_dir / "confirm.json").read_text()) == confirmed
+    assert stamps == {r: (sweep_dir / "confirm" / r / "epoch_00002" / "state.pt")
+                      .stat().st_mtime_ns for r in reruns}
 
 
 def test_failed_trials_are_reported_failed_never_with_a_value(tmp_path: Path) -> None:
@@ -627,54 +667,3 @@ def test_a_repeats_sweep_in_s3_trains_seeds_and_the_searcher_sees_their_mean(
     storage.write_bytes(storage.join(sweep_dir, "tuner.pkl"), b"not Tune's")
     out = sweep("--resume", rc=1)
     assert "tuner.pkl" in out and "changed since the last sweep run recorded it" in out, out
-
-
-@pytest.mark.slow
-def test_a_sweep_with_confirm_answers_with_the_confirmed_best(tmp_path: Path) -> None:
-    """confirm: {top: 2, seeds: 2}: the two best settings retrained with fresh seeds, scored
-    on the test split; confirm.md / .csv, trials.md and best.yaml say the confirmed best.
-    Then `--confirm` on the finished sweep resumes: the finished runs are not trained again."""
-    import json
-
-    space = _space(tmp_path)
-    synthetic_dataset(tmp_path / "ds", test_per_class=6)  # the same images + a test split
-    spec = yaml.safe_load(space.read_text())
-    spec.update({"num_samples": 3, "mlflow": False, "wandb": False, "study_storage": None,
-                 "max_concurrent": 2, "overrides": ["train.epochs=1"],
-                 "confirm": {"top": 2, "seeds": 2}})
-    space.write_text(yaml.safe_dump(spec))
-    out = subprocess.run([sys.executable, "-m", "pipelines.cli", "sweep", str(space)],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=400)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    sweep_dir = tmp_path / "sweeps" / "s"
-    confirmed = json.loads((sweep_dir / "confirm.json").read_text())
-    assert [r["confirmed_rank"] for r in confirmed] == [1, 2]
-    assert sorted(r["sweep_rank"] for r in confirmed) == [1, 2]
-    assert all(r["split"] == "test" and len(r["seed_scores"]) == 2 for r in confirmed)
-    with open(sweep_dir / "trials.csv") as f:
-        trials = list(csv.DictReader(f))
-    runs = sorted(p.name for p in (sweep_dir / "confirm").iterdir()
-                  if p.is_dir())  # beside each: its run dir's lock, .<run>.lock
-    assert runs == ["rank01-seed0", "rank01-seed1", "rank02-seed0", "rank02-seed1"]
-    seeds = {load_config(sweep_dir / "confirm" / r / "config.yaml", PretrainConfig).train.seed
-             for r in runs}
-    assert seeds == {1000, 1001}  # fresh: the sweep's trials used seed 0
-    best = confirmed[0]
-    header, *_ = (sweep_dir / "best.yaml").read_text().splitlines()
-    assert header.startswith(f"# confirmed best of sweep s (sweep rank {best['sweep_rank']}): "
-                             f"test kNN top-1 {100 * best['score']:.1f} % [")
-    cfg = load_config(sweep_dir / "best.yaml", PretrainConfig)
-    assert cfg.loss.name == best["params"]["loss.name"]
-    assert cfg.optim.lr == pytest.approx(best["params"]["optim.lr"])
-    assert "## Confirmation" in (sweep_dir / "trials.md").read_text()
-    assert len(trials) == 3
-    assert f"confirmed best (sweep rank {best['sweep_rank']}): test kNN top-1" in out.stdout
-    stamps = {r: (sweep_dir / "confirm" / r / "epoch_00001" / "state.pt").stat().st_mtime_ns
-              for r in runs}
-    again = subprocess.run([sys.executable, "-m", "pipelines.cli", "sweep", str(space),
-                            "--confirm"], cwd=tmp_path, capture_output=True, text=True,
-                           timeout=300)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert json.loads((sweep_dir / "confirm.json").read_text()) == confirmed
-    assert stamps == {r: (sweep_dir / "confirm" / r / "epoch_00001" / "state.pt")
-                      .stat().st_mtime_ns for r in runs}
