@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from components.config import ConfigError, PretrainConfig, from_dict
-from components.runs.checkpoint import load_state
+from components.runs.checkpoint import is_complete_at, load_state, local_copy
 from components.runs.checkpoints import latest_complete
 from components.runs.dataset_checks import check_dataset
 from components.runs.diagnostics import PAUSE_ENV
@@ -78,10 +78,11 @@ def _wait_for(cond: Any, proc: subprocess.Popen, tmp: Path, name: str, timeout: 
     raise AssertionError(f"timed out waiting; log:\n{(tmp / f'{name}.log').read_text()[-4000:]}")
 
 
-def _final(run_dir: Path) -> dict[str, Any]:
+def _final(run_dir: Path | str) -> dict[str, Any]:
     best = latest_complete(run_dir)
     assert best is not None, f"no complete checkpoint in {run_dir}"
-    return load_state(best[1])
+    with local_copy(best[1]) as d:  # a URI's is downloaded
+        return load_state(d)
 
 
 def _registered(run_dir: Path, name: str) -> bool:
@@ -91,7 +92,7 @@ def _registered(run_dir: Path, name: str) -> bool:
 
 @pytest.mark.slow
 def test_killed_run_and_killed_worker_resume_to_identical_weights_and_metrics(
-        dataset: Path, tmp_path: Path) -> None:
+        dataset: Path, tmp_path: Path, s3_uri: str) -> None:
     """4 epochs straight vs: 2 epochs, SIGKILL of the whole process tree, re-run, and in the
     re-run one worker SIGKILLed in epoch 4 (``scaling.max_failures=1``: Ray Train restarts the
     group from epoch 3's checkpoint): identical weights, optimizer, history and metrics.
@@ -99,12 +100,24 @@ def test_killed_run_and_killed_worker_resume_to_identical_weights_and_metrics(
     CoNe: its first step (empty bank) leaves the projector without a gradient under DDP. A
     half-written ``epoch_00003`` (what a kill during the upload leaves) is planted before the
     re-run: it must not be used, and the resumed run writes a complete one over it.
+
+    The straight run reads its dataset from S3 and writes its run dir there (moto,
+    tests/support/s3.py): staged once for both workers, then resumed in-process from the S3
+    checkpoint and evaluated from S3 (:func:`_straight_run_in_s3_resumes_and_evaluates`).
     """
+    from components.io import storage
+
     cone = {"name": "cone", "bank_size": 40, "top_n": 4}
-    straight = tiny_run_config(dataset, tmp_path / "runs", name="straight", loss=cone)
+    remote = storage.join(s3_uri, "datasets", "syn")
+    storage.upload_dir(dataset, remote)
+    runs = storage.join(s3_uri, "runs")
+    straight = tiny_run_config(remote, tmp_path / "unused", name="straight", loss=cone,
+                               data__stage_dir=str(tmp_path / "stage"))
+    straight["storage"] = runs  # tiny_run_config takes Paths; URIs go in as they are
     _finish(_start(straight, tmp_path, verbose=True), tmp_path, "straight")
     loud = (tmp_path / "straight.log").read_text()
     assert "TrainingReport(" in loud  # --verbose: Ray Train's own lines too
+    reference = _final(storage.join(runs, "straight"))
 
     killed = tiny_run_config(dataset, tmp_path / "runs", name="killed", loss=cone,
                              scaling__max_failures=1, tracking={"mlflow": True, "wandb": True})
@@ -162,7 +175,7 @@ def test_killed_run_and_killed_worker_resume_to_identical_weights_and_metrics(
     assert restarted.name == "killed" and restarted.config["loss"]["name"] == "cone"
     assert [h["epoch"] for h in restarted.history if "loss" in h] == [4]
 
-    a, b = _final(tmp_path / "runs" / "straight"), _final(run_dir)
+    a, b = reference, _final(run_dir)
     assert a["epoch"] == b["epoch"] == 4 and a["step"] == b["step"] == 16
     _same_training(a, b)
     assert [r["epoch"] for r in b["history"]] == [1, 2, 3, 4]
@@ -171,6 +184,55 @@ def test_killed_run_and_killed_worker_resume_to_identical_weights_and_metrics(
     # metrics.csv holds each epoch once, even though the killed run had logged epoch 2
     rows = (run_dir / "metrics.csv").read_text().splitlines()
     assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3", "4"]
+
+    _straight_run_in_s3_resumes_and_evaluates(straight, dataset, tmp_path)
+
+
+def _straight_run_in_s3_resumes_and_evaluates(cfg: dict[str, Any], dataset: Path,
+                                              tmp: Path) -> None:
+    """The S3 half of the killed-run test: ``cfg`` trained 4 epochs on 2 Ray Train workers from
+    a dataset in S3 into a run dir in S3."""
+    import csv
+    import io
+
+    from components.data.staging import MARKER
+    from components.io import storage
+
+    run_dir = storage.join(cfg["storage"], cfg["name"])
+    assert {"config.yaml", "metrics.csv", "workers", "tb", "epoch_00004"} <= set(
+        storage.list_dir(run_dir))
+    assert not (ROOT / "s3:").exists()  # nothing went to a local look-alike path
+    done = latest_complete(run_dir)
+    assert done is not None and done[0] == 4 and is_complete_at(done[1])
+    rows = list(csv.DictReader(io.StringIO(storage.read_text(storage.join(run_dir,
+                                                                          "metrics.csv")))))
+    assert [r["epoch"] for r in rows] == ["1", "2", "3", "4"]
+    staged = [d for d in (tmp / "stage").iterdir() if d.is_dir()]
+    assert len(staged) == 1 and (staged[0] / MARKER).exists()  # one copy for both workers
+    assert (staged[0] / "train.beton").read_bytes() == (dataset / "train.beton").read_bytes()
+
+    # Longer training resumes from the checkpoint in S3 and keeps the first epochs' history;
+    # on one worker, so in this process (scaling.host=auto): the in-process host reads and
+    # writes S3 as Ray Train's does
+    longer = {**cfg, "train": {"epochs": 5}, "scaling": {"num_workers": 1,
+                                                          "cpus_per_worker": 1.0}}
+    log = tmp / f"{cfg['name']}.log"  # _start appends: this run's lines come after `seen`
+    seen = len(log.read_text())
+    _finish(_start(longer, tmp), tmp, cfg["name"])
+    out = log.read_text()[seen:]
+    assert "resumed 'straight' after epoch 4" in out
+    assert "hiding known-harmless Ray" not in out  # no Ray was started: trained in-process
+    history = _final(run_dir)["history"]
+    assert [h["epoch"] for h in history] == [1, 2, 3, 4, 5]
+    assert [float(r["loss"]) for r in rows] == pytest.approx([h["loss"] for h in history[:4]])
+
+    evaluate = subprocess.run([sys.executable, "-m", "pipelines.cli", "evaluate", run_dir],
+                              cwd=tmp, text=True, capture_output=True, timeout=600)
+    assert evaluate.returncode == 0, (evaluate.stdout + evaluate.stderr)[-4000:]
+    report = storage.read_text(storage.join(run_dir, "eval", "report.md"))
+    assert "# Evaluation of `straight`" in report
+    assert {"metrics.json", "knn_vs_k.png"} <= set(storage.list_dir(storage.join(run_dir,
+                                                                                "eval")))
 
 
 def _one_worker(dataset: Path, storage: Path, name: str, host: str = "auto") -> dict[str, Any]:
