@@ -40,6 +40,7 @@ def run(config: str, overrides: Sequence[str] = (), echo: bool = True) -> list[d
             last = history[-1]
             rows.append({"run": name, "loss": cfg.loss.name, "epochs": last["epoch"],
                          "final_loss": last["loss"], "knn_top1": last.get("knn_top1"),
+                         "probe_top1": last.get("probe_top1"),
                          "wall_s": time.perf_counter() - t0})
     if echo:
         print("\n" + summary(rows))
@@ -47,12 +48,19 @@ def run(config: str, overrides: Sequence[str] = (), echo: bool = True) -> list[d
 
 
 def summary(rows: Sequence[dict[str, Any]]) -> str:
-    lines = ["| run | loss | epochs | final loss | online kNN top-1 | wall s |",
-             "|---|---|---:|---:|---:|---:|"]
+    probe = any(r.get("probe_top1") is not None for r in rows)  # a column when one has it
+    lines = ["| run | loss | epochs | final loss | online kNN top-1 | "
+             + ("online probe top-1 | " if probe else "") + "wall s |",
+             "|---|---|---:|---:|---:|" + ("---:|" if probe else "") + "---:|"]
+
+    def pct(v: float | None) -> str:
+        return "—" if v is None else f"{100 * v:.1f} %"
+
     for r in rows:
-        knn = "—" if r["knn_top1"] is None else f"{100 * r['knn_top1']:.1f} %"
         lines.append(f"| {r['run']} | {r['loss']} | {r['epochs']} | {r['final_loss']:.3f} | "
-                     f"{knn} | {r['wall_s']:.0f} |")
+                     f"{pct(r['knn_top1'])} | "
+                     + (f"{pct(r.get('probe_top1'))} | " if probe else "")
+                     + f"{r['wall_s']:.0f} |")
     return "\n".join(lines)
 
 

@@ -1,5 +1,5 @@
 """Pretraining configs: data + augmentation, model, optimiser, training, checkpoints, scaling,
-online kNN; the run config."""
+online kNN and linear probe; the run config."""
 
 from __future__ import annotations
 
@@ -324,6 +324,40 @@ class KNNConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class ProbeConfig:
+    """Online linear probe (as solo-learn / lightly run beside pretraining): a linear
+    classifier ``nn.Linear(feature_dim, classes)`` on the detached backbone features (those the
+    kNN reads) of every view of each training batch, trained at every step with its own AdamW
+    (``lr``, decoupled ``weight_decay``; constant LR, zero-initialised) outside the encoder's
+    graph, autocast and gradient scaler: it never changes the encoder's training. Its top-1 on
+    the unaugmented ``split`` images (``null``: ``knn.query_split``, whose features the kNN
+    extracts anyway) is ``probe_top1`` (and its binomial standard error ``probe_top1_se``) in
+    ``metrics.csv``, every ``every_epochs`` epochs and after the last. ``every_epochs: 0``
+    (the default, and what a run stored before the probe existed resumes with) turns it off;
+    it needs a labelled dataset. AdamW rather than SGD: the backbone features' scale drifts as
+    the encoder trains and differs between backbones, and Adam's steps do not depend on it, so
+    one ``lr`` fits every run. A resume may change every key (the probe starts fresh when the
+    checkpoint holds none)."""
+
+    every_epochs: int = 0
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    split: str | None = None
+
+    def __post_init__(self) -> None:
+        check_at_least("probe.every_epochs", self.every_epochs, 0)
+        check_positive("probe.lr", self.lr)
+        check_non_negative("probe.weight_decay", self.weight_decay)
+        if self.split is not None and (not isinstance(self.split, str) or not self.split):
+            raise ConfigError(f"probe.split={clip(self.split)} is not allowed: name a split of "
+                              "the dataset (e.g. val), or null for knn.query_split")
+
+    def split_of(self, knn: KNNConfig) -> str:
+        """The split the probe reports on: ``split``, or ``knn.query_split`` when null."""
+        return knn.query_split if self.split is None else self.split
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TrackingConfig:
     """Opt-in experiment trackers, beside ``metrics.csv`` and TensorBoard (always written).
 
@@ -405,6 +439,7 @@ class PretrainConfig:
     checkpoint: CheckpointSection = dataclasses.field(default_factory=CheckpointSection)
     scaling: ScalingSection = dataclasses.field(default_factory=ScalingSection)
     knn: KNNConfig = dataclasses.field(default_factory=KNNConfig)
+    probe: ProbeConfig = dataclasses.field(default_factory=ProbeConfig)
     tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
     recipe: RecipeSection = dataclasses.field(default_factory=RecipeSection)
 

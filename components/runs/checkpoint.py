@@ -179,6 +179,9 @@ class TrainingState:
             schedule_position`); ``None`` in checkpoints older than it (then ``step`` ×
             ``data.batch_size`` × ``scaling.num_workers`` of ``config``:
             :meth:`samples_seen`).
+        probe: the online linear probe's ``{"linear": state dict, "optimizer": state dict}``
+            (``probe.every_epochs`` > 0), else ``None`` — also in checkpoints older than it (a
+            resume with the probe on then starts it fresh).
     """
 
     model: dict[str, Any]
@@ -193,6 +196,7 @@ class TrainingState:
     scaler: dict[str, Any] | None = None
     dataset: dict[str, Any] | None = None
     samples: int | None = None
+    probe: dict[str, Any] | None = None
 
     _MAPPINGS = ("model", "optimizer", "scheduler", "config")
 
@@ -222,6 +226,9 @@ class TrainingState:
         samples = d.get("samples")
         wrong += [] if samples is None or (isinstance(samples, int)
                                            and not isinstance(samples, bool)) else ["samples"]
+        probe = d.get("probe")
+        wrong += [] if probe is None or (isinstance(probe, dict) and {"linear", "optimizer"}
+                                         <= probe.keys()) else ["probe"]
         if wrong:
             raise CheckpointError(f"{where} holds {', '.join(wrong)} of the wrong type: not a "
                                   "simgraph training checkpoint")
@@ -238,11 +245,11 @@ class TrainingState:
 
     def nonfinite(self, limit: int = 5) -> list[str]:
         """Where the state to resume from (model incl. BatchNorm statistics and memory bank,
-        EMA encoder, optimizer, scheduler, scaler) holds NaN / inf: names as
+        EMA encoder, optimizer, scheduler, scaler, online probe) holds NaN / inf: names as
         :func:`nonfinite_entries` (``model.encoder…``, ``optimizer.state…``); empty when
         finite."""
         return nonfinite_entries({k: getattr(self, k) for k in
-                                  ("model", "ema", "optimizer", "scheduler", "scaler")
+                                  ("model", "ema", "optimizer", "scheduler", "scaler", "probe")
                                   if getattr(self, k) is not None}, limit)
 
     def save(self, directory: str | Path, checked: bool = False) -> Path:

@@ -37,8 +37,9 @@ def check_dataset(cfg: PretrainConfig) -> RunFacts:
     """Check the dataset dir against the loss and batch; returns what the workers need.
 
     Raises:
-        RunError: missing dataset, no labels for a supervised loss, no class graph or
-            captions for X-CLR / CLIP, fewer training samples than one global batch.
+        RunError: missing dataset, no labels for a supervised loss or the online probe, no
+            class graph or captions for X-CLR / CLIP, an empty split for the probe, fewer
+            training samples than one global batch.
     """
     from components.data.reader import DatasetError
     from components.data.staging import dataset_info
@@ -81,6 +82,20 @@ def check_dataset(cfg: PretrainConfig) -> RunFacts:
             f"loss.caption_dim={want} but {where} stores {info.caption_dim}-d caption "
             f"embeddings; set loss.caption_dim={info.caption_dim}"
         )
+    probe = cfg.probe
+    if probe.every_epochs > 0:  # opted in: refused, not turned off, where it cannot run
+        split = probe.split_of(cfg.knn)
+        if not info.classes:
+            raise RunError(
+                f"probe.every_epochs={probe.every_epochs}: the online linear probe needs labels "
+                f"but {where} has none (no classes in its manifest); set probe.every_epochs=0")
+        if info.splits.get(split, 0) == 0:
+            have = ", ".join(k for k, n in info.splits.items() if n) or "none"
+            raise RunError(
+                f"probe.every_epochs={probe.every_epochs}: the online linear probe is scored on "
+                f"split {split!r} ({'probe.split' if probe.split else 'knn.query_split'}), "
+                f"which {where} does not hold (splits with samples: {have}); set probe.split "
+                "to one of them, or probe.every_epochs=0")
     global_batch = cfg.data.batch_size * cfg.scaling.num_workers
     if train_n < global_batch:
         raise RunError(

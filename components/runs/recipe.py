@@ -165,6 +165,8 @@ def _training_failed(cfg: PretrainConfig, run_dir: str, e: BaseException) -> Pre
 def history_table(history: Sequence[dict[str, Any]]) -> str:
     """The per-epoch metrics as a fixed-width table."""
     cols = ["epoch", "loss", "lr", "knn_top1", "samples_per_s", "data_wait", "time_s"]
+    if any("probe_top1" in row for row in history):  # the online linear probe ran
+        cols.insert(4, "probe_top1")
     lines = [" ".join(f"{c:>13}" for c in cols)]
     for row in history:
         cells = []

@@ -29,6 +29,9 @@ RESUMABLE_CHANGES = (
     # Memory, not the schedule: the same batch per step in k encoder chunks (another GPU may
     # need another k); only BatchNorm's per-chunk statistics change with it.
     "train.accumulate",
+    # The online linear probe reads detached features: it never changes the encoder's
+    # training (turned on at a resume, it starts fresh).
+    "probe.",
 )
 
 

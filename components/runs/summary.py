@@ -47,6 +47,9 @@ def run_summary(cfg: Any, facts: Any, run_dir: str) -> str:
                                 f"{', '.join(f'{x:g}' for x in o.step_epochs)}"
                                 if o.schedule == "step" else ""),
         f"  kNN     {knn}",
+        *([f"  probe   every {pb.every_epochs} epochs (linear on the backbone features, AdamW "
+           f"lr {pb.lr:g}, weight decay {pb.weight_decay:g}; top-1 on {pb.split_of(cfg.knn)})"]
+          if (pb := cfg.probe).every_epochs else []),
         *([p] if (p := _precision(cfg)) else []),
         *(f"  warning {note}" for note in facts.warnings),
     ])

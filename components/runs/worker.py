@@ -1,7 +1,8 @@
 """The recipe: what one worker does (:class:`PretrainRecipe`, on whichever host
 :mod:`components.runs.hosts` gives it: a Ray Train worker, a Tune trial actor, this process):
 setup (device, FFCV reader for this rank's share via :func:`train_views`, model in DDP,
-optimiser and schedule, restore) → per epoch train_epoch → evaluate_epoch (online kNN) → save
+optimiser and schedule, restore) → per epoch train_epoch → evaluate_epoch (online kNN and
+linear probe) → save
 (``metrics.csv`` / TensorBoard by rank 0 through :class:`~components.runs.run_log.RunLog`,
 full-state checkpoints every ``checkpoint.every_epochs`` and at the end: :func:`checkpoint_state`,
 metrics reported to the host, which Tune/ASHA read). Where it is started from:
@@ -29,6 +30,7 @@ from components.runtime import console
 
 if TYPE_CHECKING:
     from components.runs.checkpoint import TrainingState
+    from components.training.online_probe import OnlineProbe
 
 
 def train_views(cfg: PretrainConfig, info: Any, rank: int, world: int, device: Any,
@@ -134,6 +136,15 @@ class PretrainRecipe:
             if model.channels_last:  # a copy made before the conversion: the model's layout
                 ema.to(memory_format=torch.channels_last)
         self.model, self.ema = model, ema
+        # probe.every_epochs > 0: the online linear probe (the driver refused it on a dataset
+        # without labels), zero-initialised: built before restore, which loads its state
+        self.probe: OnlineProbe | None = None
+        if cfg.probe.every_epochs:
+            from components.training.online_probe import OnlineProbe
+
+            self.probe = OnlineProbe(model.encoder.feat_dim, facts.num_classes,
+                                     lr=cfg.probe.lr, weight_decay=cfg.probe.weight_decay,
+                                     device=device)
 
         self.steps_per_epoch = len(self.train_loader)
         self.total_steps = self.steps_per_epoch * cfg.train.epochs
@@ -164,7 +175,7 @@ class PretrainRecipe:
                 # on every rank: no per-step buffer broadcast.
                 forward_sync_buffers=False,
             )
-        self.knn_loaders: tuple[Any, Any] | None = None
+        self.eval_loaders: dict[str, Any] = {}  # split -> its unaugmented loader (kNN, probe)
         self.log = RunLog(self.run_dir, self.start_epoch, cfg) if self.rank == 0 else None
         if self.rank == 0 and facts.knn and cfg.knn.every_epochs:
             from components.evaluation.knn import KnnRule
@@ -173,6 +184,12 @@ class PretrainRecipe:
             n = facts.splits.get(cfg.knn.bank_split, rule.k)
             console.say(f"[simgraph] online {rule.describe(cfg.knn.query_split, rule.k_for(n))}"
                         f" (knn_top1), every {cfg.knn.every_epochs} epoch(s) and after the last")
+        if self.rank == 0 and self.probe is not None:
+            p = cfg.probe
+            console.say(f"[simgraph] online linear probe on the backbone features (AdamW, lr "
+                        f"{p.lr:g}, weight decay {p.weight_decay:g}), top-1 on "
+                        f"{p.split_of(cfg.knn)!r} (probe_top1), every {p.every_epochs} "
+                        "epoch(s) and after the last")
 
     def _open_train_split(self, gpu_paths: bool) -> Any:
         """This rank's training loader (:func:`train_views`), opened only once the dataset dir
@@ -223,6 +240,14 @@ class PretrainRecipe:
         self.scheduler.load_state_dict(state.scheduler)
         if self.scaler is not None and state.scaler:
             self.scaler.load_state_dict(state.scaler)
+        if self.probe is not None:
+            if state.probe is not None:
+                self.probe.load_state_dict(state.probe)
+                self.probe.set_hyperparameters(self.cfg.probe.lr, self.cfg.probe.weight_decay)
+            elif self.rank == 0:
+                console.say(f"[simgraph] checkpoint {ckpt_dir.name} holds no online probe "
+                            "(saved before the probe existed or with probe.every_epochs 0): "
+                            "the probe starts fresh")
         self.start_epoch = state.epoch
         self.history = state.history
         self.step = self._continue_schedule(state, fresh_lrs)
@@ -362,7 +387,8 @@ class PretrainRecipe:
                     self.ddp, self.ema, self.optimizer, self.scheduler, self.scaler, batch,
                     train_cfg=self.train_cfg, device=self.device, step=self.step,
                     total_steps=self.total_steps,
-                    ema_momentum=getattr(cfg.loss, "ema_momentum", 0.996), where=where)
+                    ema_momentum=getattr(cfg.loss, "ema_momentum", 0.996), where=where,
+                    probe=self.probe)
             except SkippedStep as e:  # fp16 overflow on every rank: the guard may stop the run
                 self.step += 1
                 try:
@@ -409,45 +435,70 @@ class PretrainRecipe:
         return row
 
     def evaluate_epoch(self, epoch: int, row: dict[str, Any]) -> None:
-        """The online kNN top-1 (``knn_top1`` in ``row``, its wall time ``eval_s``) on the
-        epochs ``knn.every_epochs`` names and the last one, when the dataset allows it
-        (:attr:`RunFacts.knn`)."""
-        from components.data.reader import ViewLoader
+        """The online kNN top-1 (``knn_top1`` in ``row``) on the epochs ``knn.every_epochs``
+        names and the last one, when the dataset allows it (:attr:`RunFacts.knn`); the online
+        probe's top-1 (``probe_top1``) on those ``probe.every_epochs`` names and the last one;
+        their wall time ``eval_s``. Each split's unaugmented features are extracted once per
+        epoch, whoever reads them (the probe's split is the kNN's query split by default)."""
         from components.evaluation.knn import KnnRule
         from components.training.step import extract_features
 
-        cfg, d = self.cfg, self.cfg.data
-        if not self.facts.knn or not ((epoch + 1) % cfg.knn.every_epochs == 0
-                                      or epoch + 1 == cfg.train.epochs):
-            return
-        if self.knn_loaders is None:
-            from components.data.integrity import verify_identity
+        cfg = self.cfg
+        last = epoch + 1 == cfg.train.epochs
 
-            # A rebuild swapped in since the run started is refused, never scored on.
-            verify_identity(str(self.info.root), self.facts.dataset, cfg.name,
-                            "the kNN evaluation")
-            self.knn_loaders = tuple(  # type: ignore[assignment]
-                ViewLoader(self.info.split_file(s), batch_size=d.batch_size, views=1,
-                           augment=d.augment, train=False, rank=self.rank,
-                           world_size=self.world, device=self.device,
-                           num_workers=d.num_workers, drop_last=False, os_cache=d.os_cache,
-                           with_captions=False)
-                for s in (cfg.knn.bank_split, cfg.knn.query_split)
-            )
-        assert self.knn_loaders is not None
+        def due(every: int) -> bool:
+            return every > 0 and ((epoch + 1) % every == 0 or last)
+
+        knn = self.facts.knn and due(cfg.knn.every_epochs)
+        probe = self.probe if self.probe is not None and due(cfg.probe.every_epochs) else None
+        if not knn and probe is None:
+            return
         t0 = time.perf_counter()
-        encoder = self.model.encoder
-        bank = extract_features(encoder, self.knn_loaders[0], self.device, self.amp)
-        queries = extract_features(encoder, self.knn_loaders[1], self.device, self.amp)
-        correct, total = KnnRule.of(cfg.knn).sharded_correct(bank, queries,
-                                                             self.facts.num_classes)
-        p = correct / total
-        row["knn_top1"] = p
-        # Its standard error over the query images (binomial): how far apart two epochs'
-        # values must be before they differ.
-        row["knn_top1_se"] = math.sqrt(p * (1 - p) / total)
-        row["knn_queries"] = total
+        features: dict[str, tuple[Any, Any]] = {}  # split -> (features [N, F], labels [N])
+
+        def of(split: str) -> tuple[Any, Any]:
+            if split not in features:
+                features[split] = extract_features(
+                    self.model.encoder, self._eval_loader(split, "the kNN evaluation" if knn
+                                                          else "the online probe's evaluation"),
+                    self.device, self.amp)
+            return features[split]
+
+        if knn:
+            bank, queries = of(cfg.knn.bank_split), of(cfg.knn.query_split)
+            correct, total = KnnRule.of(cfg.knn).sharded_correct(bank, queries,
+                                                                 self.facts.num_classes)
+            p = correct / total
+            row["knn_top1"] = p
+            # Its standard error over the query images (binomial): how far apart two epochs'
+            # values must be before they differ.
+            row["knn_top1_se"] = math.sqrt(p * (1 - p) / total)
+            row["knn_queries"] = total
+        if probe is not None:
+            correct, total = probe.correct(*of(cfg.probe.split_of(cfg.knn)))
+            p = correct / max(total, 1)
+            row["probe_top1"] = p
+            row["probe_top1_se"] = math.sqrt(p * (1 - p) / max(total, 1))  # binomial, as kNN's
+            row["probe_queries"] = total
         row["eval_s"] = time.perf_counter() - t0
+
+    def _eval_loader(self, split: str, what: str) -> Any:
+        """The unaugmented one-view loader of ``split`` (this rank's share), made once. Before
+        the first: a rebuild swapped in since the run started is refused, never scored on."""
+        from components.data.reader import ViewLoader
+
+        if split not in self.eval_loaders:
+            if not self.eval_loaders:
+                from components.data.integrity import verify_identity
+
+                verify_identity(str(self.info.root), self.facts.dataset, self.cfg.name, what)
+            d = self.cfg.data
+            self.eval_loaders[split] = ViewLoader(
+                self.info.split_file(split), batch_size=d.batch_size, views=1,
+                augment=d.augment, train=False, rank=self.rank, world_size=self.world,
+                device=self.device, num_workers=d.num_workers, drop_last=False,
+                os_cache=d.os_cache, with_captions=False)
+        return self.eval_loaders[split]
 
     def save(self, epoch: int, row: dict[str, Any]) -> None:
         """Append ``row`` to the history and metrics; report it to the host, with a full-state
@@ -472,6 +523,7 @@ class PretrainRecipe:
             scheduler=self.scheduler, scaler=self.scaler, epoch=epoch + 1,
             step=self.step, history=self.history, dataset=self.facts.dataset,
             samples=self.start_samples + (self.step - self.start_step) * self.global_batch,
+            probe=self.probe,
         )
         self._check_finite(state)
         from components.runs.checkpoint import CheckpointWriteError
@@ -546,9 +598,11 @@ class PretrainRecipe:
 def checkpoint_state(cfg: PretrainConfig, *, model: Any, ema: Any, optimizer: Any,
                      scheduler: Any, scaler: Any, epoch: int, step: int,
                      history: list[dict[str, Any]], dataset: dict[str, Any],
-                     samples: int | None = None) -> TrainingState:
+                     samples: int | None = None, probe: OnlineProbe | None = None
+                     ) -> TrainingState:
     """What a checkpoint holds: the full training state after ``epoch`` epochs (``samples``:
-    the training samples consumed, all ranks), the history, the dataset identity and the
+    the training samples consumed, all ranks; ``probe``: the online linear probe's weights
+    and optimizer state, when it runs), the history, the dataset identity and the
     run's config — without the credentials of any URI in it
     (:func:`components.io.storage.redacted`), as in ``config.yaml``."""
     from components.io.storage import redacted
@@ -560,4 +614,5 @@ def checkpoint_state(cfg: PretrainConfig, *, model: Any, ema: Any, optimizer: An
         scaler=None if scaler is None else scaler.state_dict(),
         epoch=epoch, step=step, history=history, seed=cfg.train.seed,
         config=redacted(to_dict(cfg)), dataset=dataset, samples=samples,
+        probe=None if probe is None else probe.state_dict(),
     )

@@ -26,6 +26,7 @@ from components.models.encoders import Encoder, build_encoder
 from components.objectives import ContrastiveBatch, Metrics, Objective, build_objective
 from components.objectives.memory import EMA, cosine_momentum
 from components.runtime import distributed
+from components.training.online_probe import OnlineProbe
 
 
 class NonFiniteLossError(SimgraphError, RuntimeError):
@@ -71,6 +72,8 @@ class PretrainModel(nn.Module):
 
     ``forward(images [B, V, 3, H, W], labels [B], sample_ids [B], captions [B, E] | None,
     ema) -> (loss, metrics)`` where ``ema`` is the EMA encoder when the objective needs keys.
+    With ``keep_features`` set (the online probe's steps), the forward also keeps the
+    detached backbone features ``h [B·V, F]`` of the batch for :meth:`take_features`.
     """
 
     def __init__(self, encoder: Encoder, objective: Objective, channels_last: bool = False):
@@ -78,6 +81,20 @@ class PretrainModel(nn.Module):
         self.encoder = encoder
         self.objective = objective
         self.channels_last = channels_last
+        self.keep_features = False
+        self._features: Tensor | None = None
+
+    def take_features(self) -> Tensor:
+        """The last forward's detached backbone features ``[B·V, F]`` (row ``b·V + v``), handed
+        over once (the model keeps no reference to them after).
+
+        Raises:
+            RuntimeError: no forward kept any (``keep_features`` was off).
+        """
+        h, self._features = self._features, None
+        if h is None:
+            raise RuntimeError("no backbone features kept: set keep_features before the forward")
+        return h
 
     def forward(
         self,
@@ -89,7 +106,10 @@ class PretrainModel(nn.Module):
     ) -> tuple[Tensor, Metrics]:
         b, v = images.shape[:2]
         x = self._flat(images)
-        z, logits = _per_view(self.encoder(x), b, v)
+        out = self.encoder(x)  # (h [B·V, F], z [B·V, D], logits [B·V, C] | None)
+        if self.keep_features:
+            self._features = out[0].detach()
+        z, logits = _per_view(out, b, v)
         ez = el = None
         if ema is not None:
             ez, el = _per_view(ema(x), b, v)
@@ -331,10 +351,14 @@ class GradCache:
         logits: list[Tensor] = []
         ez: list[Tensor] = []
         el: list[Tensor] = []
+        feats: list[Tensor] = []  # [B/k·V, F] per chunk: the online probe's features
         with torch.no_grad():
             for x in self._chunks:
                 self._rng.append(_rng_state(x.device))
-                zc, lc = model.encode(x)
+                out = model.encoder(model._flat(x))  # model.encode(x), keeping h
+                zc, lc = _per_view(out, x.shape[0], x.shape[1])
+                if model.keep_features:
+                    feats.append(out[0])
                 z.append(zc)
                 if lc is not None:
                     logits.append(lc)
@@ -344,6 +368,8 @@ class GradCache:
                     ez.append(ezc)
                     if elc is not None:
                         el.append(elc)
+        if feats:  # chunks of whole samples: concatenated, row b·V + v of the batch
+            model._features = torch.cat(feats)
         wants_logits = "logits" in model.objective.requires
         self._leaves = [torch.cat(z).requires_grad_()]
         if wants_logits and logits:
@@ -422,6 +448,7 @@ def train_step(
     ema_momentum: float,
     where: str,
     equal_batches: bool = True,
+    probe: OnlineProbe | None = None,
 ) -> dict[str, Any]:
     """One optimisation step on a reader ``Batch``; returns the objective's metrics + lr
     (floats) and, with ``train.grad_clip``, ``grad_norm`` as a 0-d device tensor (reading it
@@ -439,6 +466,11 @@ def train_step(
     ``train_cfg.accumulate`` > 1: the encoder runs in that many chunks of the batch
     (:class:`GradCache`); the loss, the schedule and every update stay once per step.
 
+    ``probe``: the online linear probe (:class:`~components.training.online_probe.
+    OnlineProbe`) takes one step on the batch's detached backbone features after the
+    encoder's update (its mean loss as ``probe_loss``, a 0-d device tensor); nothing of the
+    encoder's step depends on it.
+
     Raises:
         NonFiniteLossError: the global loss is NaN/inf (``where`` says which epoch/step);
             the optimizer has not been stepped, so the last checkpoint stays good.
@@ -448,6 +480,8 @@ def train_step(
     from components.objectives.batch import hot_path
 
     optimizer.zero_grad(set_to_none=True)
+    if probe is not None or isinstance(getattr(model, "module", model), PretrainModel):
+        _unwrap(model).keep_features = probe is not None
     problem = None
     cache = GradCache(model, train_cfg.accumulate) if train_cfg.accumulate > 1 else None
     with autocast(device, train_cfg.amp), hot_path(equal_batches=equal_batches):
@@ -491,6 +525,9 @@ def train_step(
     if ema is not None:
         encoder = _unwrap(model).encoder
         ema.update(encoder, cosine_momentum(step, total_steps, base=ema_momentum))
+    if probe is not None:  # detached features: its own optimiser, after the encoder's step
+        out["probe_loss"] = probe.step(_unwrap(model).take_features(), batch.labels,
+                                       batch.images.shape[1])
     return out
 
 

@@ -69,6 +69,9 @@ def test_epoch_and_progress_lines() -> None:
         "12 s  ETA 2:24")
     # with its standard error over the query images, as the recipe reports it
     assert "  kNN 78.4 ± 1.3 %  " in console.epoch_line({**row, "knn_top1_se": 0.0131}, 15, 1.0)
+    # the online linear probe's, after the kNN's
+    assert "  kNN 78.4 %  probe 81.0 ± 1.2 %  620 img/s" in console.epoch_line(
+        {**row, "probe_top1": 0.8104, "probe_top1_se": 0.0123}, 15, 1.0)
     last = {**row, "epoch": 15}
     last.pop("knn_top1")
     assert "ETA" not in console.epoch_line(last, 15, 0.0) and "kNN" not in console.epoch_line(
@@ -91,6 +94,11 @@ def test_run_summary_shows_the_effective_learning_rate_and_how_it_was_derived() 
     assert "peak LR 0.001 = optim.lr 0.001 × 256/256 (lr_scaling linear)" in text
     assert "2 worker(s) x 128 = 256 global" in text and "3 steps/epoch x 10 epochs = 30" in text
     assert "train 1000 · val 100;" in text and "kNN     off (knn.every_epochs 0)" in text
+    assert "probe" not in text  # off by default: no line
+    probe = from_dict(PretrainConfig, {"name": "d", "data": {"dataset": "/d"},
+                                       "probe": {"every_epochs": 2, "weight_decay": 1e-4}})
+    assert ("  probe   every 2 epochs (linear on the backbone features, AdamW lr 0.001, weight "
+            "decay 0.0001; top-1 on val)") in run_summary(probe, facts, "/r").splitlines()
     one = from_dict(PretrainConfig, {**{"name": "d", "data": {"dataset": "/d", "batch_size": 128}},
                                      "optim": {"lr": 0.001, "lr_scaling": "linear",
                                                "reference_batch": 256}})
