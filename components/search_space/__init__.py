@@ -8,8 +8,9 @@ Format (every key but ``name``, ``base`` and ``space`` is optional; defaults sho
     base: ../pipelines/configs/pretrain/demo.yaml   # a pretrain config, relative to this file
     overrides: [train.epochs=6]   # dotted overrides of base, for every trial, applied before
                                   # the sampled parameters (default [])
-    metric: knn_top1              # reported per epoch by pretraining: knn_top1, loss, lr,
-                                  # samples_per_s, data_wait, anchors_without_positive, loss_*
+    metric: knn_top1              # reported per epoch by pretraining: knn_top1, probe_top1
+                                  # (needs probe.every_epochs >= 1), loss, lr, samples_per_s,
+                                  # data_wait, anchors_without_positive, loss_*
     mode: max                     # max | min
     num_samples: 8                # settings the searcher suggests
     repeats: 1                    # seeds per setting (train.seed + 0..repeats-1, Tune's
@@ -108,6 +109,7 @@ from components.search_space.settings import (
     score_spec,
 )
 from components.search_space.sweep_file import (
+    ACCURACY_METRICS,
     FILE_KEYS,
     OVERRIDABLE_KEYS,
     OVERRIDABLE_SECTIONS,
@@ -127,7 +129,8 @@ from components.search_space.trials import (
 )
 
 __all__ = [
-    "FILE_KEYS", "KINDS", "MAX_CORNERS", "OVERRIDABLE_KEYS", "OVERRIDABLE_SECTIONS",
+    "ACCURACY_METRICS", "FILE_KEYS", "KINDS", "MAX_CORNERS", "OVERRIDABLE_KEYS",
+    "OVERRIDABLE_SECTIONS",
     "REPEAT_INDEX", "REPORTED_METRICS", "SCORE", "SETTINGS", "SET_BY_SWEEP", "STATISTICS",
     "SWEEP_RECORD", "Confirm", "DefineByRun", "Distribution", "Resources", "Scheduler",
     "Searcher", "Statistic", "SweepConfig", "define_by_run", "identity_changes", "load_sweep",

@@ -32,9 +32,14 @@ from components.search_space.settings import (
 )
 from components.search_space.trials import trial_data
 
-# What pipelines/pretrain.py reports every epoch (plus any ``loss_*`` component).
+# What pipelines/pretrain.py reports every epoch (plus any ``loss_*`` component;
+# ``probe_top1`` with ``probe.every_epochs`` > 0).
 REPORTED_METRICS = ("knn_top1", "loss", "lr", "samples_per_s", "data_wait",
-                    "anchors_without_positive")
+                    "anchors_without_positive", "probe_top1")
+# Top-1 accuracies on a held-out split (the online kNN's, the online linear probe's): each
+# evaluation carries a binomial standard error ``<metric>_se`` and moves from epoch to epoch
+# by the split's sampling noise; a larger value is better.
+ACCURACY_METRICS = ("knn_top1", "probe_top1")
 # Keys of a sweep file that load_sweep's overrides may set; the sections take sub-keys.
 OVERRIDABLE_KEYS = ("name", "storage", "metric", "mode", "num_samples", "repeats",
                     "max_concurrent",
@@ -119,7 +124,7 @@ class SweepConfig(_SweepSettings):
         if self.metric not in REPORTED_METRICS and not self.metric.startswith("loss_"):
             raise ConfigError(f"metric={self.metric!r} is not reported by pretraining: choose "
                               f"one of {', '.join(REPORTED_METRICS)} or a loss_* component")
-        wrong = {"knn_top1": "min", "loss": "max"}
+        wrong = {**dict.fromkeys(ACCURACY_METRICS, "min"), "loss": "max"}
         if wrong.get("loss" if self.metric.startswith("loss_") else self.metric) == self.mode:
             raise ConfigError(f"mode={self.mode!r} is not allowed with metric={self.metric!r}: "
                               f"it would pick the worst trial; use "
@@ -294,9 +299,11 @@ class SweepConfig(_SweepSettings):
             raise ConfigError(f"{what}: loss.top_n={loss.top_n} is not allowed above "
                               f"loss.bank_size={loss.bank_size}: the top-N neighbours come from "
                               f"the bank ({settings}{_describe_branch(fixed)})")
-        if self.metric == "knn_top1" and cfg.knn.every_epochs == 0:
-            raise ConfigError("metric='knn_top1' needs knn.every_epochs >= 1 in the base config "
-                              f"or the sweep's overrides, got 0 (base {self.base_path})")
+        for metric, section in (("knn_top1", "knn"), ("probe_top1", "probe")):
+            if self.metric == metric and getattr(cfg, section).every_epochs == 0:
+                raise ConfigError(f"metric={metric!r} needs {section}.every_epochs >= 1 in the "
+                                  f"base config or the sweep's overrides, got 0 (base "
+                                  f"{self.base_path})")
 
 
 def _describe_branch(fixed: Mapping[str, Any]) -> str:

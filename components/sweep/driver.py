@@ -67,21 +67,25 @@ def start_notes(sweep: SweepConfig) -> list[str]:
              + ")"
              + ("; set statistic.name=best to score them by the best epoch's value instead"
                 if sweep.statistic.name != "best" else "")]
-    if sweep.metric != "knn_top1":
+    from components.search_space import ACCURACY_METRICS  # YAML + configs: ~0.1 s
+
+    if sweep.metric not in ACCURACY_METRICS:
         return notes
     from components.data.reader import DatasetError  # torch
     from components.data.staging import dataset_info
     from components.io.storage import StorageError  # pyarrow
 
     base = base_config(sweep)
+    what, split = (("kNN", base.knn.query_split) if sweep.metric == "knn_top1" else
+                   ("online linear probe", base.probe.split_of(base.knn)))
     try:
-        n = dataset_info(resolve_path(base.data.dataset)).splits.get(base.knn.query_split, 0)
+        n = dataset_info(resolve_path(base.data.dataset)).splits.get(split, 0)
     except (DatasetError, StorageError):
         return notes  # the trials will say what is wrong with the dataset
     if n and 0.5 / math.sqrt(n) > 0.02:
         se = 100 * 0.5 / math.sqrt(n)
         notes.append(
-            f"[simgraph] warning: the kNN is scored on {n} {base.knn.query_split} images: one "
+            f"[simgraph] warning: the {what} is scored on {n} {split} images: one "
             f"image is {100 / n:.1f} points and an accuracy near 50 % has a standard error "
             f"of ±{se:.1f} points, so trials closer than ~{2 * se:.0f} points cannot be told "
             "apart; a larger split (preprocess split.val) or statistic.k > 1 helps")

@@ -84,13 +84,16 @@ def setting_se(members: Sequence[dict[str, Any]], sweep: SweepConfig
       standard error of the mean over seeds;
     - one finished trial (one seed), its own uncertainty:
 
-      - ``"trial"``: the row's ``<metric>_se`` (e.g. ``knn_top1_se``, the binomial standard
-        error of its final kNN) when it carries one;
-      - ``"curve"``: for ``knn_top1``, when its curve has >= 2 evaluations: the sample sd of
-        its last ``max(k, 2)`` evaluations (``k = sweep.statistic.k``) divided by the square
-        root of the evaluations its score averages (``min(k, len(curve))`` for ``mean_last``,
-        1 for ``last`` / ``best``). Epoch-to-epoch moves of the kNN on a small val split are
-        mostly noise; a curve still rising adds its trend, so this errs on the large side.
+      - ``"trial"``: the row's ``<metric>_se`` (e.g. ``knn_top1_se`` / ``probe_top1_se``,
+        the binomial standard error of its final kNN / online probe) when it carries one;
+      - ``"curve"``: for ``knn_top1`` and ``probe_top1`` (accuracies on a held-out split:
+        :data:`~components.search_space.ACCURACY_METRICS`), when its curve has >= 2
+        evaluations: the sample sd of its last ``max(k, 2)`` evaluations
+        (``k = sweep.statistic.k``) divided by the square root of the evaluations its score
+        averages (``min(k, len(curve))`` for ``mean_last``, 1 for ``last`` / ``best``).
+        Epoch-to-epoch moves of the kNN on a small val split are mostly noise; a curve still
+        rising adds its trend (the probe's, which keeps learning, more), so this errs on the
+        large side.
         Not for other metrics (a falling loss is trend, not noise).
     """
     n = members[0]["setting_n"] if members else 0
@@ -103,7 +106,9 @@ def setting_se(members: Sequence[dict[str, Any]], sweep: SweepConfig
     if isinstance(own, int | float) and math.isfinite(own):
         return float(own), "trial"
     values = [v for _, v in row.get("curve") or []]
-    if sweep.metric != "knn_top1" or len(values) < 2:
+    from components.search_space import ACCURACY_METRICS
+
+    if sweep.metric not in ACCURACY_METRICS or len(values) < 2:
         return None, None
     k = sweep.statistic.k
     tail = values[-max(k, 2):]

@@ -381,6 +381,27 @@ def test_sweep_start_notes_say_how_trials_are_scored_and_warn_about_a_small_val_
     assert start_notes(best)[0].endswith("the best epoch's knn_top1 (statistic: best)")
 
 
+def test_a_probe_top1_sweep_warns_about_its_split_and_has_error_bars_as_the_knn(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``metric: probe_top1``: the small-split warning names the probe's split, and one
+    seed's error bar is its ``probe_top1_se``, else its curve's spread (an accuracy on a
+    held-out split, as ``knn_top1``)."""
+    from components.search_space import load_sweep
+    from components.sweep.driver import start_notes
+    from components.sweep.plots import setting_se
+
+    monkeypatch.chdir(tmp_path)
+    sweep = load_sweep(_space(tmp_path), ["metric=probe_top1",
+                                          "overrides=[probe.every_epochs=1]"])
+    assert start_notes(sweep)[1].startswith(
+        "[simgraph] warning: the online linear probe is scored on 32 val images: one image is "
+        "3.1 points")
+    row = {"params": {"optim.lr": 0.1}, "score": 0.5, "setting_mean": 0.5, "setting_sd": None,
+           "setting_n": 1, "curve": [(1, 0.40), (2, 0.50), (3, 0.45), (4, 0.55)]}
+    assert setting_se([row], sweep) == (pytest.approx(0.05 / 3 ** 0.5), "curve")
+    assert setting_se([{**row, "probe_top1_se": 0.04}], sweep) == (0.04, "trial")
+
+
 def test_repeats_train_each_setting_with_seeds_and_rank_settings_by_their_mean(
         tmp_path: Path) -> None:
     """``repeats: 2``: each suggestion trains with train.seed + 0 and + 1 (Tune's Repeater

@@ -457,6 +457,11 @@ def test_range_ends_are_checked_by_the_config(tmp_path: Path) -> None:
                                              r"give sqlite:///"),
         ({"overrides": ["train.epochs=4", "knn.every_epochs=0"]},
          r"metric='knn_top1' needs knn\.every_epochs >= 1"),
+        ({"metric": "probe_top1"}, r"metric='probe_top1' needs probe\.every_epochs >= 1 in the "
+                                   r"base config or the sweep's overrides, got 0"),
+        ({"metric": "probe_top1", "mode": "min",
+          "overrides": ["train.epochs=4", "probe.every_epochs=1"]},
+         r"mode='min' is not allowed with metric='probe_top1'"),
         ({"base": "missing.yaml"}, r"base='.*missing\.yaml' is not allowed: no such file"),
         ({"spaces": {}}, r"unknown key spaces; allowed keys: name, base, space"),
         ({"name": "a/b"}, r"name='a/b' is not allowed"),
@@ -465,6 +470,17 @@ def test_range_ends_are_checked_by_the_config(tmp_path: Path) -> None:
 def test_refused_sweep_settings(tmp_path: Path, over: dict, error: str) -> None:
     with pytest.raises(ConfigError, match=error):
         load_sweep(_write(tmp_path, **over))
+
+
+def test_the_online_probe_top1_is_a_sweep_metric(tmp_path: Path) -> None:
+    """``probe_top1`` (issue 43 item 4): accepted with the probe on in the base config or the
+    sweep's overrides, an accuracy (maximised, with a standard error) like the kNN's."""
+    from components.search_space import ACCURACY_METRICS, REPORTED_METRICS
+
+    sweep = load_sweep(_write(tmp_path, metric="probe_top1",
+                              overrides=["train.epochs=4", "probe.every_epochs=2"]))
+    assert sweep.metric == "probe_top1" and sweep.mode == "max"
+    assert "probe_top1" in REPORTED_METRICS and "probe_top1" in ACCURACY_METRICS
 
 
 def test_loss_component_metrics_and_study_storage_are_accepted(tmp_path: Path) -> None:
