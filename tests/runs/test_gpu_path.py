@@ -216,11 +216,13 @@ STRICT_LOSSES = [
 @pytest.mark.slow
 def test_strict_device_run_of_the_recipe(tmp_path: Path) -> None:
     """A 2-rank recipe run per loss (SupCon, X-CLR on captions, CoNe) with the GPU paths taken
-    on CPU under the strict device mode (the two ranks start once for the three runs)."""
+    on CPU under the strict device mode (the two ranks start once for the three runs); the
+    online linear probe on (its all-reduces checked too), equal on both ranks."""
     data = synthetic_dataset(tmp_path / "ds", size=16)
     cfgs = [tiny_run_config(data, tmp_path / "runs", name=f"run-{loss['name']}", loss=loss,
                             train__epochs=2, train__steps_per_epoch=2, train__amp="bf16",
-                            data__augment={"resolution": 16, "blur_p": 0.5})
+                            data__augment={"resolution": 16, "blur_p": 0.5},
+                            probe={"every_epochs": 1})
             for loss in STRICT_LOSSES]
     mp.spawn(_strict_worker, args=(2, free_port(), cfgs, str(tmp_path)), nprocs=2, join=True)
     for i, loss in enumerate(STRICT_LOSSES):
@@ -228,8 +230,12 @@ def test_strict_device_run_of_the_recipe(tmp_path: Path) -> None:
             got = torch.load(tmp_path / f"{i}-r{r}.pt", weights_only=False)
             assert [row["epoch"] for row in got["rows"]] == [1, 2], loss
             assert all(np.isfinite(row["loss"]) and 0 <= row["knn_top1"] <= 1
+                       and 0 <= row["probe_top1"] <= 1 and np.isfinite(row["probe_loss"])
                        for row in got["rows"]), loss
             assert got["checked"] > 0, loss  # the collectives were seen and checked
+        rows = [torch.load(tmp_path / f"{i}-r{r}.pt", weights_only=False)["rows"]
+                for r in range(2)]
+        assert [r["probe_top1"] for r in rows[0]] == [r["probe_top1"] for r in rows[1]], loss
 
 
 # -- workers the recipe cannot place on GPUs ---------------------------------------------------
