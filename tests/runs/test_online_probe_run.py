@@ -111,3 +111,17 @@ def test_a_checkpoint_without_probe_state_resumes_with_a_fresh_probe(
         assert torch.equal(a["model"][key], b["model"][key]), key
     assert not torch.equal(a["probe"]["linear"]["weight"], b["probe"]["linear"]["weight"])
     assert 0.0 <= b["history"][-1]["probe_top1"] <= 1.0
+
+
+def test_a_checkpoint_holds_the_probe_checked_and_without_it_loads_as_none() -> None:
+    from components.runs.checkpoint import CheckpointError
+
+    base = {"model": {}, "optimizer": {}, "scheduler": {}, "epoch": 1, "step": 2,
+            "history": [], "config": {}}
+    assert TrainingState.from_dict(base).probe is None  # a checkpoint older than the probe
+    probe = {"linear": {"weight": torch.tensor([[float("nan")]]), "bias": torch.zeros(1)},
+             "optimizer": {"state": {}, "param_groups": []}}
+    state = TrainingState.from_dict({**base, "probe": probe})
+    assert state.nonfinite() == ["probe.linear.weight"]  # refused before it is saved
+    with pytest.raises(CheckpointError, match=r"holds probe of the wrong type"):
+        TrainingState.from_dict({**base, "probe": {"linear": {}}})
