@@ -336,8 +336,9 @@ class ProbeConfig:
     (the default, and what a run stored before the probe existed resumes with) turns it off;
     it needs a labelled dataset. AdamW rather than SGD: the backbone features' scale drifts as
     the encoder trains and differs between backbones, and Adam's steps do not depend on it, so
-    one ``lr`` fits every run. A resume may change every key (the probe starts fresh when the
-    checkpoint holds none)."""
+    one ``lr`` fits every run; it is not scaled with the global batch (the probe's gradient is
+    the mean over the global batch, as one process's). A resume may change every key (the
+    probe starts fresh when the checkpoint holds none)."""
 
     every_epochs: int = 0
     lr: float = 1e-3

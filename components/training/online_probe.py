@@ -13,7 +13,10 @@ online kNN extracts.
   are summed over the ranks in one all-reduce and divided by the global count — the gradient
   of the mean cross-entropy over the global batch, what one process computes on the
   concatenated batch (also when ranks hold different numbers of labelled rows). Every rank
-  then takes the same AdamW step: the probes stay equal without a broadcast.
+  then takes the same AdamW step: the probes stay equal without a broadcast. Its cost: one
+  all-reduce of ``C·(F + 1) + 2`` floats per step (ResNet-50 on ImageNet-1k: 2.05 M, about
+  8 % of the encoder's 25.6 M-parameter gradient) — all-gathering the features instead would
+  grow with the global batch.
 * Scoring (:meth:`OnlineProbe.correct`): top-1 hits and rows of every rank's query features,
   one all-reduce.
 
