@@ -72,7 +72,7 @@ def settings(rows: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return list(groups.values())
 
 
-SeBasis = Literal["seeds", "trial", "curve"]
+SeBasis = Literal["seeds", "curve"]
 
 
 def setting_se(members: Sequence[dict[str, Any]], sweep: SweepConfig
@@ -82,19 +82,16 @@ def setting_se(members: Sequence[dict[str, Any]], sweep: SweepConfig
 
     - ``"seeds"``: two or more finished repeats: ``setting_sd / sqrt(setting_n)``, the
       standard error of the mean over seeds;
-    - one finished trial (one seed), its own uncertainty:
-
-      - ``"trial"``: the row's ``<metric>_se`` (e.g. ``knn_top1_se`` / ``probe_top1_se``,
-        the binomial standard error of its final kNN / online probe) when it carries one;
-      - ``"curve"``: for ``knn_top1`` and ``probe_top1`` (accuracies on a held-out split:
-        :data:`~components.search_space.ACCURACY_METRICS`), when its curve has >= 2
-        evaluations: the sample sd of its last ``max(k, 2)`` evaluations
-        (``k = sweep.statistic.k``) divided by the square root of the evaluations its score
-        averages (``min(k, len(curve))`` for ``mean_last``, 1 for ``last`` / ``best``).
-        Epoch-to-epoch moves of the kNN on a small val split are mostly noise; a curve still
-        rising adds its trend (the probe's, which keeps learning, more), so this errs on the
-        large side.
-        Not for other metrics (a falling loss is trend, not noise).
+    - ``"curve"``: one finished trial (one seed) of ``knn_top1`` or ``probe_top1``
+      (accuracies on a held-out split: :data:`~components.search_space.ACCURACY_METRICS`)
+      whose curve has >= 2 evaluations: the sample sd of its last ``max(k, 2)`` evaluations
+      (``k = sweep.statistic.k``) divided by the square root of the evaluations its score
+      averages (``min(k, len(curve))`` for ``mean_last``, 1 for ``last`` / ``best``).
+      Epoch-to-epoch moves of the kNN on a small val split are mostly noise; a curve still
+      rising adds its trend (the probe's, which keeps learning, more), so this errs on the
+      large side. Not for other metrics (a falling loss is trend, not noise). (A trial's
+      binomial ``knn_top1_se`` is not used: every setting is scored on the same val split,
+      so that error is shared by the settings a plot compares, not what tells them apart.)
     """
     n = members[0]["setting_n"] if members else 0
     if n > 1 and members[0]["setting_sd"] is not None:
@@ -102,9 +99,6 @@ def setting_se(members: Sequence[dict[str, Any]], sweep: SweepConfig
     if len(members) != 1:
         return None, None
     row = members[0]
-    own = row.get(f"{sweep.metric}_se")
-    if isinstance(own, int | float) and math.isfinite(own):
-        return float(own), "trial"
     values = [v for _, v in row.get("curve") or []]
     from components.search_space import ACCURACY_METRICS
 
@@ -143,12 +137,11 @@ def _se_caption(sweep: SweepConfig, groups: Sequence[Sequence[dict[str, Any]]]) 
     k, stat = sweep.statistic.k, sweep.statistic.name
     said = {
         "seeds": "± standard error of the mean over seeds (sd/√n)",
-        "trial": f"one seed: ± its own {sweep.metric} standard error",
         "curve": (f"one seed: ± sd/√{k} of its last {k} {sweep.metric} evaluations"
                   if stat == "mean_last" else
                   f"one seed: ± sd of its last {max(k, 2)} {sweep.metric} evaluations"),
     }
-    parts = [said[b] for b in ("seeds", "trial", "curve") if b in bases]
+    parts = [said[b] for b in ("seeds", "curve") if b in bases]
     if not parts:
         return "no error bars: one seed per setting and no estimate of its noise"
     if None in bases:

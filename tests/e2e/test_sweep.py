@@ -384,8 +384,8 @@ def test_sweep_start_notes_say_how_trials_are_scored_and_warn_about_a_small_val_
 def test_a_probe_top1_sweep_warns_about_its_split_and_has_error_bars_as_the_knn(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``metric: probe_top1``: the small-split warning names the probe's split, and one
-    seed's error bar is its ``probe_top1_se``, else its curve's spread (an accuracy on a
-    held-out split, as ``knn_top1``)."""
+    seed's error bar is its curve's spread (an accuracy on a held-out split, as
+    ``knn_top1``)."""
     from components.search_space import load_sweep
     from components.sweep.driver import start_notes
     from components.sweep.plots import setting_se
@@ -399,7 +399,6 @@ def test_a_probe_top1_sweep_warns_about_its_split_and_has_error_bars_as_the_knn(
     row = {"params": {"optim.lr": 0.1}, "score": 0.5, "setting_mean": 0.5, "setting_sd": None,
            "setting_n": 1, "curve": [(1, 0.40), (2, 0.50), (3, 0.45), (4, 0.55)]}
     assert setting_se([row], sweep) == (pytest.approx(0.05 / 3 ** 0.5), "curve")
-    assert setting_se([{**row, "probe_top1_se": 0.04}], sweep) == (0.04, "trial")
 
 
 def test_repeats_train_each_setting_with_seeds_and_rank_settings_by_their_mean(
@@ -538,9 +537,8 @@ def test_confirmed_settings_are_marked_with_their_intervals(tmp_path: Path) -> N
 
 
 def test_one_seed_per_setting_has_its_own_error_bar_where_one_is_known(tmp_path: Path) -> None:
-    """One seed: the row's own ``<metric>_se`` when it carries one, else for knn_top1 the
-    spread of its curve's last k evaluations / √k; a single evaluation, or a metric whose
-    epoch-to-epoch moves are trend (loss), gets no bar."""
+    """One seed: for knn_top1 the spread of its curve's last k evaluations / √k; a single
+    evaluation, or a metric whose epoch-to-epoch moves are trend (loss), gets no bar."""
     from components.sweep.plots import _se_caption, setting_se
 
     sweep = load_sweep(_space(tmp_path))  # knn_top1, mean_last, k = 3
@@ -552,7 +550,9 @@ def test_one_seed_per_setting_has_its_own_error_bar_where_one_is_known(tmp_path:
 
     noisy = row([0.40, 0.50, 0.45, 0.55])  # last 3: sd 0.05
     assert setting_se([noisy], sweep) == (pytest.approx(0.05 / 3 ** 0.5), "curve")
-    assert setting_se([row([0.5, 0.6], knn_top1_se=0.04)], sweep) == (0.04, "trial")
+    # a row's binomial knn_top1_se is not the bar: the settings share the val split
+    assert setting_se([row([0.5, 0.6], knn_top1_se=0.04)], sweep) == setting_se(
+        [row([0.5, 0.6])], sweep)
     assert setting_se([row([0.5])], sweep) == (None, None)
     # a short curve: the sd of what there is, over √(the evaluations its score averages)
     assert setting_se([row([0.5, 0.6])], sweep)[0] == pytest.approx(0.1 / 2 ** 0.5 / 2 ** 0.5)
