@@ -75,22 +75,30 @@ def check_init_path(path: str) -> None:
         raise InitWeightsError(f"model.init={path!r}: no such file")
 
 
-def read_state_dict(path: str) -> dict[str, torch.Tensor]:
-    """The file's tensors by key (wrappers unwrapped: module docstring), on the CPU.
+def read_state_dict(path: str, data: bytes | None = None) -> dict[str, torch.Tensor]:
+    """The file's tensors by key (wrappers unwrapped: module docstring), on the CPU. ``data``:
+    the file's bytes, read elsewhere (a worker on another node than the driver that read the
+    file: :func:`components.runs.recipe.make_trainer` ships them); ``path`` then only names it
+    and gives its format.
 
     Raises:
         InitWeightsError: missing or unreadable, or no tensors in it (names the path).
     """
+    import io
+
     import torch
 
-    check_init_path(path)
+    if data is None:
+        check_init_path(path)
     try:
         if path.endswith(".safetensors"):
-            from safetensors.torch import load_file
+            from safetensors.torch import load, load_file
 
-            raw: Any = load_file(path, device="cpu")
-        else:
+            raw: Any = load_file(path, device="cpu") if data is None else load(data)
+        elif data is None:
             raw = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        else:
+            raw = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any reader's error: one line naming the path
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise InitWeightsError(f"model.init={path!r} cannot be read ({first})") from None
@@ -274,16 +282,18 @@ def check_init(path: str, model: Any, resolution: int | None) -> InitPlan:
     return plan_for(path, encoder, model.backbone, tensors)
 
 
-def load_init(encoder: nn.Module, path: str, backbone_name: str) -> InitPlan:
-    """Read ``path`` and copy its matched tensors into ``encoder``'s backbone (and projector,
-    when the file has one that fits), in place (any device, dtype converted).
+def load_init(encoder: nn.Module, path: str, backbone_name: str,
+              data: bytes | None = None) -> InitPlan:
+    """Read ``path`` (or its bytes ``data``, read elsewhere) and copy its matched tensors into
+    ``encoder``'s backbone (and projector, when the file has one that fits), in place (any
+    device, dtype converted).
 
     Raises:
         InitWeightsError: as :func:`read_state_dict` and :func:`plan_init`.
     """
     import torch
 
-    tensors = read_state_dict(path)
+    tensors = read_state_dict(path, data)
     plan = plan_for(path, encoder, backbone_name, tensors)
     layout = pos_embed_layout(encoder.backbone)
     with torch.no_grad():

@@ -47,7 +47,32 @@ def check_run_init(cfg: PretrainConfig, resuming: bool) -> dict[str, Any]:
                 "summary": f"{path}: not read (the run resumes from its checkpoint)"}
     check_init_path(path)
     plan = check_init(path, cfg.model, cfg.data.augment.resolution)
-    return {"path": path, "sha256": sha256_file(path), "summary": plan.summary()}
+    return {"path": path, "sha256": sha256_file(path), "summary": plan.summary(), "load": True}
+
+
+def init_payload(facts_init: dict[str, Any]) -> bytes | None:
+    """The bytes of the ``model.init`` file the workers load (:attr:`RunFacts.init` with
+    ``load``: a fresh start), read here, on the node that checked it; None when the run loads
+    nothing from it (no ``model.init``, or a resume).
+
+    Raises:
+        RunError: the file changed (or went) since the driver checked it.
+    """
+    import hashlib
+    from pathlib import Path
+
+    if not facts_init.get("load"):
+        return None
+    path = facts_init["path"]
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise RunError(f"model.init {path} cannot be read any more ({e.strerror}); start the "
+                       "run again") from None
+    if hashlib.sha256(data).hexdigest() != facts_init["sha256"]:
+        raise RunError(f"model.init {path} changed since the run was prepared (sha256 "
+                       f"{facts_init['sha256'][:12]}… then); start the run again")
+    return data
 
 
 def record_run_init(run_dir: str, name: str, init: dict[str, Any]) -> None:

@@ -184,17 +184,26 @@ def make_trainer(cfg: PretrainConfig, run_dir: str, facts: RunFacts,
     ``callbacks``: Ray Train callbacks, e.g. Tune's ``TuneReportCallback`` in a sweep trial.
     ``pause_at_step``: fault injection for tests (see :data:`PAUSE_ENV`; default: read it).
     ``score``: a sweep trial's score (see :func:`loop_config`)."""
+    import ray
     import ray.train
     from ray.train.torch import TorchTrainer
+
+    from components.runs.init_checks import init_payload
 
     s = cfg.scaling
     resources: dict[str, float] = {"CPU": s.cpus_per_worker}
     if s.use_gpu:
         resources["GPU"] = s.gpus_per_worker
+    config = loop_config(cfg, run_dir, facts, pause_at_step, live=console.live(), score=score)
+    data = init_payload(facts.init)
+    if data is not None:
+        # model.init is a path on this node: workers on other nodes get the bytes this
+        # process checked, once per node through the object store (not inside the config
+        # Ray copies to every worker)
+        config["init_weights"] = ray.put(data)
     return TorchTrainer(
         train_loop,
-        train_loop_config=loop_config(cfg, run_dir, facts, pause_at_step, live=console.live(),
-                                      score=score),
+        train_loop_config=config,
         scaling_config=ray.train.ScalingConfig(
             num_workers=s.num_workers, use_gpu=s.use_gpu, resources_per_worker=resources,
             placement_strategy=s.placement_strategy,

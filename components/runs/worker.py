@@ -73,6 +73,9 @@ class PretrainRecipe:
         self.live = bool(loop_config.get("live", False))
         self.cuda_sync_debug = str(loop_config.get("cuda_sync_debug", ""))
         self.score: dict[str, Any] | None = loop_config.get("score")
+        # model.init's bytes as the driver read them (an ObjectRef from make_trainer, or the
+        # bytes): a worker on another node has no file at that path. None: read the path.
+        self.init_weights: Any = loop_config.get("init_weights")
         console.set_verbose(bool(loop_config.get("verbose", False)))
 
     # -- setup ---------------------------------------------------------------------------------
@@ -260,7 +263,9 @@ class PretrainRecipe:
         """A fresh start with ``model.init``: the file's tensors into the encoder's backbone
         (and projector) and the EMA copy's, before the first step
         (:func:`components.models.init_weights.load_init`; the driver checked its keys and
-        recorded its sha256, :mod:`components.runs.init_checks`). A resume never reads it.
+        recorded its sha256, :mod:`components.runs.init_checks`). On Ray Train the bytes come
+        from the driver (``init_weights``: a worker's node need not hold the file); in the
+        process that checked it, from the path. A resume never reads it.
 
         Raises:
             InitWeightsError: the file no longer fits (one line naming it).
@@ -269,16 +274,24 @@ class PretrainRecipe:
         path = self.cfg.model.init
         if not path:
             return
+        import hashlib
+
         from components.io.files import sha256_file
         from components.models.init_weights import load_init
 
+        data = self.init_weights
+        if data is not None and not isinstance(data, bytes):
+            import ray
+
+            data = ray.get(data)  # the driver's bytes, this node's copy
         want = self.facts.init.get("sha256")
-        if want is not None and sha256_file(path) != want:
+        if want is not None and want != (sha256_file(path) if data is None
+                                         else hashlib.sha256(data).hexdigest()):
             raise RunError(f"model.init {path} changed since the run was prepared (sha256 "
                            f"{want[:12]}… then); start the run again")
-        plan = load_init(self.model.encoder, path, self.cfg.model.backbone)
+        plan = load_init(self.model.encoder, path, self.cfg.model.backbone, data)
         if self.ema is not None:
-            load_init(self.ema.module, path, self.cfg.model.backbone)
+            load_init(self.ema.module, path, self.cfg.model.backbone, data)
         if self.rank == 0:
             console.say(f"[simgraph] initialised from {plan.summary()}")
 

@@ -20,6 +20,7 @@ from components.models.init_weights import (
     check_init,
     check_init_path,
     load_init,
+    read_state_dict,
 )
 
 SMALL = {"projector_hidden": 32, "projector_dim": 16}
@@ -214,3 +215,24 @@ def test_a_vit_made_at_224_px_starts_a_32_px_run_with_its_position_embeddings_re
     assert got["pos_embed"].shape == (1, 5, 192) and torch.equal(got["pos_embed"], want)
     assert torch.equal(got["pos_embed"][:, 0], state["pos_embed"][:, 0])  # the class token's
     _equal(encoder.backbone, {**state, "pos_embed": want})
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+def test_bytes_read_elsewhere_load_as_the_file_does(tmp_path: Path, suffix: str) -> None:
+    """A Ray Train worker on another node gets the driver's bytes, not the file."""
+    torch.manual_seed(0)
+    state = {"conv.weight": torch.randn(4, 3, 3, 3), "bn.running_mean": torch.randn(4)}
+    path = tmp_path / f"w{suffix}"
+    if suffix == ".safetensors":
+        save_file(state, str(path))
+    else:
+        torch.save({"state_dict": state}, path)
+    data = path.read_bytes()
+    from_file = read_state_dict(str(path))
+    path.unlink()
+    from_bytes = read_state_dict(str(path), data)
+    assert from_bytes.keys() == from_file.keys() == state.keys()
+    for k in state:
+        assert torch.equal(from_bytes[k], state[k])
+    with pytest.raises(InitWeightsError, match="cannot be read"):
+        read_state_dict(str(path), b"not a state dict")

@@ -142,3 +142,49 @@ def test_a_resume_goes_on_without_the_file(tmp_path: Path) -> None:
     assert run.facts.init["summary"] == (f"{init}: not found (the run resumes from its "
                                          "checkpoint, which holds the weights)")
     assert run.facts.init["sha256"] is None  # nothing to compare: init.json left as it is
+
+
+def test_workers_on_a_node_without_the_file_start_from_the_drivers_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``model.init`` is a path on the driver's node: a Ray Train worker elsewhere has no file
+    there. make_trainer ships the bytes the driver checked (through the object store, once per
+    node) and the worker loads them; the file changed or gone before that is refused."""
+    import ray
+
+    from components.runs.init_checks import init_payload
+    from components.runs.recipe import make_trainer
+
+    data = synthetic_dataset(tmp_path / "ds", train_per_class=8, val_per_class=2)
+    init = tmp_path / "start.safetensors"
+    cfg = _cfg(data, tmp_path / "runs", init)
+    state = _init_file(init, 7, cfg)
+    run = prepare_run(cfg)
+    put: list[bytes] = []
+    monkeypatch.setattr(ray, "put", lambda b: put.append(b) or f"ref-{len(put)}")
+    trainer = make_trainer(run.cfg, run.run_dir, run.facts)
+    assert put == [init.read_bytes()]  # one copy in the object store, not one per worker
+    assert trainer.train_loop_config["init_weights"] == "ref-1"
+
+    shipped = init_payload(run.facts.init)
+    assert shipped == init.read_bytes()
+    init.rename(tmp_path / "elsewhere.safetensors")  # this "node" has no file at the path
+    recipe = PretrainRecipe({**loop_config(run.cfg, run.run_dir, run.facts),
+                             "init_weights": shipped}, host=InProcess(run.run_dir, 1))
+    recipe.setup()
+    try:
+        assert recipe.ema is not None
+        for module in (recipe.model.encoder, recipe.ema.module):
+            for k, v in module.backbone.state_dict().items():
+                assert torch.equal(v, state[k]), k
+    finally:
+        recipe.cleanup()
+
+    with pytest.raises(RunError) as e:  # gone between the check and the start
+        init_payload(run.facts.init)
+    assert str(e.value) == (f"model.init {init} cannot be read any more (No such file or "
+                            "directory); start the run again")
+    (tmp_path / "elsewhere.safetensors").rename(init)
+    _init_file(init, 8, cfg)  # changed between the check and the start
+    with pytest.raises(RunError, match="changed since the run was prepared"):
+        init_payload(run.facts.init)
+    assert init_payload({**run.facts.init, "load": False}) is None  # a resume ships nothing
