@@ -103,14 +103,24 @@ def test_submit_sweep_over_both_nodes(cluster: LoopbackCluster, shared: Path) ->
 def test_submitted_run_spreads_over_the_nodes_and_resumes_when_a_killed_raylet_returns(
         cluster: LoopbackCluster, shared: Path, tmp_path: Path) -> None:
     """The demo pretraining submitted with one worker per node (STRICT_SPREAD), the code the
-    job shipped; the second node's raylet SIGKILLed after epoch 2's checkpoint: the worker
-    group restarts from it once a node returns, and the run ends with every epoch once."""
+    job shipped, started from a ``model.init`` file (its bytes reach the workers through the
+    object store: the driver's node need not share it); the second node's raylet SIGKILLed
+    after epoch 2's checkpoint: the worker group restarts from it once a node returns, and the
+    run ends with every epoch once."""
+    from safetensors.torch import save_file
+
+    from components.config import PretrainConfig, load_config
+    from components.models.encoders import build_encoder
+
     run_dir = shared / "runs" / "failover"
     log = tmp_path / "submit.log"
+    demo = load_config(ROOT / DEMO, PretrainConfig)
+    save_file(build_encoder(demo.model, 16).backbone.state_dict(), str(shared / "init.safetensors"))
     # 4 steps per epoch: every rank pauses before step 9, i.e. after epoch 2's checkpoint.
     proc = cluster.popen([*submit_argv(shared, "failover", "--base-dir", str(shared),
                                        "--env", "SIMGRAPH_PAUSE_AT_STEP=9"),
-                          "train.epochs=4", "scaling.max_failures=3"], log)
+                          "train.epochs=4", "scaling.max_failures=3",
+                          "model.init=init.safetensors"], log)
     try:
         flags = [run_dir / "workers" / f"paused-rank{r}-step9" for r in (0, 1)]
         cluster.wait(lambda: all(f.exists() for f in flags) or proc.poll() is not None, 300,
@@ -137,6 +147,7 @@ def test_submitted_run_spreads_over_the_nodes_and_resumes_when_a_killed_raylet_r
             proc.kill()
     out = log.read_text()
     assert "SUCCEEDED" in out and "resumed 'failover' after epoch 2" in out
+    assert f"[simgraph] initialised from {shared / 'init.safetensors'}: " in out, out[-3000:]
     assert [r["epoch"] for r in history(run_dir)] == ["1", "2", "3", "4"]
     ckpts = sorted(run_dir.glob("epoch_*"))
     assert ckpts and all(is_complete(d) for d in ckpts), ckpts  # nothing half-written kept
