@@ -60,10 +60,15 @@ def _image_ops(a: AugmentConfig, train: bool, batched: bool) -> list[Any]:
     if not train:
         centre = BilinearCenterCrop if bilinear else CenterCropRGBImageDecoder
         return [centre(size, ratio=a.eval_crop_ratio)]
-    crop = BilinearRandomResizedCrop if bilinear else RandomResizedCropRGBImageDecoder
-    ops: list[Any] = [crop(size, scale=tuple(a.scale), ratio=tuple(a.ratio))]
-    if a.flip_p > 0:
-        ops.append(RandomHorizontalFlip(flip_prob=a.flip_p))
+    ops: list[Any]
+    if bilinear:  # the flip fused into the crop's resize: no copy of every view
+        ops = [BilinearRandomResizedCrop(size, scale=(a.scale[0], a.scale[1]),
+                                         ratio=(a.ratio[0], a.ratio[1]), flip_p=a.flip_p)]
+    else:
+        ops = [RandomResizedCropRGBImageDecoder(size, scale=tuple(a.scale),
+                                                ratio=tuple(a.ratio))]
+        if a.flip_p > 0:
+            ops.append(RandomHorizontalFlip(flip_prob=a.flip_p))
     if batched or max(a.jitter_p, a.grayscale_p) == 0:
         return ops
     from components.data.augment import RandomColorJitter, RandomGrayscale

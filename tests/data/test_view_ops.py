@@ -17,6 +17,7 @@ from components.config import AugmentConfig, ConfigError
 from components.data.augment.resize import (
     BilinearCenterCrop,
     BilinearRandomResizedCrop,
+    _resize_bilinear,
     resize_crop_bilinear,
 )
 from components.data.reader import ViewLoader, set_jit
@@ -126,8 +127,49 @@ def test_interpolation_choice_picks_the_decoder() -> None:
                             with_captions=False)["image"]
 
     assert type(ops("bilinear", True)[0]) is BilinearRandomResizedCrop
+    # the flip is fused into the bilinear crop: no FFCV RandomHorizontalFlip (a copy per view)
+    assert [type(o).__name__ for o in ops("bilinear", True)[:2]] == [
+        "BilinearRandomResizedCrop", "RandomColorJitter"]
+    assert ops("bilinear", True)[0].flip_p == 0.5
+    assert type(ops("area", True)[1]).__name__ == "RandomHorizontalFlip"
     assert type(ops("bilinear", False)[0]) is BilinearCenterCrop
     assert type(ops("area", True)[0]) is RandomResizedCropRGBImageDecoder
     assert type(ops("area", False)[0]) is CenterCropRGBImageDecoder
     with pytest.raises(ConfigError, match="interpolation='nearest' is not allowed"):
         AugmentConfig(interpolation="nearest")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("crop, size", [((7, 9), (12, 12)), ((30, 20), (5, 11)), ((1, 1), (3, 1))])
+def test_the_mirrored_resize_is_the_flip_of_the_resize(crop: tuple[int, int],
+                                                      size: tuple[int, int]) -> None:
+    rng = np.random.default_rng(sum(crop))
+    img = rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)
+    plain, mirrored = (np.zeros((*size, 3), np.uint8) for _ in range(2))
+    _resize_bilinear(img, 3, 3 + crop[0], 5, 5 + crop[1], plain, False)
+    _resize_bilinear(img, 3, 3 + crop[0], 5, 5 + crop[1], mirrored, True)
+    assert np.array_equal(mirrored, plain[:, ::-1])
+
+
+def test_reader_flips_inside_the_crop(tmp_path: Path) -> None:
+    """``flip_p: 1`` gives the mirror image of the views ``flip_p`` ≈ 0 gives (the same draws:
+    one per image either way), through the reader; 0 draws nothing; outside [0, 1] refused."""
+    from components.data.shards import page_size_for, write_shard
+
+    rng = np.random.default_rng(3)
+    imgs = [rng.integers(0, 256, (14, 14, 3), dtype=np.uint8) for _ in range(6)]
+    write_shard(tmp_path / "t.beton", imgs, np.zeros(6, int), np.arange(6), None,
+                write_mode="raw", jpeg_quality=90, page_size=page_size_for(14, 0))
+    set_jit(False)
+
+    def views(flip_p: float) -> torch.Tensor:
+        aug = AugmentConfig(resolution=8, flip_p=flip_p, jitter_p=0.0, grayscale_p=0.0)
+        loader = ViewLoader(tmp_path / "t.beton", batch_size=6, views=2, augment=aug,
+                            num_workers=1, seed=5, with_captions=False)
+        loader.set_epoch(0)
+        return next(iter(loader)).images
+
+    never, always = views(1e-300), views(1.0)
+    assert torch.equal(always, never.flip(-1))
+    assert not torch.equal(always, never)
+    with pytest.raises(ValueError, match=r"flip_p=1.5 is not allowed: give a probability"):
+        BilinearRandomResizedCrop((8, 8), flip_p=1.5)
