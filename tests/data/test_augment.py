@@ -37,6 +37,7 @@ from components.data.augment import (
     batched_color_jitter,
     batched_gaussian_blur,
     batched_grayscale,
+    batched_solarize,
     blur_kernel_size,
 )
 from components.data.augment import ffcv_ops as A
@@ -219,6 +220,54 @@ def test_numba_and_torch_paths_agree() -> None:
         out = np.empty_like(img)
         kernel(img, out, f)
         _assert_u8_close(out, _hwc(fn(x, torch.tensor([f]))[0]))
+
+
+# --------------------------------------------------------------------------------------------
+# Solarization (BYOL)
+# --------------------------------------------------------------------------------------------
+
+
+def test_batched_solarize_matches_torchvision_exactly(batch: torch.Tensor) -> None:
+    """Every sample solarized (``apply`` all True, or no mask) is torchvision's ``solarize``
+    bit for bit: threshold 128 on uint8, 128 / 255 on float (the same pixels), and a few
+    others; none (mask all False) is the input; a per-sample mask picks per sample."""
+    uint8 = batch.dtype == torch.uint8
+    default = 128 if uint8 else 128 / 255
+    want = TF.solarize(batch, threshold=default)
+    assert torch.equal(batched_solarize(batch), want)
+    assert torch.equal(batched_solarize(batch, apply=torch.ones(B, dtype=torch.bool)), want)
+    assert torch.equal(batched_solarize(batch, apply=torch.zeros(B, dtype=torch.bool)), batch)
+    for t in ((0, 1, 127, 200, 255) if uint8 else (0.0, 0.25, 0.5, 1.0)):
+        assert torch.equal(batched_solarize(batch, threshold=t), TF.solarize(batch, t)), t
+    mask = torch.tensor([True, False] * (B // 2))
+    got = batched_solarize(batch, apply=mask)
+    assert torch.equal(got[mask], want[mask]) and torch.equal(got[~mask], batch[~mask])
+    assert not torch.equal(want, batch)  # the test images do have pixels >= 128
+    with pytest.raises(ValueError, match="threshold=256 is not allowed"):
+        batched_solarize(batch.to(torch.uint8), threshold=256)
+
+
+def test_module_solarize_probability() -> None:
+    """``solarize_p`` 1 solarizes every sample (after the blur, as BYOL), 0 none and draws
+    nothing (the RNG moves as before solarization existed), a fraction about that share."""
+    x = torch.randint(0, 256, (400, 3, 4, 4), dtype=torch.uint8,
+                      generator=torch.Generator().manual_seed(0))
+    off = dict(jitter_p=0.0, grayscale_p=0.0)
+    assert torch.equal(BatchedSimCLRAugment(**off, blur_p=0.0, solarize_p=1.0)(x),
+                       TF.solarize(x, 128))
+    blur = BatchedSimCLRAugment(**off, blur_p=1.0, generator=torch.Generator().manual_seed(1))
+    both = BatchedSimCLRAugment(**off, blur_p=1.0, solarize_p=1.0,
+                                generator=torch.Generator().manual_seed(1))
+    assert torch.equal(both(x), TF.solarize(blur(x), 128))
+    torch.manual_seed(5)
+    BatchedSimCLRAugment(**off, blur_p=0.0, solarize_p=0.0)(x)
+    after = torch.rand(3)
+    torch.manual_seed(5)
+    assert torch.equal(after, torch.rand(3))
+    half = BatchedSimCLRAugment(**off, blur_p=0.0, solarize_p=0.2,
+                                generator=torch.Generator().manual_seed(2))(x)
+    changed = (half != x).flatten(1).any(1).float().mean().item()
+    assert 0.12 < changed < 0.28
 
 
 # --------------------------------------------------------------------------------------------

@@ -22,11 +22,13 @@ this package supplies jitter and grayscale twice and blur once:
   :func:`batched_adjust_brightness`, :func:`batched_adjust_contrast`,
   :func:`batched_adjust_saturation`, :func:`batched_adjust_hue`,
   :func:`batched_color_jitter`, :func:`batched_grayscale`, :func:`batched_gaussian_blur`,
-  and the module :class:`BatchedSimCLRAugment` (jitter → grayscale → blur). Input is
+  :func:`batched_solarize` (BYOL), and the module :class:`BatchedSimCLRAugment` (jitter →
+  grayscale → blur → solarize). Input is
   ``[B, 3, H, W]`` uint8 (range [0, 255]) or floating point (range [0, 1], the torchvision
   convention); the output has the input's dtype and range. On CPU the reader runs blur as
   this batched op after the loader: a numba blur inside FFCV's compiled pipeline stalled its
-  worker threads at 8 px, so there is none.
+  worker threads at 8 px, so there is none. Solarization comes after the blur (BYOL's
+  order), so on CPU it runs batched after the loader too.
 
 Semantics follow ``torchvision.transforms.v2.functional`` (0.29) exactly, including its uint8
 behaviour: the luma weights are torchvision's ``(0.2989, 0.587, 0.114)`` (ITU-R 601-2 rounded
@@ -48,6 +50,7 @@ from components.data.augment.batched import (
     batched_color_jitter,
     batched_gaussian_blur,
     batched_grayscale,
+    batched_solarize,
 )
 from components.data.augment.common import LUMA_WEIGHTS, blur_kernel_size
 from components.data.augment.ffcv_ops import RandomColorJitter, RandomGrayscale
@@ -64,5 +67,6 @@ __all__ = [
     "batched_color_jitter",
     "batched_gaussian_blur",
     "batched_grayscale",
+    "batched_solarize",
     "blur_kernel_size",
 ]

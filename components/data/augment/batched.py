@@ -416,8 +416,39 @@ def _gaussian_blur(
     return _select(apply, out, images)
 
 
+def batched_solarize(images: torch.Tensor, threshold: float | None = None,
+                     apply: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-sample ``solarize``: every value ``>= threshold`` inverted (uint8 ``255 - x``, a
+    bitwise not; float ``1 - x``), as torchvision's ``solarize`` /
+    ``RandomSolarize(threshold)``. BYOL (Grill et al. 2020, App. B): threshold 128 of 255.
+
+    Args:
+        images: ``[B, 3, H, W]`` uint8 in [0, 255] or float in [0, 1].
+        threshold: in the images' range; ``None``: BYOL's 128 (uint8) or ``128 / 255``
+            (float: the same pixels as the uint8 image / 255).
+        apply: ``[B]`` bool mask; samples where it is False are returned unchanged.
+
+    Returns:
+        ``[B, 3, H, W]``, the dtype of ``images``.
+
+    Raises:
+        ValueError: wrong shapes, or a threshold above the dtype's maximum (1.0 / 255).
+        TypeError: unsupported dtype.
+    """
+    _check_batch(images)
+    bound = _bound(images)
+    t = (128.0 / 255.0 if images.is_floating_point() else 128.0) if threshold is None \
+        else float(threshold)
+    if t > bound:
+        raise ValueError(f"threshold={threshold!r} is not allowed: it must be <= {bound:g}, "
+                         f"the largest {images.dtype} pixel value")
+    inverted = 1.0 - images if images.is_floating_point() else images.bitwise_not()
+    return _select(apply, torch.where(images >= t, inverted, images), images)
+
+
 class BatchedSimCLRAugment(torch.nn.Module):
-    """SimCLR colour jitter → grayscale → Gaussian blur on a device batch, per-sample random.
+    """SimCLR colour jitter → grayscale → Gaussian blur (→ BYOL's solarization) on a device
+    batch, per-sample random.
 
     Every sample draws its own Bernoulli gates and factors (torchvision ``ColorJitter``
     ranges; jitter order fixed to brightness → contrast → saturation → hue), all in a few
@@ -433,6 +464,8 @@ class BatchedSimCLRAugment(torch.nn.Module):
         grayscale_p: probability of grayscale per sample.
         blur_p: probability of blur per sample.
         sigma: ``(min, max)`` blur standard deviation in pixels.
+        solarize_p: probability of solarization per sample (:func:`batched_solarize`,
+            threshold 128 of 255), after the blur as in BYOL; 0 (the default) draws nothing.
         kernel_fraction: blur kernel size as a fraction of the image side (odd, ≥ 3).
         generator: RNG for all draws (on any device; draws are moved to the images' device);
             None uses torch's default generator of the images' device.
@@ -457,6 +490,7 @@ class BatchedSimCLRAugment(torch.nn.Module):
         sigma: tuple[float, float] = (0.1, 2.0),
         kernel_fraction: float = 0.1,
         generator: torch.Generator | None = None,
+        solarize_p: float = 0.0,
     ) -> None:
         super().__init__()
         self.brightness = _check_magnitude("brightness", brightness)
@@ -466,6 +500,7 @@ class BatchedSimCLRAugment(torch.nn.Module):
         self.jitter_p = _check_probability("jitter_p", jitter_p)
         self.grayscale_p = _check_probability("grayscale_p", grayscale_p)
         self.blur_p = _check_probability("blur_p", blur_p)
+        self.solarize_p = _check_probability("solarize_p", solarize_p)
         self.sigma = _check_sigma(sigma)
         self.kernel_fraction = _check_kernel_fraction(kernel_fraction)
         self.generator = generator
@@ -518,6 +553,8 @@ class BatchedSimCLRAugment(torch.nn.Module):
             tiny = max(torch.finfo(torch.float32).tiny, torch.finfo(_work_dtype(images)).tiny)
             out = _gaussian_blur(out, sig, (kx, ky), apply,
                                  sigma_positive=self.sigma[0] >= tiny)
+        if self.solarize_p > 0:  # drawn last: runs without it draw what they always drew
+            out = batched_solarize(out, apply=self._rand(n, dev) < self.solarize_p)
         return out
 
     def extra_repr(self) -> str:
@@ -525,5 +562,6 @@ class BatchedSimCLRAugment(torch.nn.Module):
             f"brightness={self.brightness}, contrast={self.contrast}, "
             f"saturation={self.saturation}, hue={self.hue}, jitter_p={self.jitter_p}, "
             f"grayscale_p={self.grayscale_p}, blur_p={self.blur_p}, sigma={self.sigma}, "
+            f"solarize_p={self.solarize_p}, "
             f"kernel_fraction={self.kernel_fraction}"
         )
