@@ -76,6 +76,7 @@ from components.config.pretrain import (
     ScalingSection,
     TrackingConfig,
     TrainConfig,
+    ViewGroup,
     check_wandb,
 )
 
@@ -116,6 +117,7 @@ __all__ = [
     "RecipeSection",
     "check_wandb",
     "TrainConfig",
+    "ViewGroup",
     "XCLRConfig",
     "apply_overrides",
     "check_at_least",

@@ -31,7 +31,9 @@ class AugmentConfig:
 
     Crop ``scale``/``ratio`` as torchvision's RandomResizedCrop; colour jitter with
     probability ``jitter_p``; grayscale ``grayscale_p``; Gaussian blur ``blur_p`` (0.5 for
-    ImageNet-size images). Evaluation views are a centre crop of ``eval_crop_ratio`` of the
+    ImageNet-size images); solarization ``solarize_p`` (BYOL: invert every channel value
+    ``>= 128`` of a uint8 image, torchvision's ``RandomSolarize(threshold=128)``). Evaluation
+    views are a centre crop of ``eval_crop_ratio`` of the
     shorter side resized to ``resolution``. ``interpolation``: how crops are resized —
     ``bilinear`` (antialiased, as torchvision) or ``area`` (FFCV's own OpenCV ``INTER_AREA``,
     nearest-like when a crop is enlarged; it cost SimCLR 15 % of its kNN gain on 28 px
@@ -50,6 +52,7 @@ class AugmentConfig:
     grayscale_p: float = 0.2
     blur_p: float = 0.0
     blur_sigma: list[float] = dataclasses.field(default_factory=lambda: [0.1, 2.0])
+    solarize_p: float = 0.0
     mean: list[float] = dataclasses.field(default_factory=lambda: list(IMAGENET_MEAN))
     std: list[float] = dataclasses.field(default_factory=lambda: list(IMAGENET_STD))
     eval_crop_ratio: float = 1.0
@@ -69,7 +72,7 @@ class AugmentConfig:
                     f"data.augment.{key}={clip(pair)} is not allowed: give [low, high] with "
                     f"{low} < low <= high <= {high}"
                 )
-        for key in ("flip_p", "jitter_p", "grayscale_p", "blur_p"):
+        for key in ("flip_p", "jitter_p", "grayscale_p", "blur_p", "solarize_p"):
             check_in_range(f"data.augment.{key}", getattr(self, key), 0.0, 1.0)
         for key in ("brightness", "contrast", "saturation"):
             check_non_negative(f"data.augment.{key}", getattr(self, key))
@@ -81,6 +84,48 @@ class AugmentConfig:
         check_in_range("data.augment.eval_crop_ratio", self.eval_crop_ratio, 0.05, 1.0)
 
 
+# What a view group may set for itself; any it leaves out (null) is data.augment's.
+GROUP_OVERRIDES = ("resolution", "scale", "flip_p", "jitter_p", "grayscale_p", "blur_p",
+                   "solarize_p")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ViewGroup:
+    """One group of ``data.view_groups`` (multi-crop): ``count`` views, each a crop of
+    ``resolution`` px with crop ``scale`` and the group's own flip / jitter / grayscale / blur /
+    solarize probabilities. A field left out (``null``) is ``data.augment``'s. Checked by
+    :meth:`check` from :class:`DataConfig` (which knows the group's index for the message)."""
+
+    count: int
+    resolution: int | None = None
+    scale: list[float] | None = None
+    flip_p: float | None = None
+    jitter_p: float | None = None
+    grayscale_p: float | None = None
+    blur_p: float | None = None
+    solarize_p: float | None = None
+
+    def check(self, key: str) -> None:
+        """Raises:
+            ConfigError: one line naming ``key.<field>``, its value and what is allowed."""
+        check_at_least(f"{key}.count", self.count, 1)
+        if self.resolution is not None:
+            check_at_least(f"{key}.resolution", self.resolution, 4)
+        s = self.scale
+        if s is not None and (len(s) != 2 or not 0.0 < s[0] <= s[1] <= 1.0):
+            raise ConfigError(f"{key}.scale={clip(s)} is not allowed: give [low, high] with "
+                              "0.0 < low <= high <= 1.0 (the crop's share of the image area)")
+        for name in ("flip_p", "jitter_p", "grayscale_p", "blur_p", "solarize_p"):
+            value = getattr(self, name)
+            if value is not None:
+                check_in_range(f"{key}.{name}", value, 0.0, 1.0)
+
+    def augment(self, base: AugmentConfig) -> AugmentConfig:
+        """``base`` with this group's fields in place of its own (the group's crop and ops)."""
+        over = {k: getattr(self, k) for k in GROUP_OVERRIDES if getattr(self, k) is not None}
+        return dataclasses.replace(base, **over)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataConfig:
     """Which dataset dir to read and how. ``dataset``: a path or an ``s3://`` / ``gs://`` URI.
@@ -89,7 +134,14 @@ class DataConfig:
     compile (tests, debugging). ``stage: true`` copies the dataset to node-local disk first,
     once per node, verified against the manifest's sha256 (always done for URIs: FFCV reads
     local files); ``stage_dir``: where (default ``$SIMGRAPH_STAGE_DIR``, else
-    ``<tmp>/simgraph-stage-<uid>``, owner-only)."""
+    ``<tmp>/simgraph-stage-<uid>``, owner-only).
+
+    ``view_groups`` (multi-crop; SwAV's 2 × 224 + 6 × 96, BYOL's asymmetric views): a list
+    of :class:`ViewGroup`; the views are the groups' in order, ``V`` = the sum of their
+    counts, and ``views`` is that total (leave it out or give that number: another value is
+    refused). Empty (the default): ``views`` views, all of ``augment``. Evaluation and export
+    crop at ``augment.resolution``, which is also a group's resolution when it gives none.
+    """
 
     dataset: str
     batch_size: int = 256
@@ -100,11 +152,38 @@ class DataConfig:
     stage: bool = False
     stage_dir: str | None = None
     augment: AugmentConfig = dataclasses.field(default_factory=AugmentConfig)
+    view_groups: list[ViewGroup] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_at_least("data.batch_size", self.batch_size, 1)
         check_at_least("data.views", self.views, 1)
         check_at_least("data.num_workers", self.num_workers, 1)
+        if not self.view_groups:
+            return
+        for i, group in enumerate(self.view_groups):
+            if not isinstance(group, ViewGroup):
+                raise ConfigError(f"data.view_groups[{i}]={clip(group)} is not allowed: give "
+                                  "a mapping with count (and resolution, scale, flip_p, "
+                                  "jitter_p, grayscale_p, blur_p, solarize_p)")
+            group.check(f"data.view_groups[{i}]")
+        total = sum(g.count for g in self.view_groups)
+        if self.views not in (2, total):  # 2: the default, i.e. left out
+            counts = " + ".join(str(g.count) for g in self.view_groups)
+            raise ConfigError(
+                f"data.views={self.views} is not allowed with data.view_groups ({counts} = "
+                f"{total} views): leave data.views out or set it to {total}")
+        object.__setattr__(self, "views", total)  # V: what every loss and estimate reads
+
+    def groups(self) -> list[tuple[int, AugmentConfig]]:
+        """``(count, augmentation)`` of each view group in view order: ``view_groups``'
+        (:meth:`ViewGroup.augment`), or one group of ``views`` views of ``augment``."""
+        if not self.view_groups:
+            return [(self.views, self.augment)]
+        return [(g.count, g.augment(self.augment)) for g in self.view_groups]
+
+    def resolutions(self) -> list[int]:
+        """The distinct crop sides of the training views, in order of first appearance."""
+        return list(dict.fromkeys(a.resolution for _, a in self.groups()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -452,15 +531,29 @@ class PretrainConfig:
                 f"name={clip(self.name)} is not allowed: give a run name without '/' (the run "
                 f"dir is storage/name)"
             )
-        side, blocks = self.data.augment.resolution, self.model.blocks
-        if self.model.backbone == "convnet" and side < 2**blocks:
-            raise ConfigError(
-                f"model.blocks={blocks} halves data.augment.resolution={side} {blocks} times; "
-                f"a {blocks}-block convnet needs resolution >= {2**blocks}: lower model.blocks "
-                f"to <= {side.bit_length() - 1} or raise the resolution"
-            )
+        blocks = self.model.blocks
+        # Every crop side the encoder sees: evaluation's, then each view group's.
+        sides = {"data.augment.resolution": self.data.augment.resolution}
+        for i, g in enumerate(self.data.view_groups):
+            if g.resolution is not None and g.resolution != self.data.augment.resolution:
+                sides.setdefault(f"data.view_groups[{i}].resolution", g.resolution)
+        for key, side in sides.items():
+            if self.model.backbone == "convnet" and side < 2**blocks:
+                raise ConfigError(
+                    f"model.blocks={blocks} halves {key}={side} {blocks} times; a "
+                    f"{blocks}-block convnet needs resolution >= {2**blocks}: lower "
+                    f"model.blocks to <= {side.bit_length() - 1} or raise the resolution")
         if is_timm(self.model.backbone):  # patch size vs resolution; the size timm accepts
-            timm_probe(timm_name(self.model.backbone), side)
+            name, side = timm_name(self.model.backbone), self.data.augment.resolution
+            if timm_probe(name, side).takes_img_size and len(sides) > 1:
+                key, other = list(sides.items())[1]
+                raise ConfigError(
+                    f"{key}={other} is not allowed with model.backbone={self.model.backbone}: "
+                    f"it is built for data.augment.resolution={side} (position embeddings of "
+                    "one input size); give every view group that resolution, or use a "
+                    "convolutional backbone for multi-crop")
+            for other in list(sides.values())[1:]:
+                timm_probe(name, other)
         k, b = self.train.accumulate, self.data.batch_size
         if b % k:
             divisors = [str(d) for d in range(1, b + 1) if b % d == 0]  # [1, …, b]

@@ -8,12 +8,16 @@
   sample is read exactly once (evaluation): :mod:`components.data.sample_order`.
 * **Views.** View 0 reads the stored ``image`` field; views 1..V-1 are extra
   ``PipelineSpec("image", ...)`` entries, each with its own random crop, flip and colour ops.
-  On CPU colour jitter and grayscale run inside FFCV's compiled pipeline and blur as a batched
-  torch op; on CUDA the crop and flip run in FFCV and the rest as batched torch ops on the
-  device after ``ToDevice``.
+  On CPU colour jitter and grayscale run inside FFCV's compiled pipeline and blur and
+  solarization as batched torch ops; on CUDA the crop and flip run in FFCV and the rest as
+  batched torch ops on the device after ``ToDevice``.
+* **View groups** (multi-crop, ``data.view_groups``): each view takes its group's crop size,
+  crop scale and op probabilities, in FFCV and in the batched ops alike.
 * **Output.** :class:`Batch` with ``images`` ``[B, V, 3, H, W]`` float32 normalised (cloned:
-  FFCV reuses its buffers), ``labels`` / ``sample_ids`` ``[B]`` int64 (``[1]`` for a batch of
-  one image: only the per-sample dim is squeezed), ``captions`` ``[B, E]`` float32 or ``None``.
+  FFCV reuses its buffers) when every view has one size, else a
+  :class:`~components.data.multicrop.MultiCrop` of ``[B, V_i, 3, H_i, W_i]`` blocks;
+  ``labels`` / ``sample_ids`` ``[B]`` int64 (``[1]`` for a batch of one image: only the
+  per-sample dim is squeezed), ``captions`` ``[B, E]`` float32 or ``None``.
 * **Devices.** CUDA devices always carry their index (``cuda:N``); a bare ``cuda`` is refused:
   :mod:`components.data.devices` (:func:`~components.data.devices.resolve_device`).
 * **No hang.** An exception in FFCV's loader thread is re-raised in the consumer
@@ -34,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +47,7 @@ import torch
 
 from components.config import AugmentConfig
 from components.data.loader_thread import seeded_loader_class, stall_timeout_s
+from components.data.multicrop import Images, MultiCrop
 from components.data.reader_errors import (
     LoaderError as LoaderError,  # pickled by path in older sweep dirs
 )
@@ -119,7 +124,7 @@ class DatasetInfo:
 
 @dataclasses.dataclass(kw_only=True)
 class Batch:
-    images: torch.Tensor  # [B, V, 3, H, W] float32, normalised
+    images: Images  # [B, V, 3, H, W] float32, normalised; a MultiCrop for several sizes
     labels: torch.Tensor  # [B] int64 (-1 = unlabelled)
     sample_ids: torch.Tensor  # [B] int64
     captions: torch.Tensor | None  # [B, E] float32 (L2-normalised) or None
@@ -139,7 +144,11 @@ class ViewLoader:
         path: the split's ``.beton`` file (``DatasetInfo.split_file``).
         batch_size: per-rank batch.
         views: augmented views per image (``train``) — evaluation always gives one.
-        augment: crop / colour parameters.
+        augment: crop / colour parameters (evaluation's, and every view's without
+            ``view_groups``).
+        view_groups: ``(count, augmentation)`` per group of training views, in view order
+            (:meth:`components.config.DataConfig.groups`); replaces ``views`` (their total)
+            and ``augment`` for the training views.
         train: random views and a shuffled order; otherwise a centre crop in file order.
         seed, rank, world_size: the order (``rank_order``).
         device: ``cpu`` or an indexed CUDA device, ``cuda:N`` (then the colour ops run batched
@@ -167,6 +176,7 @@ class ViewLoader:
         batch_size: int,
         views: int = 2,
         augment: AugmentConfig | None = None,
+        view_groups: Sequence[tuple[int, AugmentConfig]] | None = None,
         train: bool = True,
         seed: int = 0,
         rank: int = 0,
@@ -182,6 +192,11 @@ class ViewLoader:
     ) -> None:
         from ffcv.reader import Reader
 
+        if view_groups is not None:
+            if not view_groups or any(n < 1 for n, _ in view_groups):
+                raise ValueError(f"view_groups={list(view_groups)!r}: give (count >= 1, "
+                                 "augmentation) pairs, at least one")
+            views = sum(n for n, _ in view_groups)
         if views < 1:
             raise ValueError(f"views={views} must be >= 1")
         if not 0 <= rank < world_size:
@@ -197,6 +212,10 @@ class ViewLoader:
         self.path = Path(path)
         self.train = train
         self.views = views if train else 1
+        # One augmentation per view: its group's (training) or ``augment``'s.
+        groups = list(view_groups) if (train and view_groups is not None) else \
+            [(self.views, self.augment)]
+        self.view_augments = [a for n, a in groups for _ in range(n)]
         drop_last = train if drop_last is None else drop_last
         try:
             handlers = Reader(str(path)).handlers
@@ -216,7 +235,8 @@ class ViewLoader:
         self.pipeline_ops = pipeline_ops(fields, augment=self.augment, train=train,
                                          views=self.views, device=self.device,
                                          batched_augment=batched,
-                                         with_captions=self.has_captions)
+                                         with_captions=self.has_captions,
+                                         view_augments=self.view_augments)
         self._image_keys = [k for k in self.pipeline_ops if k.startswith("image")]
         pipelines: dict[str, Any] = {
             k: (ops if k == "image" or not k.startswith("image") else field_spec("image", ops))
@@ -243,7 +263,23 @@ class ViewLoader:
         mean = torch.tensor(self.augment.mean, device=self.device).view(1, 3, 1, 1) * 255
         std = torch.tensor(self.augment.std, device=self.device).view(1, 3, 1, 1) * 255
         self._mean, self._std = mean, std
-        self._gpu_aug = self._gpu_augment() if (batched and train) else None
+        # The batched ops after the loader of each view (None: none), one module per group.
+        made: dict[int, torch.nn.Module | None] = {}
+        self._post_ops: list[torch.nn.Module | None] = []
+        for a in self.view_augments:
+            if id(a) not in made:
+                made[id(a)] = (None if not train else self._gpu_augment(a) if batched
+                               else self._blur_only(a)
+                               if max(a.blur_p, a.solarize_p) > 0 else None)
+            self._post_ops.append(made[id(a)])
+        # Runs of consecutive views of one size: the output's blocks (one: a plain tensor).
+        sides = [a.resolution for a in self.view_augments]
+        self._blocks: list[tuple[int, int]] = []  # (first view, views)
+        for v, side in enumerate(sides):
+            if v and side == sides[v - 1]:
+                self._blocks[-1] = (self._blocks[-1][0], self._blocks[-1][1] + 1)
+            else:
+                self._blocks.append((v, 1))
         # FFCV reuses a few slots of pinned host buffers and device buffers. It makes the next
         # copy into a slot wait (on the GPU) for an event recorded on the consumer's stream when
         # a later batch is handed over, but (a) the host may record it before the consumer has
@@ -255,25 +291,25 @@ class ViewLoader:
         # batch: there the consumer's stream is drained before the next batch is taken, which
         # keeps FFCV's thread prefetching on the CPU while the GPU finishes the last batch.
         self._drain_between_batches = on_gpu and not train
-        self._cpu_blur = self._blur_only() if (train and not batched and self.augment.blur_p > 0) \
-            else None
 
-    def _gpu_augment(self) -> torch.nn.Module:
+    @staticmethod
+    def _gpu_augment(a: AugmentConfig) -> torch.nn.Module:
         from components.data.augment import BatchedSimCLRAugment
 
-        a = self.augment
         return BatchedSimCLRAugment(
             brightness=a.brightness, contrast=a.contrast, saturation=a.saturation, hue=a.hue,
             jitter_p=a.jitter_p, grayscale_p=a.grayscale_p, blur_p=a.blur_p,
-            sigma=(a.blur_sigma[0], a.blur_sigma[1]),
+            sigma=(a.blur_sigma[0], a.blur_sigma[1]), solarize_p=a.solarize_p,
         )
 
-    def _blur_only(self) -> torch.nn.Module:
+    @staticmethod
+    def _blur_only(a: AugmentConfig) -> torch.nn.Module:
+        """CPU: what FFCV's pipeline does not run (blur, then solarization)."""
         from components.data.augment import BatchedSimCLRAugment
 
-        a = self.augment
         return BatchedSimCLRAugment(jitter_p=0.0, grayscale_p=0.0, blur_p=a.blur_p,
-                                    sigma=(a.blur_sigma[0], a.blur_sigma[1]))
+                                    sigma=(a.blur_sigma[0], a.blur_sigma[1]),
+                                    solarize_p=a.solarize_p)
 
     def set_epoch(self, epoch: int) -> None:
         """The next iteration reads ``epoch``'s order (resume: set the epoch, then iterate)."""
@@ -298,20 +334,24 @@ class ViewLoader:
     def _batches(self, epoch: Iterator[Any]) -> Iterator[Batch]:
         for out in epoch:
             got = dict(zip(self._names, out, strict=True))
-            images: torch.Tensor | None = None
-            for v, key in enumerate(self._image_keys):
-                x = got[key]  # [B, 3, H, W] uint8, a reused FFCV buffer
-                if self._gpu_aug is not None:
-                    x = self._gpu_aug(x)
-                elif self._cpu_blur is not None:
-                    x = self._cpu_blur(x)
-                if images is None:  # one new tensor per batch: the consumer owns it
-                    images = torch.empty((x.shape[0], len(self._image_keys), *x.shape[1:]),
-                                         dtype=torch.float32, device=x.device)
-                # (x.float() - mean) / std written in place: the same float32 values, without
-                # three temporaries per view and a stack (each a fresh mmap: page faults)
-                torch.sub(x, self._mean, out=images[:, v]).div_(self._std)
-            assert images is not None
+            blocks: list[torch.Tensor] = []
+            for first, n in self._blocks:
+                block: torch.Tensor | None = None
+                for j in range(n):
+                    v = first + j
+                    x = got[self._image_keys[v]]  # [B, 3, H, W] uint8, a reused FFCV buffer
+                    op = self._post_ops[v]
+                    if op is not None:
+                        x = op(x)
+                    if block is None:  # one new tensor per batch: the consumer owns it
+                        block = torch.empty((x.shape[0], n, *x.shape[1:]),
+                                            dtype=torch.float32, device=x.device)
+                    # (x.float() - mean) / std written in place: the same float32 values,
+                    # without three temporaries per view and a stack (each a fresh mmap)
+                    torch.sub(x, self._mean, out=block[:, j]).div_(self._std)
+                assert block is not None
+                blocks.append(block)
+            images: Images = blocks[0] if len(blocks) == 1 else MultiCrop(tuple(blocks))
             caps = got.get("caption") if self.has_captions else None
             yield Batch(
                 images=images,

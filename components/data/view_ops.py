@@ -16,10 +16,13 @@ from components.config import AugmentConfig
 def pipeline_ops(
     fields: Sequence[str], *, augment: AugmentConfig, train: bool, views: int,
     device: torch.device, batched_augment: bool, with_captions: bool,
+    view_augments: Sequence[AugmentConfig] | None = None,
 ) -> dict[str, list[Any]]:
     """The FFCV operations of every output, decoder first: ``label``, ``sample_id``,
     ``caption`` (when read), ``image`` and ``image_1`` … ``image_{V-1}`` (extra views of the
     stored ``image`` field). Built without a Loader, so tests can check what each op declares.
+    ``view_augments`` (training only): one augmentation per view (its view group's crop size,
+    scale and ops: multi-crop), in place of ``augment`` for every view.
 
     For a CUDA ``device`` every output ends on the device: ``ToDevice`` copies the batch, and
     every op after it allocates there. ``ToTorchImage`` comes after ``ToDevice`` as a view
@@ -41,8 +44,11 @@ def pipeline_ops(
     if with_captions and "caption" in fields:
         out["caption"] = [NDArrayDecoder(), ToTensor(), *to_dev]
     n = views if train else 1
-    for key in ["image"] + [f"image_{v}" for v in range(1, n)]:
-        out[key] = [*_image_ops(augment, train, batched_augment), ToTensor(), *to_dev,
+    per_view = list(view_augments) if train and view_augments is not None else [augment] * n
+    if len(per_view) != n:
+        raise ValueError(f"view_augments has {len(per_view)} entries for {n} views")
+    for v, key in enumerate(["image"] + [f"image_{v}" for v in range(1, n)]):
+        out[key] = [*_image_ops(per_view[v], train, batched_augment), ToTensor(), *to_dev,
                     ToTorchImage(channels_last=on_gpu)]
     return out
 

@@ -42,7 +42,8 @@ def train_views(cfg: PretrainConfig, info: Any, rank: int, world: int, device: A
     d = cfg.data
     return ViewLoader(
         info.split_file("train"), batch_size=d.batch_size, views=d.views, augment=d.augment,
-        train=True, seed=cfg.train.seed, rank=rank, world_size=world, device=device,
+        view_groups=d.groups() if d.view_groups else None, train=True, seed=cfg.train.seed,
+        rank=rank, world_size=world, device=device,
         num_workers=d.num_workers, drop_last=True, os_cache=d.os_cache,
         with_captions=with_captions, max_batches=cfg.train.steps_per_epoch,
         batched_augment=batched_augment,

@@ -208,3 +208,73 @@ def test_views_are_reproducible_across_loaders(beton: tuple) -> None:
     assert torch.equal(a, views(1))
     assert not torch.equal(a, views(2))
     assert not torch.equal(a[:, 0], a[:, 1])  # views differ from each other
+
+
+# ------------------------------------------------------------------ view groups (multi-crop)
+
+
+def _pixels(images: torch.Tensor) -> torch.Tensor:
+    """Normalised views with mean 0, std 1 back to uint8 pixel values (exact)."""
+    return (images * 255).round()
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["ffcv-ops", "batched-ops"])
+def test_view_groups_have_their_own_size_and_ops(beton: tuple, batched: bool) -> None:
+    """2 × 16 px (grayscale always, never solarized) + 3 × 8 px (solarized always, never
+    grayscale): a MultiCrop of one block per size, each view with its group's ops, on the
+    CPU path (grayscale in FFCV, solarization batched after it) and the GPU path's batched
+    ops run on the CPU."""
+    from components.config import ViewGroup
+    from components.data.multicrop import MultiCrop
+
+    path, _, _ = beton
+    base = AugmentConfig(resolution=16, jitter_p=0.0, grayscale_p=0.0, mean=[0.0] * 3,
+                         std=[1.0] * 3)
+    groups = [(2, ViewGroup(count=2, grayscale_p=1.0).augment(base)),
+              (3, ViewGroup(count=3, resolution=8, scale=[0.2, 0.5],
+                            solarize_p=1.0).augment(base))]
+    loader = ViewLoader(path, batch_size=5, view_groups=groups, augment=base, num_workers=1,
+                        batched_augment=batched)
+    assert loader.views == 5
+    for b in loader:
+        assert isinstance(b.images, MultiCrop) and b.images.shape == (5, 5)
+        big, small = b.images.blocks
+        assert big.shape == (5, 2, 3, 16, 16) and small.shape == (5, 3, 3, 8, 8)
+        assert b.images.sizes == [(16, 16)] * 2 + [(8, 8)] * 3
+        big, small = _pixels(big), _pixels(small)
+        # group 1: grayscale (equal channels), not solarized (bright pixels remain)
+        assert torch.equal(big[:, :, 0], big[:, :, 1]) and torch.equal(big[:, :, 1],
+                                                                       big[:, :, 2])
+        assert big.amax(dim=(2, 3, 4)).min() >= 128
+        # group 2: solarized (every value >= 128 inverted: none left), colour kept
+        assert small.max() <= 127
+        assert not torch.equal(small[:, :, 0], small[:, :, 1])
+
+
+def test_one_view_group_gives_the_views_of_views_and_augment(beton: tuple) -> None:
+    """``data.view_groups`` of one group (or groups of one size) is the plain loader: the
+    same ``[B, V, 3, H, W]`` tensor, bit for bit, from the same seed."""
+    from components.config import DataConfig, ViewGroup
+
+    path, _, _ = beton
+    aug = AugmentConfig(resolution=8, jitter_p=0.8, grayscale_p=0.3, blur_p=0.5)
+
+    def read(**kw: object) -> torch.Tensor:
+        loader = ViewLoader(path, batch_size=6, augment=aug, num_workers=1, seed=3, **kw)
+        out = [b.images for b in loader]
+        assert all(isinstance(x, torch.Tensor) for x in out)
+        return torch.cat(out)  # type: ignore[arg-type]
+
+    torch.manual_seed(0)
+    np.random.seed(0)
+    want = read(views=3)
+    data = DataConfig(dataset="x", augment=aug, view_groups=[ViewGroup(count=3)])
+    assert data.views == 3 and data.groups() == [(3, aug)]
+    torch.manual_seed(0)
+    np.random.seed(0)
+    assert torch.equal(read(view_groups=data.groups()), want)
+    # two groups of one size: still one tensor
+    torch.manual_seed(0)
+    np.random.seed(0)
+    two = read(view_groups=[(1, aug), (2, AugmentConfig(resolution=8, solarize_p=1.0))])
+    assert two.shape == want.shape
