@@ -184,6 +184,7 @@ def embed_dataset(
         DatasetError: not a complete dataset dir, or an unreadable split file.
         EmbedArgumentError / EmbedError: see :func:`dataset_splits`.
     """
+    from components.data.multicrop import view_of
     from components.data.reader import DatasetInfo, ViewLoader, set_jit
 
     info = DatasetInfo.load(dataset)
@@ -200,7 +201,7 @@ def embed_dataset(
                             num_workers=num_workers, with_captions=False)
         with _progress(info.splits[s], f"embed {s}") as bar:
             for b in loader:
-                feats.append(_features(encoder, b.images[:, 0], dev, projector))
+                feats.append(_features(encoder, view_of(b.images, 0), dev, projector))
                 labels.append(b.labels.cpu().numpy())
                 ids.append(b.sample_ids.cpu().numpy())
                 names += [s] * len(b.labels)

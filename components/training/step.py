@@ -4,6 +4,9 @@ kNN monitor and per-epoch seeding. ``pipelines/pretrain.py`` drives these inside
 Layout: a batch of ``B`` images with ``V`` views, ``images [B, V, 3, H, W]``, is run through
 the encoder as one ``[B·V, 3, H, W]`` tensor (sample-major, row ``b·V + v``: the layout
 :class:`~components.objectives.ContrastiveBatch` expects), so BatchNorm sees every view.
+Multi-crop (views of several sizes, a :class:`~components.data.multicrop.MultiCrop`): one
+encoder call per size on that size's views, the outputs put back in view order
+(:meth:`PretrainModel.encode`), so every loss still gets ``z [B, V, D]``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from components.config import LossConfig, ModelConfig, TrainConfig
+from components.data.multicrop import Images, MultiCrop, batch_views, size_groups, view_of
 from components.errors import NonFiniteError, SimgraphError
 from components.models.encoders import Encoder, build_encoder
 from components.objectives import ContrastiveBatch, Metrics, Objective, build_objective
@@ -74,6 +78,11 @@ class PretrainModel(nn.Module):
     ema) -> (loss, metrics)`` where ``ema`` is the EMA encoder when the objective needs keys.
     With ``keep_features`` set (the online probe's steps), the forward also keeps the
     detached backbone features ``h [B·V, F]`` of the batch for :meth:`take_features`.
+    ``images`` may be a :class:`~components.data.multicrop.MultiCrop` (views of several
+    sizes): see :meth:`encode`. The EMA encoder (memory-bank keys, CoNe's ``Q_p``) sees every
+    view, the small crops included, through the same per-size calls: ``ema_z`` / ``ema_logits``
+    are per view as ``z`` / ``logits`` are (CoNe pairs each view's logits with its own EMA
+    distribution, and a bank stores every view's key, as with one size).
     """
 
     def __init__(self, encoder: Encoder, objective: Objective, channels_last: bool = False):
@@ -98,21 +107,26 @@ class PretrainModel(nn.Module):
 
     def forward(
         self,
-        images: Tensor,
+        images: Images,
         labels: Tensor,
         sample_ids: Tensor,
         captions: Tensor | None,
         ema: EMA | None = None,
     ) -> tuple[Tensor, Metrics]:
-        b, v = images.shape[:2]
-        x = self._flat(images)
-        out = self.encoder(x)  # (h [B·V, F], z [B·V, D], logits [B·V, C] | None)
+        if isinstance(images, MultiCrop):
+            h, z, logits = self.encode_full(images)
+            ez, el = self.encode(images, ema) if ema is not None else (None, None)
+        else:  # one flattened copy for both encoders
+            b, v = images.shape[:2]
+            x = self._flat(images)
+            out = self.encoder(x)  # (h [B·V, F], z [B·V, D], logits [B·V, C] | None)
+            h = out[0].view(b, v, -1)
+            z, logits = _per_view(out, b, v)
+            ez = el = None
+            if ema is not None:
+                ez, el = _per_view(ema(x), b, v)
         if self.keep_features:
-            self._features = out[0].detach()
-        z, logits = _per_view(out, b, v)
-        ez = el = None
-        if ema is not None:
-            ez, el = _per_view(ema(x), b, v)
+            self._features = h.detach().flatten(0, 1)  # [B·V, F], row b·V + v
         return self.objective(
             self.contrastive_batch(z, logits, ez, el, labels, sample_ids, captions))
 
@@ -123,13 +137,50 @@ class PretrainModel(nn.Module):
             x = x.contiguous(memory_format=torch.channels_last)
         return x
 
-    def encode(self, images: Tensor, encoder: nn.Module | None = None
+    def encode(self, images: Images, encoder: nn.Module | None = None
                ) -> tuple[Tensor, Tensor | None]:
         """``(z [B, V, D], logits [B, V, C] | None)`` of ``images [B, V, 3, H, W]`` through
-        ``encoder`` (default: this model's; the EMA for keys)."""
-        b, v = images.shape[:2]
-        return _per_view((self.encoder if encoder is None else encoder)(self._flat(images)),
-                         b, v)
+        ``encoder`` (default: this model's; the EMA for keys): :meth:`encode_full`'s."""
+        _, z, logits = self.encode_full(images, encoder)
+        return z, logits
+
+    def encode_full(self, images: Images, encoder: nn.Module | None = None
+                    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``(h [B, V, F], z [B, V, D], logits [B, V, C] | None)``: the backbone features
+        too (the online probe's).
+
+        A :class:`~components.data.multicrop.MultiCrop`: one encoder call per crop size, on
+        ``[B·V_s, 3, H_s, W_s]`` (that size's views, sample-major), so BatchNorm normalises
+        each size's views together (SwAV / DINO practice: the 224 px and the 96 px crops are
+        separate forward passes); the outputs are put back in view order. A compiled encoder
+        (``train.compile``) compiles once per size (one recompilation, then cached).
+        """
+        enc = self.encoder if encoder is None else encoder
+        if not isinstance(images, MultiCrop):
+            b, v = images.shape[:2]
+            out = enc(self._flat(images))
+            return (out[0].view(b, v, -1), *_per_view(out, b, v))
+        b, _ = batch_views(images)
+        hs: list[Tensor | None] = [None] * len(images.blocks)
+        zs: list[Tensor | None] = [None] * len(images.blocks)
+        ls: list[Tensor | None] = [None] * len(images.blocks)
+        for idx in size_groups(images).values():
+            parts = [images.blocks[i] for i in idx]
+            x = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)  # [B, V_s, 3, H, W]
+            out = enc(self._flat(x))
+            z, logits = _per_view(out, b, x.shape[1])
+            h = out[0].view(b, x.shape[1], -1)
+            counts = [p.shape[1] for p in parts]
+            for i, hi, zi in zip(idx, h.split(counts, dim=1), z.split(counts, dim=1),
+                                 strict=True):
+                hs[i], zs[i] = hi, zi
+            if logits is not None:
+                for i, li in zip(idx, logits.split(counts, dim=1), strict=True):
+                    ls[i] = li
+        h_all = torch.cat([t for t in hs if t is not None], dim=1)  # [B, V, F]
+        z_all = torch.cat([t for t in zs if t is not None], dim=1)  # [B, V, D]
+        have = [t for t in ls if t is not None]
+        return h_all, z_all, (torch.cat(have, dim=1) if have else None)
 
     def contrastive_batch(
         self, z: Tensor, logits: Tensor | None, ema_z: Tensor | None,
@@ -324,7 +375,7 @@ class GradCache:
         self.ddp = model  # as train_step got it: DDP (several ranks) or the PretrainModel
         self.model = _unwrap(model)
         self.k = k
-        self._chunks: tuple[Tensor, ...] = ()
+        self._chunks: tuple[Images, ...] = ()
         self._rng: list[tuple[Tensor, Tensor | None]] = []
         self._buffers: list[Tensor] = []
         self._saved: list[Tensor] = []
@@ -338,12 +389,12 @@ class GradCache:
             ValueError: B is not a multiple of k (the config refuses that for the training
                 loader's batches).
         """
-        model, images = self.model, batch.images
+        model, images = self.model, batch.images  # a tensor or a MultiCrop
         b = images.shape[0]
         if b % self.k:
             raise ValueError(f"train.accumulate={self.k} does not divide this batch of {b} "
                              "samples")
-        self._chunks = images.split(b // self.k)  # [B/k, V, 3, H, W] each
+        self._chunks = images.split(b // self.k)  # [B/k, V, 3, H, W] each (or MultiCrops)
         self._buffers = list(model.encoder.buffers())
         self._saved = [t.detach().clone() for t in self._buffers]
         self._rng = []
@@ -355,10 +406,9 @@ class GradCache:
         with torch.no_grad():
             for x in self._chunks:
                 self._rng.append(_rng_state(x.device))
-                out = model.encoder(model._flat(x))  # model.encode(x), keeping h
-                zc, lc = _per_view(out, x.shape[0], x.shape[1])
+                hc, zc, lc = model.encode_full(x)  # h kept for the online probe
                 if model.keep_features:
-                    feats.append(out[0])
+                    feats.append(hc.flatten(0, 1))  # [B/k·V, F]
                 z.append(zc)
                 if lc is not None:
                     logits.append(lc)
@@ -563,7 +613,7 @@ def extract_features(
     feats, labels = [], []
     for b in batches:
         with autocast(device, amp):
-            h = encoder.backbone(b.images[:, 0])
+            h = encoder.backbone(view_of(b.images, 0))
             if projector:
                 h = encoder.projector(h)
         feats.append(h.float())
