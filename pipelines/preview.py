@@ -9,7 +9,10 @@ a pretraining worker would receive them, and write a PNG grid.
    its first batch — the same views the run will train on when ``data.jit`` is false.
 3. Write one row per image: the image as stored in the dataset dir, then each of the
    ``data.views`` views un-normalised with ``data.augment.mean/std``; each tile is
-   ``--tile`` px (nearest-neighbour upscaling, so individual pixels stay visible).
+   ``--tile`` px (nearest-neighbour upscaling, so individual pixels stay visible). With
+   ``data.view_groups`` the columns are the groups' views in order, each titled with its
+   group and size, and drawn to scale: the largest crop fills a tile, a smaller one the same
+   share of it as of the largest side (SwAV's 96 px crops at 96/224 of a 224 px one's).
 """
 
 from __future__ import annotations
@@ -31,12 +34,13 @@ class PreviewError(SimgraphError, RuntimeError):
     """The preview cannot be drawn (missing dataset, too few images); the message says why."""
 
 
-def _fit(img: np.ndarray, tile: int) -> np.ndarray:
-    """``[H, W, 3]`` uint8 scaled (nearest) to fit in ``tile × tile``, centred on grey."""
+def _fit(img: np.ndarray, tile: int, side: int | None = None) -> np.ndarray:
+    """``[H, W, 3]`` uint8 scaled (nearest) to fit in ``tile × tile``, centred on grey;
+    ``side``: the side that fills the tile (a smaller image is drawn to that scale)."""
     from PIL import Image
 
     h, w = img.shape[:2]
-    s = tile / max(h, w)
+    s = tile / max(h, w, side or 0)
     nh, nw = max(1, round(h * s)), max(1, round(w * s))
     small = np.asarray(Image.fromarray(img).resize((nw, nh), Image.Resampling.NEAREST))
     out = np.full((tile, tile, 3), 128, np.uint8)
@@ -55,12 +59,33 @@ def views_to_uint8(images: Any, mean: Sequence[float], std: Sequence[float]) -> 
     return x.round().to(torch.uint8).permute(0, 1, 3, 4, 2).numpy()
 
 
-def grid(stored: Sequence[np.ndarray], views: np.ndarray, tile: int) -> np.ndarray:
+def view_columns(images: Any, mean: Sequence[float], std: Sequence[float]
+                 ) -> list[np.ndarray]:
+    """Each view of a batch's ``images`` (a ``[B, V, 3, r, r]`` tensor or a
+    :class:`~components.data.multicrop.MultiCrop`) as ``[B, r_v, r_v, 3]`` uint8, in view
+    order."""
+    from components.data.multicrop import MultiCrop
+
+    blocks = images.blocks if isinstance(images, MultiCrop) else (images,)
+    out: list[np.ndarray] = []
+    for block in blocks:
+        u8 = views_to_uint8(block, mean, std)  # [B, V_i, r, r, 3]
+        out += [u8[:, j] for j in range(u8.shape[1])]
+    return out
+
+
+def grid(stored: Sequence[np.ndarray], views: np.ndarray | Sequence[np.ndarray], tile: int,
+         titles: Sequence[str] | None = None) -> np.ndarray:
     """``[HEADER + n·(tile+GAP), (V+1)·(tile+GAP), 3]`` uint8: a column of stored images, then
-    one column per view."""
+    one column per view. ``views``: ``[n, V, r, r, 3]``, or one ``[n, r_v, r_v, 3]`` per view
+    (sizes may differ: drawn to scale, the largest filling a tile); ``titles``: one per view
+    (default ``view 1`` …)."""
     from PIL import Image, ImageDraw
 
-    n, v = views.shape[:2]
+    cols = ([views[:, j] for j in range(views.shape[1])] if isinstance(views, np.ndarray)
+            else list(views))
+    n, v = cols[0].shape[0], len(cols)
+    side = max(max(c.shape[1:3]) for c in cols)
     step = tile + GAP
     canvas = np.full((HEADER + n * step, (v + 1) * step, 3), 255, np.uint8)
     for i in range(n):
@@ -68,12 +93,36 @@ def grid(stored: Sequence[np.ndarray], views: np.ndarray, tile: int) -> np.ndarr
         canvas[y:y + tile, 0:tile] = _fit(stored[i], tile)
         for j in range(v):
             x = (j + 1) * step
-            canvas[y:y + tile, x:x + tile] = _fit(views[i, j], tile)
+            canvas[y:y + tile, x:x + tile] = _fit(cols[j][i], tile, side)
     img = Image.fromarray(canvas)
     draw = ImageDraw.Draw(img)
-    for j, title in enumerate(["stored"] + [f"view {k + 1}" for k in range(v)]):
+    names = list(titles) if titles is not None else [f"view {k + 1}" for k in range(v)]
+    for j, title in enumerate(["stored"] + names):
         draw.text((j * step + 2, 1), title, fill=(0, 0, 0))
     return np.asarray(img)
+
+
+def view_titles(cfg: PretrainConfig) -> list[str]:
+    """Column titles: ``view k`` for one group, ``g<group> <side>px`` with view groups."""
+    if not cfg.data.view_groups:
+        return [f"view {k + 1}" for k in range(cfg.data.views)]
+    return [f"g{g + 1} {a.resolution}px" for g, (n, a) in enumerate(cfg.data.groups())
+            for _ in range(n)]
+
+
+def describe_groups(cfg: PretrainConfig) -> str:
+    """The training views in words: ``3 views at 32 px (crop scale …)``, or with view groups
+    ``8 views: group 1: 2 at 224 px (…); group 2: 6 at 96 px (…)``."""
+    def ops(a: Any) -> str:
+        return (f"at {a.resolution} px (crop scale {a.scale}, ratio "
+                f"{[round(r, 3) for r in a.ratio]}, flip {a.flip_p}, jitter p={a.jitter_p} "
+                f"b/c/s/h={a.brightness}/{a.contrast}/{a.saturation}/{a.hue}, grayscale "
+                f"{a.grayscale_p}, blur {a.blur_p}, solarize {a.solarize_p})")
+
+    if not cfg.data.view_groups:
+        return f"{cfg.data.views} views {ops(cfg.data.augment)}"
+    return f"{cfg.data.views} views: " + "; ".join(
+        f"group {g + 1}: {n} {ops(a)}" for g, (n, a) in enumerate(cfg.data.groups()))
 
 
 def preview(cfg: PretrainConfig, out: str | Path, images: int = 16, epoch: int = 0,
@@ -122,8 +171,8 @@ def preview(cfg: PretrainConfig, out: str | Path, images: int = 16, epoch: int =
     path = info.split_file("train")
     stored = [r["image"] for r in read_samples(path, rows_of(path, ids))]
     a = cfg.data.augment
-    picture = grid(stored,
-                   views_to_uint8(batch.images[:n], a.mean, a.std), tile)
+    picture = grid(stored, [c[:n] for c in view_columns(batch.images, a.mean, a.std)], tile,
+                   view_titles(cfg))
     dest = Path(out)
     dest.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(picture).save(dest)
@@ -135,15 +184,12 @@ def main(config: str, overrides: Sequence[str], out: str | None, images: int, ep
     def body() -> None:
         cfg = load_config(config, PretrainConfig, overrides)
         path = preview(cfg, out or f"preview-{cfg.name}.png", images, epoch, rank, tile)
-        a = cfg.data.augment
         print(f"{path}: {images} training images of rank {rank}, epoch {epoch + 1}: stored, "
-              f"then {cfg.data.views} views at {a.resolution} px (crop scale {a.scale}, ratio "
-              f"{[round(r, 3) for r in a.ratio]}, flip {a.flip_p}, jitter p={a.jitter_p} "
-              f"b/c/s/h={a.brightness}/{a.contrast}/{a.saturation}/{a.hue}, grayscale "
-              f"{a.grayscale_p}, blur {a.blur_p})")
+              f"then {describe_groups(cfg)}")
 
     return run_command("preview", body)
 
 
 
-__all__ = ["PreviewError", "grid", "main", "preview", "views_to_uint8"]
+__all__ = ["PreviewError", "describe_groups", "grid", "main", "preview", "view_columns",
+           "view_titles", "views_to_uint8"]

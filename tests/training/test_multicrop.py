@@ -246,10 +246,59 @@ def test_the_solarize_probability_is_checked() -> None:
 # ------------------------------------------------------------------------ an in-process run
 
 
-def test_a_short_in_process_multicrop_run_trains(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """16 px images, 32 training images (2 steps of 16), 8 validation images."""
+    return synthetic_dataset(tmp_path_factory.mktemp("multicrop") / "ds", train_per_class=8,
+                             val_per_class=2)
+
+
+def test_preview_shows_each_group_to_scale(dataset: Path, tmp_path: Path) -> None:
+    """``simgraph preview`` with 2 × 16 px + 1 × 8 px views: one column per view, titled by
+    group and size; the 8 px crop is drawn at half the 16 px one's size (to scale), the
+    reader's first batch's view exactly, on grey."""
+    import numpy as np
+    import yaml
+    from PIL import Image
+
+    from components.data.reader import DatasetInfo, set_jit
+    from components.runs.worker import train_views
+    from components.training.step import seed_everything
+    from pipelines import preview
+    from pipelines.cli import main
+
+    cfg = tiny_run_config(dataset, tmp_path / "runs", data__augment={
+        "resolution": 16, "mean": [0.4, 0.5, 0.6], "std": [0.2, 0.25, 0.3]},
+        data__view_groups=[{"count": 2}, {"count": 1, "resolution": 8, "solarize_p": 1.0}])
+    path = tmp_path / "pretrain.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "grid.png"
+    assert main(["preview", str(path), "--out", str(out), "--images", "3", "--tile", "32"]) == 0
+    img = np.asarray(Image.open(out))
+    step = 32 + preview.GAP
+    assert img.shape == (preview.HEADER + 3 * step, 4 * step, 3)
+    pc = from_dict(PretrainConfig, cfg)
+    assert preview.view_titles(pc) == ["g1 16px", "g1 16px", "g2 8px"]
+    assert "3 views: group 1: 2 at 16 px" in preview.describe_groups(pc)
+    assert "group 2: 1 at 8 px (crop scale [0.08, 1.0]" in preview.describe_groups(pc)
+    assert "solarize 1.0)" in preview.describe_groups(pc)
+    set_jit(False)
+    loader = train_views(pc, DatasetInfo.load(dataset), 0, 2, torch.device("cpu"), False)
+    seed_everything(pc.train.seed, 0, 0)
+    loader.set_epoch(0)
+    first = next(iter(loader))
+    small = preview.view_columns(first.images, pc.data.augment.mean,
+                                 pc.data.augment.std)[2][0]  # [8, 8, 3]
+    tile = img[preview.HEADER:preview.HEADER + 32, 3 * step:3 * step + 32]
+    want = np.asarray(Image.fromarray(small).resize((16, 16), Image.Resampling.NEAREST))
+    np.testing.assert_array_equal(tile[8:24, 8:24], want)
+    assert (tile[:8] == 128).all() and (tile[24:] == 128).all()
+
+
+def test_a_short_in_process_multicrop_run_trains(dataset: Path, tmp_path: Path) -> None:
     from components.runs.recipe import run_pretraining
 
-    data = synthetic_dataset(tmp_path / "ds", train_per_class=8, val_per_class=2)  # 2 steps
+    data = dataset  # 2 steps of 16
     cfg = tiny_run_config(data, tmp_path / "runs", knn__every_epochs=0, train__epochs=1,
                           data__view_groups=[{"count": 2, "blur_p": 1.0},
                                              {"count": 2, "resolution": 8,
