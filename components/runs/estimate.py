@@ -94,7 +94,8 @@ def count_flops(cfg: PretrainConfig, num_classes: int = 10) -> tuple[float, floa
     """Forward GFLOP per view of the encoder (backbone + projector) and forward MFLOP per image
     of the objective at the config's batch: ``FlopCounterMode`` (matmuls and convolutions) on
     CPU over the model :func:`components.training.step.build_model` builds. Per-image conv FLOPs do
-    not depend on the batch, so the encoder is counted on 2 images; the objective's similarity
+    not depend on the batch, so the encoder is counted on 2 images (per view: with view groups
+    of several crop sizes, the mean over the views, each at its size); the objective's similarity
     matmuls grow with the batch, so it is counted on random embeddings of a full batch."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -106,9 +107,11 @@ def count_flops(cfg: PretrainConfig, num_classes: int = 10) -> tuple[float, floa
     model, _ = build_model(cfg.model, cfg.loss, num_classes, torch.eye(num_classes), 0,
                            cfg.data.augment.resolution)
     model.train()
-    r, v, b = cfg.data.augment.resolution, cfg.data.views, cfg.data.batch_size
+    v, b = cfg.data.views, cfg.data.batch_size
     with torch.no_grad(), FlopCounterMode(display=False) as enc:
-        model.encoder(torch.randn(2 * v, 3, r, r))
+        for n, a in cfg.data.groups():  # view groups: each count at its own crop size
+            r = a.resolution
+            model.encoder(torch.randn(2 * n, 3, r, r))
     needs = model.objective.requires
     obj_flops = 0.0
     if needs <= {"labels"}:  # SupCon / SimCLR-like; the others add terms the config lacks

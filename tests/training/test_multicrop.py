@@ -309,3 +309,23 @@ def test_a_short_in_process_multicrop_run_trains(dataset: Path, tmp_path: Path) 
     with open(tmp_path / "runs" / "run" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 1 and math.isfinite(float(rows[0]["loss"]))
+
+
+def test_the_run_summary_and_the_estimate_count_each_groups_views() -> None:
+    """The summary names the groups; the FLOP estimate counts each view at its own size
+    (the mean per view: a 8 px view of this convnet costs a quarter of a 16 px one)."""
+    from components.runs.dataset_checks import RunFacts
+    from components.runs.estimate import count_flops
+    from components.runs.summary import run_summary
+
+    facts = RunFacts(num_classes=4, caption_dim=0, dataset={}, knn=False, knn_note="",
+                     needs_captions=False, splits={"train": 128})
+    multi = from_dict(PretrainConfig, _run_cfg(data__view_groups=SWAV))
+    assert "2 worker(s) x 16 = 32 global, 8 views (2 x 16 px + 6 x 8 px); " in run_summary(
+        multi, facts, "/r")
+    plain = from_dict(PretrainConfig, _run_cfg())
+    assert "32 global, 2 views; " in run_summary(plain, facts, "/r")
+    big = count_flops(plain)[0]
+    small = count_flops(from_dict(PretrainConfig, _run_cfg(data__augment={"resolution": 8})))[0]
+    assert count_flops(multi)[0] == pytest.approx((2 * big + 6 * small) / 8, rel=1e-9)
+    assert small < big / 3
