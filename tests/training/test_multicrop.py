@@ -329,3 +329,23 @@ def test_the_run_summary_and_the_estimate_count_each_groups_views() -> None:
     small = count_flops(from_dict(PretrainConfig, _run_cfg(data__augment={"resolution": 8})))[0]
     assert count_flops(multi)[0] == pytest.approx((2 * big + 6 * small) / 8, rel=1e-9)
     assert small < big / 3
+
+
+def test_the_readmes_swav_and_byol_examples_load() -> None:
+    """The two ``data:`` examples of README.md's multi-crop paragraph are valid configs."""
+    import re
+
+    import yaml
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    part = text[text.index("**Multi-crop and per-view augmentation"):]
+    block = re.search(r"```yaml\n(.*?)```", part, re.S)
+    assert block is not None
+    swav, byol = (from_dict(PretrainConfig, _run_cfg(data={"dataset": "/unused", **doc["data"]}))
+                  for doc in yaml.safe_load_all(block.group(1)))
+    assert swav.data.views == 8 and swav.data.resolutions() == [224, 96]
+    assert [(n, a.resolution, a.scale) for n, a in swav.data.groups()] == [
+        (2, 224, [0.14, 1.0]), (6, 96, [0.05, 0.14])]
+    assert byol.data.views == 2 and byol.data.resolutions() == [224]
+    assert [(a.blur_p, a.solarize_p) for _, a in byol.data.groups()] == [(1.0, 0.0),
+                                                                           (0.1, 0.2)]
