@@ -106,6 +106,10 @@ def test_multicrop_forward_is_each_size_encoded_alone_in_view_order(
     if want_logits is not None:
         assert logits is not None
         torch.testing.assert_close(logits, want_logits, rtol=1e-12, atol=1e-14)
+    # channels_last (the GPU path's layout) gives the same embeddings
+    last = copy.deepcopy(ref)
+    last.channels_last = True
+    torch.testing.assert_close(last.encode(batch.images)[0], want_z, rtol=1e-10, atol=1e-12)
     # BatchNorm: one running-statistics update per size, as the reference's two calls
     for (n, got), (_, want) in zip(model.encoder.named_buffers(), ref.encoder.named_buffers(),
                                    strict=True):
