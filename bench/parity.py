@@ -20,6 +20,8 @@ loop's.
     python bench/parity.py                       # Fashion-MNIST subset + Tux Paint, 3 losses
     python bench/parity.py --datasets fmnist --losses simclr --seeds 0 1 2 --epochs 15
     python bench/parity.py model.width=64          # any pretrain override applies to both loops
+    python bench/parity.py --losses simclr 'data.view_groups=[{count: 2, scale: [0.14, 1.0]},
+        {count: 4, resolution: 16, scale: [0.05, 0.14]}]'   # multi-crop: both loops
 
 ``make bench-parity`` installs what it needs first (Tux Paint stamps: apt
 ``tuxpaint-stamps-default``).
@@ -136,7 +138,8 @@ def plain_transform(a: AugmentConfig, train: bool, resize: str = "bilinear") -> 
     """torchvision ``transforms.v2`` equivalent of the reader's views: ``[3, H, W]`` uint8 in,
     normalised float32 ``[3, r, r]`` out. Train: random resized crop (scale, ratio; resized
     bilinear with antialias, or ``resize="area"``: OpenCV INTER_AREA as FFCV), flip, colour
-    jitter with probability ``jitter_p``, grayscale, blur; eval: centre square, resize.
+    jitter with probability ``jitter_p``, grayscale, blur, solarization; eval: centre square,
+    resize.
     """
     from torchvision.transforms import v2
 
@@ -158,6 +161,8 @@ def plain_transform(a: AugmentConfig, train: bool, resize: str = "bilinear") -> 
 
             ops.append(v2.RandomApply([v2.GaussianBlur(blur_kernel_size(a.resolution),
                                                        tuple(a.blur_sigma))], p=a.blur_p))
+        if a.solarize_p > 0:  # BYOL's, after the blur, on uint8
+            ops.append(v2.RandomSolarize(128, p=a.solarize_p))
     else:
         ops = [_CentreSquare(), v2.Resize(size, antialias=True)]
     return v2.Compose([*ops, v2.ToDtype(torch.float32, scale=True),
@@ -165,27 +170,74 @@ def plain_transform(a: AugmentConfig, train: bool, resize: str = "bilinear") -> 
 
 
 class Views(torch.utils.data.Dataset):
-    """``views`` independent transforms of each stored image: ``[V, 3, r, r]``."""
+    """``views`` independent transforms of each stored image: ``[V, 3, r, r]``; or, with
+    ``groups`` (``data.view_groups``: ``(count, transform)`` each, in view order), a list of
+    ``[V_i, 3, r_i, r_i]``, one per run of consecutive views of one size."""
 
-    def __init__(self, split: Split, transform: nn.Module, views: int) -> None:
-        self.split, self.transform, self.views = split, transform, views
+    def __init__(self, split: Split, transform: nn.Module | None, views: int,
+                 groups: Sequence[tuple[int, int, nn.Module]] | None = None) -> None:
+        self.split = split
+        # (count, side, transform) per group
+        self.groups = list(groups) if groups is not None else [(views, -1, transform)]
 
     def __len__(self) -> int:
         return len(self.split.images)
 
-    def __getitem__(self, i: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def __getitem__(self, i: int) -> tuple[Tensor | list[Tensor], Tensor, Tensor, Tensor]:
         img = torch.from_numpy(self.split.images[i]).permute(2, 0, 1)  # [3, H, W] uint8
-        x = torch.stack([self.transform(img) for _ in range(self.views)])
+        blocks: list[list[Tensor]] = []
+        last = None
+        for n, side, t in self.groups:
+            views = [t(img) for _ in range(n)]
+            if blocks and side == last:
+                blocks[-1] += views
+            else:
+                blocks.append(views)
+            last = side
+        x: Tensor | list[Tensor] = [torch.stack(b) for b in blocks]
+        if len(blocks) == 1:
+            x = x[0]
         cap = self.split.captions[i] if self.split.captions is not None else torch.zeros(0)
         return x, self.split.labels[i], self.split.sample_ids[i], cap
+
+
+def _encode_by_size(enc: nn.Module, blocks: Sequence[Tensor]
+                    ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Multi-crop written out: the views of each size (blocks ``[B, V_i, 3, r, r]``) through
+    the encoder together, then every view's (backbone features, z, logits) back in view
+    order, ``[B, V, ...]``."""
+    b = blocks[0].shape[0]
+    outs: list[tuple[Tensor, Tensor, Tensor | None] | None] = [None] * len(blocks)
+    for side in dict.fromkeys(x.shape[-1] for x in blocks):
+        idx = [i for i, x in enumerate(blocks) if x.shape[-1] == side]
+        x = torch.cat([blocks[i] for i in idx], dim=1)
+        v = x.shape[1]
+        h = enc.backbone(x.reshape(b * v, *x.shape[2:]))
+        z = enc.projector(h).reshape(b, v, -1)
+        logits = None if enc.classifier is None else enc.classifier(h).reshape(b, v, -1)
+        h = h.reshape(b, v, -1)
+        start = 0
+        for i in idx:
+            n = blocks[i].shape[1]
+            outs[i] = (h[:, start:start + n], z[:, start:start + n],
+                       None if logits is None else logits[:, start:start + n])
+            start += n
+    done = [o for o in outs if o is not None]
+    logits_all = (torch.cat([o[2] for o in done if o[2] is not None], dim=1)
+                  if done[0][2] is not None else None)
+    return (torch.cat([o[0] for o in done], dim=1), torch.cat([o[1] for o in done], dim=1),
+            logits_all)
 
 
 def plain_step(model: PretrainModel, ema: EMA | None, images: Tensor, labels: Tensor,
                sample_ids: Tensor, captions: Tensor | None) -> tuple[Tensor, Metrics]:
     """The loss of one batch, written out: every view through backbone and projector (one
     ``[B·V]`` forward, so BatchNorm sees all views), then the objective. ``images``
-    ``[B, V, 3, H, W]``."""
+    ``[B, V, 3, H, W]``, or a list of per-size blocks ``[B, V_i, 3, r_i, r_i]`` (multi-crop:
+    one forward per size)."""
     enc = model.encoder
+    if isinstance(images, list | tuple):
+        return _plain_multicrop_step(model, ema, list(images), labels, sample_ids, captions)
     b, v = images.shape[:2]
     x = images.reshape(b * v, *images.shape[2:])  # row b·V + v
     h = enc.backbone(x)
@@ -207,6 +259,28 @@ def plain_step(model: PretrainModel, ema: EMA | None, images: Tensor, labels: Te
     return model.objective(ContrastiveBatch(z=z, sample_ids=sample_ids, **fields))
 
 
+def _plain_multicrop_step(model: PretrainModel, ema: EMA | None, blocks: list[Tensor],
+                          labels: Tensor, sample_ids: Tensor, captions: Tensor | None
+                          ) -> tuple[Tensor, Metrics]:
+    enc = model.encoder
+    _, z, logits = _encode_by_size(enc, blocks)
+    needs = model.objective.requires
+    fields: dict[str, Tensor | None] = {}
+    if "labels" in needs:
+        fields["labels"] = labels
+    if "captions" in needs:
+        fields["captions"] = captions
+    if "logits" in needs:
+        fields["logits"] = logits
+    if ema is not None:
+        with torch.no_grad():
+            _, ez, el = _encode_by_size(ema.module, blocks)
+        fields["ema_z"] = ez
+        if "ema_logits" in needs:
+            fields["ema_logits"] = el
+    return model.objective(ContrastiveBatch(z=z, sample_ids=sample_ids, **fields))
+
+
 def train_plain(cfg: PretrainConfig, dataset: str | Path, num_classes: int,
                 sim: Tensor | None, caption_dim: int, resize: str = "bilinear") -> PretrainModel:
     """The plain loop on ``cfg`` (single process, global batch = ``batch_size × workers``);
@@ -219,8 +293,8 @@ def train_plain(cfg: PretrainConfig, dataset: str | Path, num_classes: int,
     model, ema = build_model(cfg.model, cfg.loss, num_classes, sim, caption_dim,
                              cfg.data.augment.resolution)
     batch = cfg.data.batch_size * cfg.scaling.num_workers
-    data = Views(read_split(info.split_file("train")),
-                 plain_transform(cfg.data.augment, True, resize), cfg.data.views)
+    groups = [(n, a.resolution, plain_transform(a, True, resize)) for n, a in cfg.data.groups()]
+    data = Views(read_split(info.split_file("train")), None, cfg.data.views, groups)
     gen = torch.Generator().manual_seed(cfg.train.seed)
     loader = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True, drop_last=True,
                                          generator=gen)
@@ -387,7 +461,9 @@ def main() -> None:
                                                         "pipeline": t_pipe}}) + "\n")
                     print(f"[parity] {name}: " + ", ".join(
                         f"{k} {100 * v:.1f}" for k, v in scores.items()), flush=True)
-                rows.append(_row(ds, loss, res, times))
+                label = loss if not cfg.data.view_groups else loss + " multi-crop " + " + ".join(
+                    f"{n}×{a.resolution}" for n, a in cfg.data.groups())
+                rows.append(_row(ds, label, res, times))
     table = _table(rows, args, cfg_path=args.config, minutes=(time.perf_counter() - t_start) / 60)
     print(table)
     if args.out:

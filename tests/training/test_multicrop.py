@@ -353,3 +353,26 @@ def test_the_readmes_swav_and_byol_examples_load() -> None:
     assert byol.data.views == 2 and byol.data.resolutions() == [224]
     assert [(a.blur_p, a.solarize_p) for _, a in byol.data.groups()] == [(1.0, 0.0),
                                                                            (0.1, 0.2)]
+
+
+@pytest.mark.parametrize(("name", "spec"), [("supcon", {"bank_size": 40}),
+                                            ("cone", {"bank_size": 48, "top_n": 4})])
+def test_the_parity_benchs_plain_multicrop_step_is_the_pipelines(
+        name: str, spec: dict[str, Any]) -> None:
+    """bench/parity.py's plain loop, written out (one forward per size), gives the pipeline
+    step's loss and gradients: its multi-crop row compares like with like."""
+    from bench.parity import plain_step
+
+    model, ema = _setup(name, **spec)
+    plain, plain_ema = copy.deepcopy(model), copy.deepcopy(ema)
+    batch = _multicrop()
+    loss, _ = model(batch.images, batch.labels, batch.sample_ids, batch.captions, ema)
+    loss.backward()
+    want, _ = plain_step(plain, plain_ema, list(batch.images.blocks), batch.labels,
+                         batch.sample_ids, batch.captions)
+    want.backward()
+    assert float(loss.detach()) == pytest.approx(float(want.detach()), rel=1e-12)
+    got_g, want_g = _grads(model), _grads(plain)
+    assert got_g and sorted(got_g) == sorted(want_g)
+    for n in want_g:
+        torch.testing.assert_close(got_g[n], want_g[n], rtol=1e-10, atol=1e-12, msg=n)
