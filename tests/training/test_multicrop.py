@@ -12,7 +12,11 @@ model as one encoder call per crop size.
   resumes as the same run; a bad group is refused in one line naming the value and what is
   allowed; ``views`` is the groups' total; a convnet or a timm ViT that cannot take a
   group's size is refused before anything runs;
-* a short in-process run with 2 × 16 px + 2 × 8 px views trains (finite loss).
+* ``simgraph preview`` shows each group, to scale; the run summary and the FLOP estimate
+  count each group's views; README's SwAV- and BYOL-style examples load;
+* bench/parity.py's plain multi-crop step is the pipeline's (float64);
+* in process: a run with 2 × 16 px + 2 × 8 px views trains (finite loss), and resumed after
+  epoch 1 it ends where the uninterrupted run ends, bit for bit.
 """
 
 from __future__ import annotations
@@ -297,6 +301,47 @@ def test_preview_shows_each_group_to_scale(dataset: Path, tmp_path: Path) -> Non
     want = np.asarray(Image.fromarray(small).resize((16, 16), Image.Resampling.NEAREST))
     np.testing.assert_array_equal(tile[8:24, 8:24], want)
     assert (tile[:8] == 128).all() and (tile[24:] == 128).all()
+
+
+def test_a_resumed_multicrop_run_ends_where_an_uninterrupted_one_does(
+        dataset: Path, tmp_path: Path) -> None:
+    """In process, ``data.jit: false``, 2 × 16 px + 2 × 8 px views (solarization on group 2):
+    a 2-epoch run, then its epoch-2 checkpoint removed and the same command re-run — it
+    resumes after epoch 1 and ends with the same weights, optimizer and scheduler state,
+    memory bank and history (timings aside) as the uninterrupted run."""
+    import shutil
+
+    from components.runs.checkpoint import load_state
+    from components.runs.checkpoints import latest_complete
+    from components.runs.recipe import run_pretraining
+
+    cfg = from_dict(PretrainConfig, tiny_run_config(
+        dataset, tmp_path / "runs", train__epochs=2, knn__every_epochs=0,
+        data__view_groups=[{"count": 2}, {"count": 2, "resolution": 8, "scale": [0.05, 0.4],
+                                          "solarize_p": 0.5}],
+        scaling={"num_workers": 1, "cpus_per_worker": 1.0, "host": "in_process"}))
+    run_dir = tmp_path / "runs" / "run"
+
+    def final() -> dict[str, Any]:
+        best = latest_complete(run_dir)
+        assert best is not None
+        return load_state(best[1])
+
+    run_pretraining(cfg, echo=False)
+    straight = final()
+    shutil.rmtree(run_dir / "epoch_00002")
+    assert latest_complete(run_dir)[0] == 1  # type: ignore[index]
+    run_pretraining(cfg, echo=False)
+    a, b = straight, final()
+    assert a["epoch"] == b["epoch"] == 2 and a["step"] == b["step"] == 4
+    assert a["model"]["objective.bank.features"].abs().sum() > 0
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    for key in ("optimizer", "scheduler"):
+        assert repr(a[key]) == repr(b[key]), key
+    timing = {"samples_per_s", "data_wait", "time_s", "eval_s"}
+    assert ([{k: v for k, v in r.items() if k not in timing} for r in a["history"]]
+            == [{k: v for k, v in r.items() if k not in timing} for r in b["history"]])
 
 
 def test_a_short_in_process_multicrop_run_trains(dataset: Path, tmp_path: Path) -> None:
