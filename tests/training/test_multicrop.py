@@ -165,6 +165,32 @@ def test_an_accumulated_multicrop_step_equals_the_unchunked_step(
         assert got_m["loss"] == pytest.approx(want_m["loss"], rel=1e-12)
 
 
+@pytest.mark.parametrize("name", ["cone", "supcon"])
+def test_a_multicrop_step_reads_back_no_more_than_its_budget(name: str) -> None:
+    """The per-size encoder calls and the reassembly are device work: the step keeps the
+    objective's one read (tests/training/test_sync_audit.py's budget), chunked or not; the
+    batched augmentation with solarization reads nothing back."""
+    from components.data.augment import BatchedSimCLRAugment
+    from tests.training.test_sync_audit import BUDGET, ReadbackCounter
+
+    model, ema = _setup(name, **({"bank_size": 48, "top_n": 4} if name == "cone"
+                                 else {"bank_size": 40}))
+    opt = build_optimizer(model, "sgd", 0.05, 0.9, 1e-4)
+    sched = build_scheduler(opt, total_steps=10, warmup_steps=2)
+    for step, k in ((0, 1), (1, 1), (2, 2)):  # step 0 fills the banks; step 1 reads them
+        with ReadbackCounter() as counter:
+            train_step(model, ema, opt, sched, None, _multicrop(seed=step),
+                       train_cfg=TrainConfig(accumulate=k), device=CPU, step=step,
+                       total_steps=10, ema_momentum=0.99, where=f"step {step}")
+        assert counter.count <= BUDGET[name], f"{name} step {step}: {dict(counter.where)}"
+    augment = BatchedSimCLRAugment(solarize_p=0.5, generator=torch.Generator().manual_seed(0))
+    images = torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8)
+    for x in (images, images.float() / 255):
+        with ReadbackCounter() as counter:
+            augment(x)
+        assert counter.count == 0, dict(counter.where)
+
+
 # ------------------------------------------------------------------------------------ config
 
 SWAV = [{"count": 2, "scale": [0.14, 1.0]},
