@@ -139,6 +139,23 @@ def test_multicrop_forward_is_each_size_encoded_alone_in_view_order(
         torch.testing.assert_close(got_g[n], want_g[n], rtol=1e-10, atol=1e-12, msg=n)
 
 
+def test_every_loss_takes_six_views_of_two_sizes() -> None:
+    """No loss needs V = 2: each trains two steps on a 6-view multi-crop batch (the second
+    with a bank that holds the first batch's keys), with a finite loss."""
+    from tests.training.test_accumulate import LOSSES
+
+    for key, raw in LOSSES.items():
+        spec = dict(raw)
+        model, ema = _setup(spec.pop("name", key), **spec)
+        opt = build_optimizer(model, "sgd", 0.05, 0.9, 1e-4)
+        sched = build_scheduler(opt, total_steps=10, warmup_steps=2)
+        for step in range(2):
+            metrics = train_step(model, ema, opt, sched, None, _multicrop(seed=step),
+                                 train_cfg=TrainConfig(), device=CPU, step=step,
+                                 total_steps=10, ema_momentum=0.99, where=f"step {step}")
+            assert math.isfinite(metrics["loss"]), (key, step)
+
+
 @pytest.mark.parametrize(("name", "spec"), [("supcon", {"bank_size": 40}),
                                             ("cone", {"bank_size": 48, "top_n": 4})])
 def test_an_accumulated_multicrop_step_equals_the_unchunked_step(
