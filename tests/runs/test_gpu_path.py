@@ -77,6 +77,25 @@ def test_reader_pipelines_end_on_the_cuda_device(train: bool) -> None:
             assert tuple(state.shape) == (3, RES, RES) and state.dtype == torch.uint8
 
 
+def test_view_group_pipelines_end_on_the_cuda_device_at_their_sizes() -> None:
+    """Multi-crop on the GPU path: each view's pipeline crops at its group's size and ends on
+    the device (2 × 12 px + 3 × 8 px views)."""
+    from ffcv.pipeline.state import State
+
+    big, small = AugmentConfig(resolution=RES), AugmentConfig(resolution=8, scale=[0.05, 0.2])
+    got = pipeline_ops(["image", "label", "sample_id"], augment=big, train=True, views=5,
+                       device=CUDA, batched_augment=True, with_captions=False,
+                       view_augments=[big, big, small, small, small])
+    sides = {"image": RES, "image_1": RES, "image_2": 8, "image_3": 8, "image_4": 8}
+    for key, side in sides.items():
+        start = State(jit_mode=True, device=torch.device("cpu"), shape=(side, side, 3),
+                      dtype=np.dtype("uint8"))
+        assert got[key][0].output_size == (side, side)
+        state, wrong = _walk(got[key], start, CUDA)
+        assert wrong == [] and state.device == CUDA, key
+        assert tuple(state.shape) == (3, side, side)
+
+
 def test_cpu_pipelines_stay_on_the_host_without_a_copy() -> None:
     from ffcv.transforms import ToDevice, ToTorchImage
 
