@@ -464,3 +464,25 @@ def test_the_parity_benchs_plain_multicrop_step_is_the_pipelines(
     assert got_g and sorted(got_g) == sorted(want_g)
     for n in want_g:
         torch.testing.assert_close(got_g[n], want_g[n], rtol=1e-10, atol=1e-12, msg=n)
+
+
+def test_the_online_probe_gets_every_views_backbone_features_in_view_order() -> None:
+    """With multi-crop the probe's features are the backbone's ``h`` of every view, each size
+    through its own call, row ``b·V + v`` — from the forward and from the gradient cache's
+    first pass alike."""
+    from components.training.step import GradCache
+
+    model, _ = _setup("simclr")
+    model.eval()  # BatchNorm by running statistics: the same features from every call
+    batch = _multicrop()
+    big = torch.cat([batch.images.blocks[0], batch.images.blocks[2]], dim=1)
+    with torch.no_grad():
+        hb = model.encoder.backbone(big.flatten(0, 1)).view(B, 3, -1)
+        hs = model.encoder.backbone(batch.images.blocks[1].flatten(0, 1)).view(B, 3, -1)
+    want = torch.cat([hb[:, :2], hs, hb[:, 2:]], dim=1).flatten(0, 1)  # [B·6, F]
+    model.keep_features = True
+    model(batch.images, batch.labels, batch.sample_ids, batch.captions)
+    torch.testing.assert_close(model.take_features(), want, rtol=1e-12, atol=1e-14)
+    cache = GradCache(model, 2)
+    cache.forward(batch, None)
+    torch.testing.assert_close(model.take_features(), want, rtol=1e-12, atol=1e-14)
