@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import csv
+import dataclasses
 import json
 import math
 import types
@@ -336,20 +337,34 @@ def test_a_short_in_process_run_with_accumulate_trains(tmp_path: Path) -> None:
 WAIT_S = 240.0
 
 
-def _ddp_batch(rank: int) -> Any:
+def _whole_batch(multicrop: bool) -> Batch:
+    """The DDP tests' global batch: ``V`` views of 12 px, or (``multicrop``) those and two
+    more of 8 px — a MultiCrop: the encoder called once per size inside one DDP forward."""
     full = _batch(seed=7)
+    if not multicrop:
+        return full
+    from components.data.multicrop import MultiCrop
+
+    g = torch.Generator().manual_seed(8)
+    small = torch.randn(B, 2, 3, 8, 8, generator=g, dtype=full.images.dtype)
+    return dataclasses.replace(full, images=MultiCrop((full.images, small)))
+
+
+def _ddp_batch(rank: int, multicrop: bool) -> Any:
+    full = _whole_batch(multicrop)
     rows = slice(rank * B // 2, (rank + 1) * B // 2)
-    return types.SimpleNamespace(images=full.images[rows], labels=full.labels[rows],
+    images = (full.images.split(B // 2)[rank] if multicrop else full.images[rows])
+    return types.SimpleNamespace(images=images, labels=full.labels[rows],
                                  sample_ids=full.sample_ids[rows], captions=full.captions[rows])
 
 
-def _ddp_worker(rank: int, world: int, port: str, out: str, name: str) -> None:
+def _ddp_worker(rank: int, world: int, port: str, out: str, name: str, multicrop: bool) -> None:
     with gloo_group(rank, world, port, timeout_s=60):
         model, ema = _setup(name)
         model.encoder.eval()
         ddp = torch.nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False)
         opt, sched = _optim(model)
-        metrics = _step(ddp, ema, opt, sched, _ddp_batch(rank), 2)
+        metrics = _step(ddp, ema, opt, sched, _ddp_batch(rank, multicrop), 2)
         grads = {n: g.tolist() for n, g in _grads(model).items()}
         bank = getattr(model.objective, "bank", None)
         state = {} if bank is None else {k: v.tolist() for k, v in bank.state_dict().items()}
@@ -358,13 +373,16 @@ def _ddp_worker(rank: int, world: int, port: str, out: str, name: str) -> None:
 
 
 @pytest.mark.slow  # two spawned ranks (~20 s on 2 cores)
-@pytest.mark.parametrize("name", ["supcon", "clip"])
+@pytest.mark.parametrize(("name", "multicrop"), [("supcon", True), ("clip", False)])
 def test_ddp_accumulated_step_equals_one_process_on_the_whole_batch(
-        tmp_path: Path, name: str) -> None:
-    spawn_bounded(_ddp_worker, (2, rendezvous_file(tmp_path), str(tmp_path), name), 2, WAIT_S)
+        tmp_path: Path, name: str, multicrop: bool) -> None:
+    """2 gloo ranks, ``accumulate=2``, each half the batch = one process on the whole batch
+    unchunked (supcon with its bank, on a multi-crop batch of two sizes; CLIP's head)."""
+    spawn_bounded(_ddp_worker, (2, rendezvous_file(tmp_path), str(tmp_path), name, multicrop),
+                  2, WAIT_S)
     model, ema = _setup(name)
     model.encoder.eval()
-    want = _step(model, ema, *_optim(model), _batch(seed=7), 1)
+    want = _step(model, ema, *_optim(model), _whole_batch(multicrop), 1)
     want_g = _grads(model)
     for r in range(2):
         got = json.loads((tmp_path / f"rank{r}.json").read_text())
