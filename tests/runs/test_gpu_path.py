@@ -195,7 +195,10 @@ def _strict_run(rank: int, world: int, cfg: dict[str, Any], out: Path) -> None:
 
         def setup(self) -> None:
             super().setup()
-            assert self.train_loader._gpu_aug is not None  # batched augmentation
+            from components.data.augment import BatchedSimCLRAugment
+
+            ops = self.train_loader._post_ops  # per view: the batched augmentation
+            assert ops and all(isinstance(o, BatchedSimCLRAugment) for o in ops), ops
             layouts = {p.is_contiguous(memory_format=torch.channels_last)
                        for m in (self.model, self.ema) if m is not None
                        for p in m.parameters() if p.dim() == 4}
