@@ -269,6 +269,14 @@ def stages(images: list[np.ndarray], blobs: list[bytes], count: int) -> dict[str
         i, j, h, w = crops[k]
         resize_crop_bilinear(imgs[k], i, i + h, j, j + w, out[k])
 
+    from components.data.augment.resize import _resize_bilinear
+
+    mirrored = out.copy()
+
+    def bilinear_mirrored(k: int) -> None:  # the reader's flip: fused into the resize
+        i, j, h, w = crops[k]
+        _resize_bilinear(imgs[k], i, i + h, j, j + w, mirrored[k], True)
+
     float_kernel = _float_kernel()
 
     def before(k: int) -> None:
@@ -333,7 +341,8 @@ def stages(images: list[np.ndarray], blobs: list[bytes], count: int) -> dict[str
         "crop+resize bilinear float (before)": per_view(before),
         "crop+resize INTER_AREA (FFCV)": per_view(area),
         "crop+resize PIL bilinear": per_view(pil_bilinear),
-        "flip": per_view(flip),
+        "crop+resize bilinear, mirrored (the reader's flip, fused)": per_view(bilinear_mirrored),
+        "flip (FFCV's op: a copy; the reader no longer runs it)": per_view(flip),
         "colour (jitter p=.8, grey p=.2)": per_view(colour),
         "normalise + stack (before: 3 temporaries per view + stack)": stack_ms,
         "normalise into one tensor per batch (now)": into_ms,
