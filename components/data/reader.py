@@ -263,6 +263,8 @@ class ViewLoader:
         mean = torch.tensor(self.augment.mean, device=self.device).view(1, 3, 1, 1) * 255
         std = torch.tensor(self.augment.std, device=self.device).view(1, 3, 1, 1) * 255
         self._mean, self._std = mean, std
+        self._mean_np = mean.view(3).cpu().numpy()  # float32 [3]: the CPU kernel's
+        self._std_np = std.view(3).cpu().numpy()
         # The batched ops after the loader of each view (None: none), one module per group.
         made: dict[int, torch.nn.Module | None] = {}
         self._post_ops: list[torch.nn.Module | None] = []
@@ -332,6 +334,8 @@ class ViewLoader:
             epoch.join(timeout=0 if epoch.stalled else 5)
 
     def _batches(self, epoch: Iterator[Any]) -> Iterator[Batch]:
+        from components.data.normalise import normalise_hwc_into  # numba: with FFCV's
+
         for out in epoch:
             got = dict(zip(self._names, out, strict=True))
             blocks: list[torch.Tensor] = []
@@ -339,7 +343,7 @@ class ViewLoader:
                 block: torch.Tensor | None = None
                 for j in range(n):
                     v = first + j
-                    x = got[self._image_keys[v]]  # [B, 3, H, W] uint8, a reused FFCV buffer
+                    x = got[self._image_keys[v]]  # [B, 3, H, W] uint8 view, FFCV's buffer
                     op = self._post_ops[v]
                     if op is not None:
                         x = op(x)
@@ -348,7 +352,11 @@ class ViewLoader:
                                             dtype=torch.float32, device=x.device)
                     # (x.float() - mean) / std written in place: the same float32 values,
                     # without three temporaries per view and a stack (each a fresh mmap)
-                    torch.sub(x, self._mean, out=block[:, j]).div_(self._std)
+                    if op is None and x.device.type == "cpu":  # FFCV's HWC buffer, read once
+                        normalise_hwc_into(x.permute(0, 2, 3, 1).numpy(),
+                                           block[:, j].numpy(), self._mean_np, self._std_np)
+                    else:
+                        torch.sub(x, self._mean, out=block[:, j]).div_(self._std)
                 assert block is not None
                 blocks.append(block)
             images: Images = blocks[0] if len(blocks) == 1 else MultiCrop(tuple(blocks))

@@ -28,7 +28,10 @@ def pipeline_ops(
     every op after it allocates there. ``ToTorchImage`` comes after ``ToDevice`` as a view
     (``channels_last=True``: ``[B, 3, H, W]`` over the copied ``[B, H, W, 3]`` buffer). With
     ``channels_last=False`` it would declare a buffer of no device, i.e. pinned *host* memory,
-    and copy the CUDA batch back into it. On CPU the plain ``[B, 3, H, W]`` layout is kept.
+    and copy the CUDA batch back into it. On CPU too it is a view over FFCV's ``[B, H, W, 3]``
+    buffer: the reader normalises from that layout into the batch's new NCHW tensor in one
+    pass (:mod:`components.data.normalise`) instead of FFCV copying every view into NCHW
+    first.
     """
     from ffcv.fields.decoders import IntDecoder, NDArrayDecoder
     from ffcv.transforms import Squeeze, ToDevice, ToTensor, ToTorchImage
@@ -49,7 +52,7 @@ def pipeline_ops(
         raise ValueError(f"view_augments has {len(per_view)} entries for {n} views")
     for v, key in enumerate(["image"] + [f"image_{v}" for v in range(1, n)]):
         out[key] = [*_image_ops(per_view[v], train, batched_augment), ToTensor(), *to_dev,
-                    ToTorchImage(channels_last=on_gpu)]
+                    ToTorchImage(channels_last=True)]
     return out
 
 
