@@ -243,27 +243,31 @@ def plain_step(model: PretrainModel, ema: EMA | None, images: Tensor, labels: Te
     h = enc.backbone(x)
     z = enc.projector(h).reshape(b, v, -1)
     needs = model.objective.requires
-    fields: dict[str, Tensor | None] = {}
-    if "labels" in needs:
-        fields["labels"] = labels
-    if "captions" in needs:
-        fields["captions"] = captions
+    logits = ez = el = None
     if "logits" in needs:
         assert enc.classifier is not None
-        fields["logits"] = enc.classifier(h).reshape(b, v, -1)
+        logits = enc.classifier(h).reshape(b, v, -1)
     if ema is not None:
         _, ez, el = ema(x)
-        fields["ema_z"] = ez.reshape(b, v, -1)
-        if "ema_logits" in needs:
-            fields["ema_logits"] = None if el is None else el.reshape(b, v, -1)
-    return model.objective(ContrastiveBatch(z=z, sample_ids=sample_ids, **fields))
+        ez, el = ez.reshape(b, v, -1), None if el is None else el.reshape(b, v, -1)
+    return _objective(model, z, logits, ez, el, labels, sample_ids, captions)
 
 
 def _plain_multicrop_step(model: PretrainModel, ema: EMA | None, blocks: list[Tensor],
                           labels: Tensor, sample_ids: Tensor, captions: Tensor | None
                           ) -> tuple[Tensor, Metrics]:
-    enc = model.encoder
-    _, z, logits = _encode_by_size(enc, blocks)
+    _, z, logits = _encode_by_size(model.encoder, blocks)
+    ez = el = None
+    if ema is not None:
+        with torch.no_grad():
+            _, ez, el = _encode_by_size(ema.module, blocks)
+    return _objective(model, z, logits, ez, el, labels, sample_ids, captions)
+
+
+def _objective(model: PretrainModel, z: Tensor, logits: Tensor | None, ema_z: Tensor | None,
+               ema_logits: Tensor | None, labels: Tensor, sample_ids: Tensor,
+               captions: Tensor | None) -> tuple[Tensor, Metrics]:
+    """The objective on ``z [B, V, D]`` and the fields it requires, written out."""
     needs = model.objective.requires
     fields: dict[str, Tensor | None] = {}
     if "labels" in needs:
@@ -272,12 +276,10 @@ def _plain_multicrop_step(model: PretrainModel, ema: EMA | None, blocks: list[Te
         fields["captions"] = captions
     if "logits" in needs:
         fields["logits"] = logits
-    if ema is not None:
-        with torch.no_grad():
-            _, ez, el = _encode_by_size(ema.module, blocks)
-        fields["ema_z"] = ez
+    if ema_z is not None:
+        fields["ema_z"] = ema_z
         if "ema_logits" in needs:
-            fields["ema_logits"] = el
+            fields["ema_logits"] = ema_logits
     return model.objective(ContrastiveBatch(z=z, sample_ids=sample_ids, **fields))
 
 
