@@ -156,6 +156,10 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     try:
         results = {name: _run(name, _slices(world), rank) for name in CASES}
         torch.save(results, Path(out) / f"rank{rank}.pt")
+        # then the training step's case in the same group: equal batches, no size exchange
+        _gather_checks(rank, world)
+        equal = {name: _run(name, _even_slices(world), rank, equal=True) for name in CASES}
+        torch.save(equal, Path(out) / f"equal{rank}.pt")
         # No rank tears its gloo pairs down while a peer may still be reading from them: rank 0
         # also hosts the TCP store, and leaving first aborted the process once in CI (SIGABRT).
         dist.barrier()
@@ -187,20 +191,6 @@ def _gather_checks(rank: int, world: int) -> None:
         distributed.gather(torch.zeros(3, 2), sizes=[3])
 
 
-def _equal_worker(rank: int, world: int, port: int, out: str) -> None:
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
-    try:
-        _gather_checks(rank, world)
-        results = {name: _run(name, _even_slices(world), rank, equal=True) for name in CASES}
-        torch.save(results, Path(out) / f"rank{rank}.pt")
-        dist.barrier()  # as in _worker
-    finally:
-        dist.destroy_process_group()
-
-
 EVEN_N = 6  # the first 6 of the N rows: an equal share on 2 or 3 ranks
 
 
@@ -217,7 +207,10 @@ def single() -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_matches_single_process(world: int, single: dict, tmp_path: Path) -> None:
+    """Uneven batches (7 rows over the ranks) equal one process on all 7; then, in the same
+    process group, the training step's case (:func:`_equal_batches_match`)."""
     mp.spawn(_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
+    _equal_batches_match(world, tmp_path)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
     _assert_same(ranks, single, world)
     # Uneven batches: every objective exchanges sizes once per step (CE gathers nothing),
@@ -230,15 +223,13 @@ def test_matches_single_process(world: int, single: dict, tmp_path: Path) -> Non
     assert single["supcon_bank"]["steps"][1]["metrics"]["bank_fill"] > 0
 
 
-@pytest.mark.slow
-def test_equal_batches_skip_the_size_exchange_and_match(tmp_path: Path) -> None:
-    """Inside ``hot_path(equal_batches=True)`` (the training step), 2 ranks with 3 rows each
-    equal the single process on those 6 rows, and no objective exchanges sizes at all (the
-    uneven runs of :func:`test_matches_single_process` show that the counter counts)."""
-    world = 2
+def _equal_batches_match(world: int, tmp_path: Path) -> None:
+    """Inside ``hot_path(equal_batches=True)`` (the training step), the ranks with equal shares
+    of 6 rows equal the single process on those 6 rows, and no objective exchanges sizes at
+    all (the uneven runs before show that the counter counts); ``gather`` / ``row_offset``
+    given the sizes equal the exchanging calls (:func:`_gather_checks`, in the workers)."""
     single = {name: _run(name, [slice(0, EVEN_N)], 0, equal=True) for name in CASES}
-    mp.spawn(_equal_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
+    ranks = [torch.load(tmp_path / f"equal{r}.pt", weights_only=True) for r in range(world)]
     _assert_same(ranks, single, world)
     for name in CASES:
         assert [r[name]["exchanges"] for r in ranks] == [0] * world, name
