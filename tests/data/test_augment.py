@@ -499,17 +499,3 @@ def test_ffcv_ops_reject_tensors(beton: tuple, no_jit: None) -> None:
                         pipelines={"image": [SimpleRGBImageDecoder(), ToTensor(),
                                              RandomGrayscale()]})
         next(iter(loader))
-
-
-@pytest.mark.slow
-def test_ffcv_ops_compile_under_numba(beton: tuple, ffcv_state: None) -> None:
-    """The full pipeline with FFCV's numba compilation on, two threads (prange), checked
-    exactly: jitter compiled but off, grayscale always. (Compiled jitter applied, with every
-    other SimCLR op, runs in tests/data/test_reader.py::test_compiled_two_view_pipeline; each
-    Loader compiles for ~10 s here, so one Loader.)"""
-    path, images = beton
-    Compiler.set_enabled(True)
-    gray, labels = _load(path, [RandomColorJitter(p=0.0), RandomGrayscale(p=1.0)], num_workers=2)
-    assert gray.shape == (N_IMAGES, 3, SIDE, SIDE) and labels.tolist() == list(range(N_IMAGES))
-    ref = TF.rgb_to_grayscale(torch.from_numpy(images).permute(0, 3, 1, 2), 3)
-    assert torch.equal(gray, ref)

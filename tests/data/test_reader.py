@@ -146,13 +146,19 @@ caps = rng.standard_normal((n, 4)).astype(dtype)
 write_shard(path, [rng.integers(0, 256, (12, 12, 3), dtype=np.uint8) for _ in range(n)],
             np.arange(n) % 4, np.arange(n), caps,
             write_mode="raw", jpeg_quality=90, page_size=page_size_for(12, 8))
-loader = ViewLoader(path, batch_size=8, views=2, augment=AugmentConfig(resolution=8, blur_p=0.5),
-                    num_workers=2, drop_last=False)
+aug = AugmentConfig(resolution=8, blur_p=0.5, grayscale_p=1.0)  # jitter p 0.8, then grey
+loader = ViewLoader(path, batch_size=8, views=2, augment=aug, num_workers=2, drop_last=False)
+mean = np.array(aug.mean, np.float32).reshape(1, 1, 3, 1, 1) * 255
+std = np.array(aug.std, np.float32).reshape(1, 1, 3, 1, 1) * 255
 for epoch in range(2):
     loader.set_epoch(epoch)
     ids = []
     for b in loader:
         assert b.images.shape[1:] == (2, 3, 8, 8) and b.captions.dtype.is_floating_point
+        # the compiled grayscale ran on every view (under prange): equal channels, to float
+        # rounding of the normalisation (blur keeps equal channels equal)
+        rgb = b.images.numpy() * std + mean
+        assert np.abs(rgb - rgb[:, :, :1]).max() < 1e-3, np.abs(rgb - rgb[:, :, :1]).max()
         got = b.captions.numpy()
         want = caps[b.sample_ids.numpy()].astype(np.float32)
         assert np.array_equal(got, want), (got, want)
@@ -176,9 +182,10 @@ def test_float32_captions_read_back(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_compiled_two_view_pipeline(tmp_path: Path, dtype: str = "float16") -> None:
-    """The real thing: numba-compiled FFCV pipeline with every SimCLR op, 2 threads, float16
-    captions (the default; stored as int16 bits, the path of ours inside FFCV's decoding —
-    float32 captions are FFCV's own NDArrayDecoder, read uncompiled in the tests above).
+    """The real thing: numba-compiled FFCV pipeline with every SimCLR op, 2 threads (our
+    colour ops under ``prange``; grayscale always, checked on every view), float16 captions
+    (the default; stored as int16 bits, the path of ours inside FFCV's decoding — float32
+    captions are FFCV's own NDArrayDecoder, read uncompiled in the tests above).
 
     In a fresh interpreter: the other tests switch FFCV's compiler off, and toggling it within
     one process is not something training ever does. One compile costs ~25 s of CI.
