@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import itertools
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,6 @@ import numpy as np
 
 from components.config import PreprocessConfig
 from components.data import integrity
-from components.data.build.common import _digest
 from components.data.build.source_record import Stat, item_stat
 from components.data.build.tasks import _task_count, map_tasks
 from components.data.images import ImageError, decode_image
@@ -92,17 +93,33 @@ def hash_local(cfg: PreprocessConfig, items: Sequence[Item]) -> Content:
     return Content.from_columns(hash_batch(batch, cfg.image.max_side, cfg.image.min_side))
 
 
+HASH_VERSION = "sha256+phash64+thumb16/2"  # /2: raw digests
+
+
 def _content_key(cfg: PreprocessConfig, items: Sequence[Item],
                  stat: Callable[[str], Stat] | None = None) -> str:
     """The cache key of the content pass over ``items``: their paths and file metadata
     (``stat``: an item path -> its :func:`item_stat`, e.g. ``SourceRecord.stat`` of the
-    listing being built; default: stat each file now)."""
+    listing being built; default: stat each file now).
+
+    sha256 of ``json.dumps({"hash": ..., "image": [max_side, min_side], "items": [[path,
+    *stat], ...]}, sort_keys=True)`` — fed to the hash piece by piece (one item's JSON at a
+    time), never built as one text: the keys of existing ``content.npz`` files stay valid
+    (tests/data/test_cache_keys.py's golden value)."""
     if stat is None:
         cache: dict[str, Stat] = {}
         stat = functools.partial(item_stat, cache=cache)
-    stats = [(it.path, *(stat(it.path) or (None,) * 4)) for it in items]
-    return _digest({"items": stats, "image": [cfg.image.max_side, cfg.image.min_side],
-                    "hash": "sha256+phash64+thumb16/2"})  # /2: raw digests
+    h = hashlib.sha256()
+    h.update(('{"hash": ' + json.dumps(HASH_VERSION) + ', "image": '
+              + json.dumps([cfg.image.max_side, cfg.image.min_side]) + ', "items": [').encode())
+    buf: list[str] = []
+    for n, it in enumerate(items):
+        buf.append((", " if n else "") + json.dumps([it.path, *(stat(it.path) or (None,) * 4)]))
+        if len(buf) >= 4096:
+            h.update("".join(buf).encode())
+            buf.clear()
+    h.update(("".join(buf) + "]}").encode())
+    return h.hexdigest()
 
 
 def hash_with_ray(cfg: PreprocessConfig, items: Sequence[Item], out: Path,

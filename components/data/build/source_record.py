@@ -22,7 +22,7 @@ import gzip
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,21 @@ def item_stat(path: str, cache: dict[str, Stat] | None = None) -> Stat:
     if cache is not None:
         cache[local] = st
     return st
+
+
+def _chunks(pieces: Iterable[str], size: int = 1 << 16) -> Iterator[bytes]:
+    """``pieces`` joined and UTF-8 encoded in chunks of about ``size`` characters (one hash
+    update or write per chunk, not per item)."""
+    buf: list[str] = []
+    held = 0
+    for piece in pieces:
+        buf.append(piece)
+        held += len(piece)
+        if held >= size:
+            yield "".join(buf).encode()
+            buf, held = [], 0
+    if buf:
+        yield "".join(buf).encode()
 
 
 def _caption_key(text: str | None) -> str | None:
@@ -110,16 +125,32 @@ class SourceRecord:
         entry = self.items.get(path)
         return None if entry is None else entry[2]
 
-    def _as_json(self) -> dict[str, Any]:
-        return {"format": _FORMAT, "classes": self.classes,
-                "items": [[p, *v[:2], None if v[2] is None else list(v[2])]
-                          for p, v in sorted(self.items.items())],
-                "skipped": sorted(self.skipped.items())}
+    def _pieces(self, sort_keys: bool) -> Iterator[str]:
+        """The record's canonical JSON text in pieces (one per item, none of them the whole):
+        ``{"classes":[...],"format":1,"items":[[path,label,caption key,stat],...],
+        "skipped":[[path,reason],...]}`` — keys sorted for the digest, in ``write``'s order
+        (format, classes, items, skipped) otherwise; compact separators. Items sorted by path.
+        The same text as ``json.dumps`` of the whole record gives (the digests of existing
+        dataset dirs stay valid: tests/data/test_source_changes.py's golden values)."""
+        def dumps(obj: Any) -> str:
+            return json.dumps(obj, separators=(",", ":"))
+
+        head = {"format": dumps(_FORMAT), "classes": dumps(self.classes)}
+        order = ("classes", "format") if sort_keys else ("format", "classes")
+        yield "{" + ",".join(f'"{k}":{head[k]}' for k in order) + ',"items":['
+        for n, path in enumerate(sorted(self.items)):
+            v = self.items[path]
+            yield ("," if n else "") + dumps([path, v[0], v[1],
+                                              None if v[2] is None else list(v[2])])
+        yield '],"skipped":' + dumps(sorted(self.skipped.items())) + "}"
 
     def digest(self) -> str:
-        """sha256 of the record's canonical JSON: the manifest's ``source.digest``."""
-        text = json.dumps(self._as_json(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()
+        """sha256 of the record's canonical JSON (sorted keys, compact): the manifest's
+        ``source.digest``; fed to the hash piece by piece, never built as one text."""
+        h = hashlib.sha256()
+        for chunk in _chunks(self._pieces(sort_keys=True)):
+            h.update(chunk)
+        return h.hexdigest()
 
     def summary(self) -> dict[str, Any]:
         """What the manifest records under ``"source"``."""
@@ -127,11 +158,12 @@ class SourceRecord:
 
     def write(self, out: Path) -> None:
         """``out/source.json.gz``, atomically (before the manifest that names its digest)."""
-        text = json.dumps(self._as_json(), separators=(",", ":"))
-        with replacing(out / SOURCE_FILE) as tmp:
+        with replacing(out / SOURCE_FILE) as tmp, open(tmp, "wb") as raw, gzip.GzipFile(
+                filename="", mode="wb", fileobj=raw, mtime=0) as f:
             # mtime 0, no file name: the same source gives the same bytes (a rebuild is
-            # byte-identical)
-            tmp.write_bytes(gzip.compress(text.encode(), mtime=0))
+            # byte-identical); written piece by piece, never as one text
+            for chunk in _chunks(self._pieces(sort_keys=False)):
+                f.write(chunk)
 
     @classmethod
     def read(cls, out: Path) -> SourceRecord | None:
