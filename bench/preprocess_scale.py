@@ -294,7 +294,6 @@ def memory(n: int, source: Path, work: Path) -> str:
     no Ray): what each step of the build leaves held (the listing, the source record, the
     content hashes, the plan's rows, the manifest when a kept build of ``n`` is in ``work``)
     and the peak while it runs (the digests over every item build their JSON text first)."""
-    import collections
     import gc
     import tracemalloc
 
@@ -309,7 +308,7 @@ def memory(n: int, source: Path, work: Path) -> str:
     from components.data.build.common import _digest
     from components.data.build.hashing import DIGEST, Content, _content_key
     from components.data.build.listing import list_items
-    from components.data.build.planning import Planned, _fields, plan
+    from components.data.build.planning import plan
     from components.data.build.source_record import SourceRecord
 
     cfg = from_dict(PreprocessConfig, config(source, work / f"out-{n}", 2))
@@ -331,13 +330,13 @@ def memory(n: int, source: Path, work: Path) -> str:
         return value
 
     tracemalloc.start()
-    listed = measure("listing (Listed: items, texts)", lambda: list_items(cfg))
+    listed = measure("listing (Listed: columns)", lambda: list_items(cfg))
     record = measure("source record (SourceRecord.of)", lambda: SourceRecord.of(listed))
-    measure("source record digest (its JSON, once per build)", record.digest)
-    measure("content cache key (JSON of every item's stat)",
-            lambda: _content_key(cfg, listed.items, record.stat))
+    measure("source record digest (streamed, once per build)", record.digest)
+    measure("content cache key (streamed over every item's stat)",
+            lambda: _content_key(cfg, listed.paths, record.stat_at))
     rng = np.random.default_rng(0)
-    m = len(listed.items)
+    m = len(listed)
 
     def content() -> Content:
         # As hash_with_ray collects its tasks' columns: one row per item, raw digests.
@@ -350,15 +349,12 @@ def memory(n: int, source: Path, work: Path) -> str:
         return Content.from_columns(cols)
 
     hashes = measure("content hashes (Content; synthetic, as the tasks return them)", content)
-    p = measure("plan (Plan: rows, caption table)", lambda: plan(cfg, listed, hashes))
+    p = measure("plan (Plan: columns, caption table)", lambda: plan(cfg, listed, hashes))
 
     def shard_digests() -> dict[str, str]:
-        by_shard: dict[str, list[Planned]] = collections.defaultdict(list)
-        for r in p.rows:
-            by_shard[r.shard].append(r)
-        return {name: _digest(["x", [_fields(r) for r in members],
-                               [record.stat(r.path) for r in members]])
-                for name, members in by_shard.items()}
+        return {name: _digest(["x", p.shard_fields(k),
+                               [record.stat_at(i) for i in p.sample_ids[p.shard(k)].tolist()]])
+                for k, name in enumerate(p.shard_names)}
 
     measure("shard digests (driver._build)", shard_digests)
     kept = work / f"out-{n}" / "manifest.json"
@@ -366,17 +362,15 @@ def memory(n: int, source: Path, work: Path) -> str:
         measure("manifest dict (json.load of the kept build's)",
                 lambda: json.loads(kept.read_text()))
     tracemalloc.stop()
-    item = listed.items[0]
+    path = listed.paths[0]
     lines = [f"Driver memory per item at N={n} ({m} listed; tracemalloc: the Python heap "
              "and numpy):", "",
              "| step | held after, B/item | peak during, B/item | seconds |",
              "|---|---:|---:|---:|"]
     lines += [f"| {name} | {h:,.0f} | {pk:,.0f} | {sec:.2f} |" for name, h, pk, sec in rows]
     lines += [f"| all held | {sum(r[1] for r in rows):,.0f} | | |", "",
-              f"One Item: {sys.getsizeof(item)} B + its path str {sys.getsizeof(item.path)} B "
-              f"({item.path!r}) + caption str {sys.getsizeof(item.caption)} B; one Planned "
-              f"row: {sys.getsizeof(p.rows[0])} B + its path (shared with the Item) and "
-              f"split / shard strs."]
+              f"Paths: {type(listed.paths).__name__} (one built on demand: {path!r}); "
+              f"{len(listed.captions)} distinct captions; {len(p.shard_names)} output shards."]
     return "\n".join(lines)
 
 

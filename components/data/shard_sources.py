@@ -29,25 +29,32 @@ import dataclasses
 import fnmatch
 import functools
 import glob
+import hashlib
 import json
 import os
 import re
 import tarfile
+from array import array
 from collections.abc import Iterator, Sequence
 from typing import IO, Any, cast
 from urllib.parse import quote, unquote
 
+import numpy as np
+
 from components.config.preprocess import IMAGE_EXTENSIONS, SourceConfig
 from components.data.sources import (
+    CAPTION_ISSUES,
     DUPLICATE,
     UNKNOWN_LABEL,
-    Item,
+    ItemTable,
     Listing,
+    ShardPaths,
     Skip,
     SourceError,
     decode_caption,
     label_key,
     label_names,
+    shard_item,
 )
 
 UNREADABLE_SHARD = "unreadable-shard"
@@ -199,54 +206,154 @@ def _open(path: str) -> IO[bytes]:
 
 
 class _Lister:
-    """Items and skips of one listing: labels as raw values until the class list is known."""
+    """Items and skips of one listing, as columns (:class:`ShardPaths`, raw label and caption
+    ids into tables of the distinct values, a 16-byte digest of each key): labels stay raw
+    values until the class list is known, duplicate keys are found once every shard is read.
+
+    A skip's place among the others is kept (``(rows before it, 0)``; a duplicate key's
+    ``(its row, 1)``), so the skips come out in the order the shards were read, as when each
+    key was looked up on arrival."""
 
     def __init__(self, source: str, on_bad_input: str) -> None:
         self.source = source
         self.policy = on_bad_input
-        self.rows: list[tuple[str, object, bytes | str | None]] = []  # path, raw label, caption
-        self.skipped: list[Skip] = []
-        self.keys: dict[str, str] = {}  # key -> the kept item's path
+        self.prefix_ids: dict[tuple[str, str], int] = {}  # (prefix, tail) -> file index
+        self.file, self.a, self.b = array("i"), array("q"), array("q")
+        self.label_ids: dict[object, int] = {}  # raw label -> index (few distinct)
+        self.labels = array("i")
+        self.caption_ids: dict[bytes | str | None, int] = {}  # raw caption -> index
+        self.captions = array("i")
+        self.keys = bytearray()  # 16-byte blake2b of each row's key (zeros: none)
+        self.keyed = bytearray()  # 1 where the row has a key
+        self.key_text = bytearray()  # the keyed rows' keys, UTF-8, each ended by a NUL
+        self.skipped: list[tuple[tuple[int, int], Skip]] = []
+        self.labelled = True  # whether labels are read (else every item is unlabelled)
 
-    def skip(self, path: str, reason: str, detail: str, of: str | None = None) -> None:
+    def skip(self, path: str, reason: str, detail: str, of: str | None = None,
+             at: tuple[int, int] | None = None) -> None:
         if self.policy == "error":
             raise SourceError(f"{path}: {detail} (set bad_input=skip to skip and count such "
                               "items)")
-        self.skipped.append(Skip(path=path, reason=reason, detail=detail, of=of))
+        self.skipped.append((at or (len(self.file), 0),
+                             Skip(path=path, reason=reason, detail=detail, of=of)))
 
     def add(self, path: str, key: str | None, label: object, caption: bytes | str | None,
             where: str) -> None:
-        if key is not None:
-            first = self.keys.get(key)
-            if first is not None:
-                self.skip(path, DUPLICATE, f"key {key!r} listed more than once ({where}); "
-                          "first kept", of=first)
-                return
-            self.keys[key] = path
-        self.rows.append((path, label, caption))
+        """One item: ``path`` is split into its shard's prefix and two numbers
+        (:data:`~components.data.sources.SHARD_ITEM`; a path that does not rebuild exactly
+        is kept whole). ``where`` is unused (the duplicate's message names the key)."""
+        del where
+        shard = shard_item(path)
+        prefix, tail, a, b = path, "", -1, -1
+        if shard is not None:
+            file, kind, na, nb, column = shard
+            tail = f":{column}" if kind != "tar" else ""
+            if f"{file}#{kind}:{na}:{nb}{tail}" == path:
+                prefix, a, b = f"{file}#{kind}:", na, nb
+            else:
+                tail = ""
+        self.file.append(self.prefix_ids.setdefault((prefix, tail), len(self.prefix_ids)))
+        self.a.append(a)
+        self.b.append(b)
+        self.labels.append(self.label_ids.setdefault(label, len(self.label_ids)))
+        self.captions.append(self.caption_ids.setdefault(caption, len(self.caption_ids)))
+        if key is None:
+            self.keys += bytes(16)
+            self.keyed.append(0)
+        else:
+            raw = key.encode()
+            self.keys += hashlib.blake2b(raw, digest_size=16).digest()
+            self.keyed.append(1)
+            self.key_text += raw.replace(b"\0", b"?") + b"\0"
+
+    def _paths(self) -> ShardPaths:
+        pairs = list(self.prefix_ids)
+        return ShardPaths([p for p, _ in pairs], [t for _, t in pairs],
+                          np.frombuffer(self.file, np.int32), np.frombuffer(self.a, np.int64),
+                          np.frombuffer(self.b, np.int64))
+
+    def _duplicates(self, paths: ShardPaths) -> np.ndarray:
+        """Rows whose key an earlier row has (bool ``[n]``); each is a ``duplicate-path``
+        skip naming the first."""
+        n = len(self.file)
+        dup = np.zeros(n, dtype=bool)
+        keyed = np.flatnonzero(np.frombuffer(self.keyed, np.uint8))
+        if len(keyed) < 2:
+            return dup
+        words = np.frombuffer(self.keys, np.uint64).reshape(n, 2)[keyed]
+        order = np.lexsort((words[:, 1], words[:, 0]))  # stable: equal keys in row order
+        w = words[order]
+        same = np.flatnonzero(np.all(w[1:] == w[:-1], axis=1)) + 1  # order positions
+        if not len(same):
+            return dup
+        starts = np.flatnonzero(np.r_[True, np.any(w[1:] != w[:-1], axis=1)])
+        first_pos = starts[np.searchsorted(starts, same, side="right") - 1]
+        ends = np.flatnonzero(np.frombuffer(self.key_text, np.uint8) == 0)
+        begins = np.r_[0, ends[:-1] + 1]
+        for k, f in sorted(zip(order[same].tolist(), keyed[order[first_pos]].tolist(),
+                               strict=True)):
+            r = int(keyed[k])
+            dup[r] = True
+            key = bytes(self.key_text[begins[k]:ends[k]]).decode()
+            where = self.prefixes_of(r)
+            self.skip(paths[r], DUPLICATE, f"key {key!r} listed more than once ({where}); "
+                      "first kept", of=paths[f], at=(r, 1))
+        return dup
+
+    def prefixes_of(self, r: int) -> str:
+        """The shard file of row ``r``."""
+        prefix, _ = list(self.prefix_ids)[self.file[r]]
+        return prefix.rpartition("#")[0] if self.a[r] >= 0 else prefix
+
+    def table(self, classes: Sequence[str] | None, labelled: bool | None = None) -> ItemTable:
+        """The kept items as columns (duplicates and label problems skipped and counted);
+        ``labelled``: default ``self.labelled``."""
+        labelled = self.labelled if labelled is None else labelled
+        paths = self._paths()
+        dup = self._duplicates(paths)
+        raw = list(self.label_ids)
+        rows = np.frombuffer(self.labels, np.int32)
+        used = np.unique(rows[~dup]).tolist() if labelled else []  # a duplicate's label: none
+        names, index = label_names([raw[i] for i in used], classes)
+        if labelled:
+            # raw label id -> class index; -2: no label, -3: not a class
+            to = np.array([-2 if lab is None else index.get(label_key(lab), -3)
+                           for lab in raw], dtype=np.int32)
+            labels = to[rows] if len(raw) else rows.copy()
+        else:
+            names, labels = [], np.full(len(rows), -1, dtype=np.int32)
+        skipped = [s for _, s in sorted(self.skipped, key=lambda x: x[0])]
+        for r in np.flatnonzero((labels < -1) & ~dup).tolist():
+            lab = raw[int(rows[r])]
+            bad = (Skip(path=paths[r], reason=MISSING_LABEL, detail="no label") if lab is None
+                   else Skip(path=paths[r], reason=UNKNOWN_LABEL,
+                             detail=f"label {lab!r} is not one of the {len(names)} classes"))
+            if self.policy == "error":
+                raise SourceError(f"{bad.path}: {bad.detail} (set bad_input=skip to skip and "
+                                  "count such items)")
+            skipped.append(bad)
+        keep = np.flatnonzero((labels >= -1) & ~dup)
+        # caption: raw id -> (text id, issue), each distinct raw value decoded once
+        texts: dict[str, int] = {}
+        tid, issue = [], []
+        for raw_caption in self.caption_ids:
+            text, problem = decode_caption(raw_caption)
+            tid.append(-1 if text is None else texts.setdefault(text, len(texts)))
+            issue.append(CAPTION_ISSUES.index(problem))
+        cap = np.frombuffer(self.captions, np.int32)[keep]
+        table = ItemTable(
+            paths=paths.take(keep), labels=labels[keep],
+            caption_ids=np.array(tid, dtype=np.int32)[cap] if tid else cap.copy(),
+            captions=list(texts),
+            caption_issues=np.array(issue, dtype=np.int8)[cap] if issue else cap.astype(np.int8),
+            official=None, groups=None, classes=names, skipped=skipped)
+        if not len(table) and not skipped:
+            raise SourceError(f"source.path={self.source!r} holds no items")
+        return table
 
     def listing(self, classes: Sequence[str] | None, labelled: bool) -> Listing:
-        names, index = label_names([lab for _, lab, _ in self.rows], classes)
-        if not labelled:
-            names, index = [], {}
-        items = []
-        for path, lab, cap in self.rows:
-            label = -1
-            if labelled:
-                if lab is None:
-                    self.skip(path, MISSING_LABEL, "no label")
-                    continue
-                k = label_key(lab)
-                if k not in index:
-                    self.skip(path, UNKNOWN_LABEL,
-                              f"label {lab!r} is not one of the {len(names)} classes")
-                    continue
-                label = index[k]
-            text, issue = decode_caption(cap)
-            items.append(Item(path=path, label=label, caption=text, caption_issue=issue))
-        if not items and not self.skipped:
-            raise SourceError(f"source.path={self.source!r} holds no items")
-        return Listing(items, names, self.skipped)
+        table = self.table(classes, labelled)
+        return Listing(table.items(), table.classes, table.skipped)
 
 
 def _split_member(name: str) -> tuple[str, str]:
@@ -311,6 +418,18 @@ def _tar_keys(tf: tarfile.TarFile) -> Iterator[tuple[str, dict[str, tarfile.TarI
 
 def list_webdataset(path: str, *, classes: Sequence[str] | None = None,
                     on_bad_input: str = "skip", options: ShardOptions) -> Listing:
+    """WebDataset tar shards as :class:`Item` objects (:func:`webdataset_lister`; the build
+    lists them as columns).
+
+    Raises:
+        SourceError: no shard matched, no items, or a bad item under ``bad_input: error``.
+    """
+    return webdataset_lister(path, on_bad_input=on_bad_input, options=options).listing(
+        classes, options.label_key is not None)
+
+
+def webdataset_lister(path: str, *, on_bad_input: str = "skip",
+                      options: ShardOptions) -> _Lister:
     """WebDataset tar shards (img2dataset's output): one item per key with an image member
     (the first of ``options.image_extensions``), its caption and label from the members
     ``options`` names. Keys are listed in shard order, then member order.
@@ -339,7 +458,8 @@ def list_webdataset(path: str, *, classes: Sequence[str] | None = None,
             raise  # bad_input: error
         except (OSError, tarfile.TarError, EOFError) as e:
             lister.skip(shard, UNREADABLE_SHARD, f"not a readable uncompressed tar shard: {e}")
-    return lister.listing(classes, options.label_key is not None)
+    lister.labelled = options.label_key is not None
+    return lister
 
 
 def image_type_problem(schema: Any, column: str) -> str | None:
@@ -361,6 +481,17 @@ def image_type_problem(schema: Any, column: str) -> str | None:
 
 def list_parquet(path: str, *, classes: Sequence[str] | None = None,
                  on_bad_input: str = "skip", options: ShardOptions) -> Listing:
+    """Parquet files as :class:`Item` objects (:func:`parquet_lister`; the build lists them as
+    columns).
+
+    Raises:
+        SourceError: no file matched, no items, or a bad item under ``bad_input: error``.
+    """
+    return parquet_lister(path, on_bad_input=on_bad_input, options=options).listing(
+        classes, options.label_column is not None)
+
+
+def parquet_lister(path: str, *, on_bad_input: str = "skip", options: ShardOptions) -> _Lister:
     """Parquet files with an image-bytes column and optional caption / label columns; a
     ``key`` column (img2dataset writes one), when present, finds duplicate keys. Rows are
     listed file by file, row group by row group, reading no image bytes.
@@ -405,7 +536,8 @@ def list_parquet(path: str, *, classes: Sequence[str] | None = None,
             raise  # bad_input: error
         except (OSError, ValueError, EOFError) as e:  # ArrowInvalid is a ValueError
             lister.skip(file, UNREADABLE_SHARD, f"not a readable Parquet file: {e}")
-    return lister.listing(classes, options.label_column is not None)
+    lister.labelled = options.label_column is not None
+    return lister
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,9 +22,9 @@ import functools
 import gzip
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -94,6 +94,116 @@ class Listing:
     items: list[Item]
     classes: list[str]
     skipped: list[Skip]
+
+
+CAPTION_ISSUES = (None, CAPTION_ENCODING, CAPTION_EMPTY)  # ItemTable.caption_issues' codes
+
+
+class ShardPaths(Sequence[str]):
+    """The paths of shard items (:data:`SHARD_ITEM`) as columns: a table of per-file prefixes
+    (``<shard>#tar:``) and tails (``""``, or ``:<column>`` for Parquet), and per item a file
+    index (int32) and the two numbers (int64: tar data offset and size; row group and row) —
+    20 B an item instead of a ~130-B str repeating the shard's path. ``paths[i]`` builds one
+    str on demand; an item whose ``a`` is -1 is the prefix alone (a path the columns cannot
+    split, kept whole)."""
+
+    def __init__(self, prefixes: list[str], tails: list[str], file: np.ndarray,
+                 a: np.ndarray, b: np.ndarray) -> None:
+        self.prefixes, self.tails = prefixes, tails
+        self.file = np.asarray(file, dtype=np.int32)  # [n] index into prefixes / tails
+        self.a = np.asarray(a, dtype=np.int64)  # [n]
+        self.b = np.asarray(b, dtype=np.int64)  # [n]
+
+    def __len__(self) -> int:
+        return len(self.file)
+
+    def _path(self, i: int) -> str:
+        f, a = int(self.file[i]), int(self.a[i])
+        if a < 0:
+            return self.prefixes[f]
+        return f"{self.prefixes[f]}{a}:{int(self.b[i])}{self.tails[f]}"
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._path(j) for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self._path(i)
+
+    def __iter__(self) -> Iterator[str]:
+        prefixes, tails = self.prefixes, self.tails
+        for f, a, b in zip(self.file.tolist(), self.a.tolist(), self.b.tolist(), strict=True):
+            yield prefixes[f] if a < 0 else f"{prefixes[f]}{a}:{b}{tails[f]}"
+
+    def take(self, idx: np.ndarray) -> ShardPaths:
+        return ShardPaths(self.prefixes, self.tails, self.file[idx], self.a[idx], self.b[idx])
+
+
+def take_paths(paths: Sequence[str], idx: np.ndarray) -> Sequence[str]:
+    """``[paths[i] for i in idx]``, still columns for :class:`ShardPaths`."""
+    if isinstance(paths, ShardPaths):
+        return paths.take(idx)
+    return [paths[i] for i in idx.tolist()]
+
+
+@dataclasses.dataclass(kw_only=True)
+class ItemTable:
+    """A listing as columns (what the build works from): ``n`` items, no object per item for
+    a shard source (:class:`ShardPaths`; a folder / manifest / built-in source keeps a list of
+    path strs and, where it has them, official splits and groups)."""
+
+    paths: Sequence[str]  # [n]: a list of str, or ShardPaths
+    labels: np.ndarray  # [n] int32; -1 = unlabelled
+    caption_ids: np.ndarray  # [n] int32 into captions; -1 = no caption
+    captions: list[str]  # the unique caption texts
+    caption_issues: np.ndarray  # [n] int8: index into CAPTION_ISSUES
+    official: list[str | None] | None  # [n] official split, or None when no item has one
+    groups: list[str | None] | None  # [n] split.group_by value, or None without group_by
+    classes: list[str]
+    skipped: list[Skip]
+
+    @classmethod
+    def of(cls, listing: Listing) -> ItemTable:
+        """The columns of a listing of :class:`Item` objects."""
+        its = listing.items
+        index: dict[str, int] = {}
+        cids = [-1 if it.caption is None else index.setdefault(it.caption, len(index))
+                for it in its]
+        official = [it.official_split for it in its]
+        groups = [it.group for it in its]
+        return cls(paths=[it.path for it in its],
+                   labels=np.array([it.label for it in its], dtype=np.int32),
+                   caption_ids=np.array(cids, dtype=np.int32), captions=list(index),
+                   caption_issues=np.array([CAPTION_ISSUES.index(it.caption_issue)
+                                            for it in its], dtype=np.int8),
+                   official=official if any(o is not None for o in official) else None,
+                   groups=groups if any(g is not None for g in groups) else None,
+                   classes=listing.classes, skipped=listing.skipped)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def take(self, idx: np.ndarray) -> ItemTable:
+        """The items ``idx`` (int64 indices, in that order); the caption table is shared."""
+        il = idx.tolist()
+        return dataclasses.replace(
+            self, paths=take_paths(self.paths, idx), labels=self.labels[idx],
+            caption_ids=self.caption_ids[idx], caption_issues=self.caption_issues[idx],
+            official=None if self.official is None else [self.official[i] for i in il],
+            groups=None if self.groups is None else [self.groups[i] for i in il])
+
+    def items(self) -> list[Item]:
+        """The items as :class:`Item` objects (the public ``list_*`` functions' form)."""
+        return [Item(path=p, label=int(lab),
+                     caption=None if c < 0 else self.captions[c],
+                     official_split=None if self.official is None else self.official[i],
+                     group=None if self.groups is None else self.groups[i],
+                     caption_issue=CAPTION_ISSUES[k])
+                for i, (p, lab, c, k) in enumerate(zip(
+                    self.paths, self.labels.tolist(), self.caption_ids.tolist(),
+                    self.caption_issues.tolist(), strict=True))]
 
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm"}
@@ -393,6 +503,32 @@ def list_source(
     if kind == "tuxpaint":
         return list_tuxpaint(path or TUXPAINT_DIR, on_bad_input, label_depth)
     raise SourceError(f"source.kind={kind!r} is not one of {', '.join(SOURCE_KINDS)}")
+
+
+def list_source_table(
+    kind: SourceKind,
+    path: str | None,
+    classes: Sequence[str] | None = None,
+    on_bad_input: str = "skip",
+    group_by: str | None = None,
+    label_depth: int = 1,
+    shard_options: ShardOptions | None = None,
+) -> ItemTable:
+    """:func:`list_source` as columns: webdataset and Parquet shards are listed straight into
+    them (no :class:`Item` per item); the other kinds' listings are converted.
+
+    Raises:
+        SourceError: as :func:`list_source`.
+    """
+    if kind in ("webdataset", "parquet") and label_depth == 1:
+        from components.data import shard_sources
+
+        lister = {"webdataset": shard_sources.webdataset_lister,
+                  "parquet": shard_sources.parquet_lister}[kind]
+        return lister(_need_path(kind, path), on_bad_input=on_bad_input,
+                      options=shard_options or shard_sources.ShardOptions()).table(classes)
+    return ItemTable.of(list_source(kind, path, classes, on_bad_input, group_by, label_depth,
+                                    shard_options))
 
 
 def _need_path(kind: str, path: str | None) -> str:

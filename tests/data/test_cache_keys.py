@@ -29,11 +29,11 @@ def test_the_content_cache_key_changes_with_same_size_same_mtime_content(tmp_pat
     a.write_bytes(b"first image")
     b.write_bytes(b"other image")
     cfg: Any = SimpleNamespace(image=SimpleNamespace(max_side=64, min_side=8))
-    items: Any = [SimpleNamespace(path=str(a)), SimpleNamespace(path=str(b))]
-    key = _content_key(cfg, items)
-    assert _content_key(cfg, items) == key  # nothing changed: the cache is used
+    paths = [str(a), str(b)]
+    key = _content_key(cfg, paths)
+    assert _content_key(cfg, paths) == key  # nothing changed: the cache is used
     _rewrite_keeping_size_and_mtime(a, b"FIRST IMAGE")
-    assert _content_key(cfg, items) != key
+    assert _content_key(cfg, paths) != key
 
 
 def test_the_caption_model_cache_key_changes_with_a_replaced_model(tmp_path: Path) -> None:

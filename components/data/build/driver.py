@@ -11,7 +11,6 @@ The stages' functions are looked up here, in this module's namespace: a test rep
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import time
@@ -31,7 +30,7 @@ from components.data.build.hashing import dedupe_enabled, hash_with_ray
 from components.data.build.listing import Listed
 from components.data.build.manifest import _assemble, _cleanup, summary
 from components.data.build.merging import merge_splits
-from components.data.build.planning import Planned, _fields, plan
+from components.data.build.planning import plan
 from components.data.build.source_record import SourceRecord
 from components.data.build.tasks import map_tasks
 from components.data.build.timing import BuildTimes
@@ -58,38 +57,36 @@ def _build(
 
     if echo:
         where = f"{dest}" if out == dest else f"{dest} (building in {out})"
-        print(f"simgraph preprocess: listed {len(listed.items)} items from {cfg.source.kind} "
+        print(f"simgraph preprocess: listed {len(listed)} items from {cfg.source.kind} "
               f"source -> {where}", flush=True)
     with contextlib.ExitStack() as session:
         with times.stage("ray"):
             session.enter_context(ray_session(cfg.num_cpus))
         content = None
-        if listed.items and dedupe_enabled(cfg):
+        if len(listed) and dedupe_enabled(cfg):
             t0 = time.perf_counter()
             with times.stage("hashing"):
-                content = hash_with_ray(cfg, listed.items, out, record.stat)
+                content = hash_with_ray(cfg, listed.paths, out, record.stat_at)
             if echo:
-                print(f"simgraph preprocess: hashed {len(listed.items)} items "
+                print(f"simgraph preprocess: hashed {len(listed)} items "
                       f"in {time.perf_counter() - t0:.1f} s")
         with times.stage("planning"):
             p = plan(cfg, listed, content, times)
-            rows, classes, texts = p.rows, p.classes, p.texts
+            classes, texts = p.classes, p.texts
             digests = {}
-            by_shard: dict[str, list[Planned]] = collections.defaultdict(list)
-            for r in rows:
-                by_shard[r.shard].append(r)
-            for name, members in by_shard.items():
-                # Field tuples as dataclasses.astuple gives them (same digest), without its
-                # deep copy; each item's file metadata too: a shard of a killed build is
-                # reused only while the files it was decoded from are unchanged.
-                digests[name] = _digest([params_digest, [_fields(m) for m in members],
-                                         [record.stat(m.path) for m in members]])
-            done = {n: s for n in by_shard
+            for k, name in enumerate(p.shard_names):
+                # Field lists as dataclasses.astuple gives a Planned's (same digest), one
+                # shard's at a time; each item's file metadata too: a shard of a killed build
+                # is reused only while the files it was decoded from are unchanged.
+                ids = p.sample_ids[p.shard(k)].tolist()
+                digests[name] = _digest([params_digest, p.shard_fields(k),
+                                         [record.stat_at(i) for i in ids]])
+            done = {n: s for n in p.shard_names
                     if (s := _shard_done(out, n, digests[n])) is not None}
-        todo = {n: members for n, members in by_shard.items() if n not in done}
-        n_todo = sum(len(members) for members in todo.values())
+        todo = [k for k, n in enumerate(p.shard_names) if n not in done]
+        n_todo = sum(p.shard(k).stop - p.shard(k).start for k in todo)
         if echo:
-            print(f"simgraph preprocess: {len(rows)} items in {len(by_shard)} shards "
+            print(f"simgraph preprocess: {len(p)} items in {len(p.shard_names)} shards "
                   f"({len(done)} already complete), {len(texts)} unique captions")
 
         with times.stage("captions"):
@@ -121,7 +118,7 @@ def _build(
         t0 = time.perf_counter()
         with times.stage("shards"):
             if todo:
-                specs = shard_specs(todo)
+                specs = shard_specs(p, todo)
                 # one shard per task: no shuffle, each task writes what it read
                 map_tasks(write_shard, specs, settings=ShardSettings(
                     out_dir=str(out), table_ref=[ray.put(table)] if table is not None else [],
@@ -133,7 +130,7 @@ def _build(
                           f"{len(specs)} shards in {took:.1f} s "
                           f"({n_todo / max(took, 1e-9):.0f} images/s)", flush=True)
             sides = dict(done)
-            for name in todo:
+            for name in (p.shard_names[k] for k in todo):
                 # Just written: the task hashed the file it renamed; the merge verifies it
                 # again.
                 side = _shard_done(out, name, digests[name], verify=False)
@@ -146,7 +143,7 @@ def _build(
         if echo:
             print(f"simgraph preprocess: merged {len(sides)} shards into "
                   f"{len(merged)} split files in {time.perf_counter() - t0:.1f} s", flush=True)
-        dim = int(table.shape[1]) if table is not None else _stored_dim(out, by_shard)
+        dim = int(table.shape[1]) if table is not None else _stored_dim(out)
         stopping = time.perf_counter()
     times.add("ray", time.perf_counter() - stopping)  # a local Ray's shutdown
 

@@ -17,7 +17,7 @@ import numpy as np
 from components.config import PreprocessConfig
 from components.data import captions as cap
 from components.data.build.common import LISTED_MAX, PreprocessError, _digest
-from components.data.build.planning import Plan, Planned
+from components.data.build.planning import Plan
 from components.data.caption_backend import AUTO, reference_or
 from components.io.files import replacing, write_json
 
@@ -149,15 +149,18 @@ def caption_files(
     data = {"model": cfg.captions.model, "max_seq_length": limit, "texts": plan_.texts,
             "tokens": tokens}
     write_json(out / "captions.json", data)
-    index = np.array([(r.sample_id, r.caption_id) for r in plan_.rows], dtype=np.int64)
+    index = np.stack([plan_.sample_ids.astype(np.int64),
+                      plan_.caption_ids.astype(np.int64)], axis=1)
     with replacing(out / "caption_index.npy") as tmp:
         np.save(tmp, index.reshape(-1, 2))
-    long = [r for r in plan_.rows if r.caption_id >= 0 and tokens[r.caption_id] > limit]
+    over = np.array([t > limit for t in tokens] + [False], dtype=bool)  # [-1]: no caption
+    long = np.flatnonzero(over[plan_.caption_ids])
     notes = list(plan_.caption_notes) + [
-        {"path": r.path, "reason": CAPTION_TRUNCATED,
-         "detail": f"{tokens[r.caption_id]} tokens; the text encoder reads the first {limit}",
+        {"path": plan_.paths[i], "reason": CAPTION_TRUNCATED,
+         "detail": f"{tokens[c]} tokens; the text encoder reads the first {limit}",
          "action": "truncated"}
-        for r in sorted(long, key=lambda r: r.sample_id)
+        for i, c in sorted(zip(plan_.sample_ids[long].tolist(),
+                               plan_.caption_ids[long].tolist(), strict=True))
     ]
     skipped = collections.Counter(
         s.reason for s in plan_.skipped if s.reason in ("caption-encoding", "caption-empty"))
@@ -173,7 +176,7 @@ def caption_files(
     return checks, {"captions": "captions.json", "caption_index": "caption_index.npy"}
 
 
-def _stored_dim(out: Path, by_shard: dict[str, list[Planned]]) -> int:
+def _stored_dim(out: Path) -> int:
     cache = out / "captions.npz"
     if cache.exists():
         with np.load(cache) as z:

@@ -22,7 +22,7 @@ from components.data import integrity
 from components.data.build.source_record import Stat, item_stat
 from components.data.build.tasks import _task_count, map_tasks
 from components.data.images import ImageError, decode_image
-from components.data.sources import Item, read_item
+from components.data.sources import read_item
 from components.io.files import replacing
 
 # A sha256 as its 32 raw bytes (numpy drops trailing NUL bytes when it hands one back, which
@@ -87,20 +87,24 @@ class Content:
         )
 
 
-def hash_local(cfg: PreprocessConfig, items: Sequence[Item]) -> Content:
+def hash_local(cfg: PreprocessConfig, paths: Sequence[str]) -> Content:
     """The content pass in this process (small sources, unit tests)."""
-    batch = {"idx": np.arange(len(items)), "path": np.array([it.path for it in items], object)}
+    batch = {"idx": np.arange(len(paths)), "path": np.array(list(paths), object)}
     return Content.from_columns(hash_batch(batch, cfg.image.max_side, cfg.image.min_side))
+
+
+def _stat_of(paths: Sequence[str], cache: dict[str, Stat], i: int) -> Stat:
+    return item_stat(paths[i], cache)
 
 
 HASH_VERSION = "sha256+phash64+thumb16/2"  # /2: raw digests
 
 
-def _content_key(cfg: PreprocessConfig, items: Sequence[Item],
-                 stat: Callable[[str], Stat] | None = None) -> str:
-    """The cache key of the content pass over ``items``: their paths and file metadata
-    (``stat``: an item path -> its :func:`item_stat`, e.g. ``SourceRecord.stat`` of the
-    listing being built; default: stat each file now).
+def _content_key(cfg: PreprocessConfig, paths: Sequence[str],
+                 stat: Callable[[int], Stat] | None = None) -> str:
+    """The cache key of the content pass over the items ``paths``: their paths and file
+    metadata (``stat``: an item's index -> its :func:`item_stat`, e.g. ``SourceRecord.stat_at``
+    of the listing being built; default: stat each file now).
 
     sha256 of ``json.dumps({"hash": ..., "image": [max_side, min_side], "items": [[path,
     *stat], ...]}, sort_keys=True)`` — fed to the hash piece by piece (one item's JSON at a
@@ -108,13 +112,13 @@ def _content_key(cfg: PreprocessConfig, items: Sequence[Item],
     (tests/data/test_cache_keys.py's golden value)."""
     if stat is None:
         cache: dict[str, Stat] = {}
-        stat = functools.partial(item_stat, cache=cache)
+        stat = functools.partial(_stat_of, paths, cache)
     h = hashlib.sha256()
     h.update(('{"hash": ' + json.dumps(HASH_VERSION) + ', "image": '
               + json.dumps([cfg.image.max_side, cfg.image.min_side]) + ', "items": [').encode())
     buf: list[str] = []
-    for n, it in enumerate(items):
-        buf.append((", " if n else "") + json.dumps([it.path, *(stat(it.path) or (None,) * 4)]))
+    for n, path in enumerate(paths):
+        buf.append((", " if n else "") + json.dumps([path, *(stat(n) or (None,) * 4)]))
         if len(buf) >= 4096:
             h.update("".join(buf).encode())
             buf.clear()
@@ -122,14 +126,14 @@ def _content_key(cfg: PreprocessConfig, items: Sequence[Item],
     return h.hexdigest()
 
 
-def hash_with_ray(cfg: PreprocessConfig, items: Sequence[Item], out: Path,
-                  stat: Callable[[str], Stat] | None = None) -> Content:
+def hash_with_ray(cfg: PreprocessConfig, paths: Sequence[str], out: Path,
+                  stat: Callable[[int], Stat] | None = None) -> Content:
     """The content pass as Ray tasks of about ``ITEMS_PER_TASK`` items (:func:`map_tasks`);
     cached in ``content.npz`` (keyed by the items' paths and
     :func:`~components.io.files.stat_key`: size, mtime_ns, inode, ctime_ns; ``stat`` as in
     :func:`_content_key`), so a resumed run does not hash again."""
     cache = out / "content.npz"
-    key = _content_key(cfg, items, stat)
+    key = _content_key(cfg, paths, stat)
     if cache.exists():
         with np.load(cache, allow_pickle=False) as z:
             if str(z["key"]) == key:
@@ -138,9 +142,8 @@ def hash_with_ray(cfg: PreprocessConfig, items: Sequence[Item], out: Path,
                                bytes_sha256=z["bytes_sha256"].astype(DIGEST),
                                pixels_sha256=z["pixels_sha256"].astype(DIGEST),
                                phash=z["phash"].copy(), thumbs=z["thumbs"].copy())
-    bounds = np.linspace(0, len(items), _task_count(len(items)) + 1).astype(int)
-    batches = [{"idx": np.arange(a, b),
-                "path": np.array([it.path for it in items[a:b]], dtype=object)}
+    bounds = np.linspace(0, len(paths), _task_count(len(paths)) + 1).astype(int)
+    batches = [{"idx": np.arange(a, b), "path": np.array(paths[a:b], dtype=object)}
                for a, b in itertools.pairwise(bounds) if b > a]
     parts = map_tasks(hash_batch, batches, max_side=cfg.image.max_side,
                       min_side=cfg.image.min_side)

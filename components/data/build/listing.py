@@ -7,89 +7,113 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from components.config import PreprocessConfig
 from components.data.build.common import PreprocessError
 from components.data.shard_sources import ShardOptions
 from components.data.sources import (
+    CAPTION_ISSUES,
     MISSING_CAPTION,
-    Item,
-    Listing,
+    ItemTable,
     Skip,
     SourceError,
-    list_source,
+    list_source_table,
 )
 
 
-def _subset(listing: Listing, max_per_class: int | None) -> list[Item]:
+def _subset(table: ItemTable, max_per_class: int | None) -> ItemTable:
     if max_per_class is None:
-        return listing.items
+        return table
     seen: collections.Counter[tuple[int, str | None]] = collections.Counter()
-    out = []
-    for it in listing.items:  # listing order is sorted, so the subset is deterministic
-        key = (it.label, it.official_split)
+    keep = []
+    official = table.official
+    for i, label in enumerate(table.labels.tolist()):  # listing order is sorted: deterministic
+        key = (label, None if official is None else official[i])
         if seen[key] < max_per_class:
             seen[key] += 1
-            out.append(it)
-    return out
+            keep.append(i)
+    return table.take(np.array(keep, dtype=np.int64))
 
 
 @dataclasses.dataclass(kw_only=True)
 class Listed:
-    """The source after the caption policy: kept items (sample id = index here), their caption
-    texts, the classes, skipped items and caption problems that did not skip an item."""
+    """The source after the caption policy, as columns (sample id = index here): the kept
+    items' paths (:class:`~components.data.sources.ShardPaths` for a shard source: no str per
+    item), labels, caption ids into ``captions`` (the unique texts; -1: none), official
+    splits and ``split.group_by`` values where the source has them; the classes, skipped
+    items and caption problems that did not skip an item."""
 
-    items: list[Item]
-    texts: list[str | None]
+    paths: Sequence[str]  # [n]
+    labels: np.ndarray  # [n] int32
+    caption_ids: np.ndarray  # [n] int32 into captions, -1 = no caption
+    captions: list[str]
+    official: list[str | None] | None  # [n], None when the source defines no split
+    groups: list[str | None] | None  # [n], None without split.group_by
     classes: list[str]
     skipped: list[Skip]
     caption_notes: list[dict[str, Any]]
 
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def text(self, i: int) -> str | None:
+        """Item ``i``'s caption text."""
+        c = int(self.caption_ids[i])
+        return None if c < 0 else self.captions[c]
+
 
 def _caption_texts(
-    cfg: PreprocessConfig, items: list[Item], classes: list[str], skipped: list[Skip],
-    notes: list[dict[str, Any]],
-) -> tuple[list[Item], list[str | None]]:
-    """Apply ``captions.missing``; returns the kept items and one caption text per item.
+    cfg: PreprocessConfig, table: ItemTable, skipped: list[Skip], notes: list[dict[str, Any]],
+) -> tuple[ItemTable, list[str]]:
+    """Apply ``captions.missing``; returns the kept items, their ``caption_ids`` pointing
+    into the returned caption table (the class template appended for ``from-label``).
 
     A caption that is not valid UTF-8 or is empty counts as missing, under its own reason
     (``caption-encoding`` / ``caption-empty``): skipped with it, or — ``from-label`` — given the
     class template and listed in ``notes`` so the manifest counts it.
     """
     if not cfg.captions.enabled:
-        return items, [None] * len(items)
-    kept: list[Item] = []
-    texts: list[str | None] = []
-    for it in items:
-        text = it.caption
-        if text is None:
-            policy = cfg.captions.missing
-            problem = {"caption-encoding": "caption is not valid UTF-8",
-                       "caption-empty": "caption is empty or whitespace only"}.get(
-                it.caption_issue or "", "no caption")
-            if policy == "error":
-                has = "has no caption" if problem == "no caption" else f"{problem}: no caption"
-                raise PreprocessError(
-                    f"{it.path} {has} (captions.missing=error); give it one, or set "
-                    "captions.missing=skip or from-label"
-                )
-            if policy == "from-label" and it.label >= 0:
-                text = cfg.captions.templates[0].format(classes[it.label])
-                if it.caption_issue:
-                    notes.append({"path": it.path, "reason": it.caption_issue,
-                                  "detail": f"{problem}; used the class template",
-                                  "action": "from-label"})
-            else:
-                why = problem + (" and no label" if policy == "from-label" else "")
-                if cfg.bad_input == "error":
-                    raise PreprocessError(f"{it.path}: {why} (bad_input=error)")
-                skipped.append(Skip(path=it.path, reason=it.caption_issue or MISSING_CAPTION,
-                                    detail=why))
-                continue
-        kept.append(it)
-        texts.append(text)
-    return kept, texts
+        return dataclasses.replace(table, caption_ids=np.full(len(table), -1, np.int32)), []
+    captions = list(table.captions)
+    index: dict[str, int] | None = None
+    ids = table.caption_ids.copy()
+    keep = np.ones(len(table), dtype=bool)
+    for i in np.flatnonzero(ids < 0).tolist():  # only the items without a caption
+        path, label = table.paths[i], int(table.labels[i])
+        issue = CAPTION_ISSUES[int(table.caption_issues[i])]
+        policy = cfg.captions.missing
+        problem = {"caption-encoding": "caption is not valid UTF-8",
+                   "caption-empty": "caption is empty or whitespace only"}.get(
+            issue or "", "no caption")
+        if policy == "error":
+            has = "has no caption" if problem == "no caption" else f"{problem}: no caption"
+            raise PreprocessError(
+                f"{path} {has} (captions.missing=error); give it one, or set "
+                "captions.missing=skip or from-label"
+            )
+        if policy == "from-label" and label >= 0:
+            text = cfg.captions.templates[0].format(table.classes[label])
+            if index is None:
+                index = {t: k for k, t in enumerate(captions)}
+            ids[i] = index.setdefault(text, len(captions))
+            if ids[i] == len(captions):
+                captions.append(text)
+            if issue:
+                notes.append({"path": path, "reason": issue,
+                              "detail": f"{problem}; used the class template",
+                              "action": "from-label"})
+        else:
+            why = problem + (" and no label" if policy == "from-label" else "")
+            if cfg.bad_input == "error":
+                raise PreprocessError(f"{path}: {why} (bad_input=error)")
+            skipped.append(Skip(path=path, reason=issue or MISSING_CAPTION, detail=why))
+            keep[i] = False
+    table = dataclasses.replace(table, caption_ids=ids)
+    return (table if keep.all() else table.take(np.flatnonzero(keep))), captions
 
 
 def list_items(cfg: PreprocessConfig) -> Listed:
@@ -99,13 +123,14 @@ def list_items(cfg: PreprocessConfig) -> Listed:
     src = cfg.source
     source = resolve_path(src.path) if src.path else None
     try:
-        listing = list_source(src.kind, source, src.classes, cfg.bad_input,
-                              cfg.split.group_by, src.label_depth, ShardOptions.of(src))
+        table = list_source_table(src.kind, source, src.classes, cfg.bad_input,
+                                  cfg.split.group_by, src.label_depth, ShardOptions.of(src))
     except SourceError as e:
         raise PreprocessError(str(e)) from None
-    skipped = list(listing.skipped)
+    skipped = list(table.skipped)
     notes: list[dict[str, Any]] = []
-    items = _subset(listing, cfg.source.max_per_class)
-    items, texts = _caption_texts(cfg, items, listing.classes, skipped, notes)
-    return Listed(items=items, texts=texts, classes=listing.classes, skipped=skipped,
-                  caption_notes=notes)
+    table = _subset(table, cfg.source.max_per_class)
+    table, captions = _caption_texts(cfg, table, skipped, notes)
+    return Listed(paths=table.paths, labels=table.labels, caption_ids=table.caption_ids,
+                  captions=captions, official=table.official, groups=table.groups,
+                  classes=table.classes, skipped=skipped, caption_notes=notes)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ from components.data.build.hashing import Content, dedupe_enabled, hash_local
 from components.data.build.listing import Listed, list_items
 from components.data.build.timing import BuildTimes
 from components.data.shards import FORMAT
-from components.data.sources import Item, Skip
+from components.data.sources import Skip
 from components.data.splits import SPLITS, assign_splits
 from components.io.files import sha256_file
 
@@ -44,13 +45,44 @@ def _fields(row: Planned) -> tuple[Any, ...]:
 
 @dataclasses.dataclass(kw_only=True)
 class Plan:
-    rows: list[Planned]
+    """The rows to write, as columns in write order (split by split, shard by shard: shard
+    ``k``'s rows are ``shard_bounds[k]:shard_bounds[k + 1]``), no object per row; ``rows``
+    builds the :class:`Planned` objects on demand (tests, small tools)."""
+
+    sample_ids: np.ndarray  # [m] int64: index into paths (the listing)
+    labels: np.ndarray  # [m] int32
+    caption_ids: np.ndarray  # [m] int32: row of the caption table, -1 without captions
+    shard_names: list[str]  # "<split>-<k:05d>", in write order
+    shard_bounds: np.ndarray  # [shards + 1] int64
+    paths: Sequence[str]  # the listed items' paths (by sample id)
     classes: list[str]
     texts: list[str]  # the caption table (unique texts, sorted)
     skipped: list[Skip]
     caption_notes: list[dict[str, Any]]
     near_duplicates: dict[str, Any] | None
     split_groups: dict[str, Any] | None
+
+    def __len__(self) -> int:
+        return len(self.sample_ids)
+
+    def shard(self, k: int) -> slice:
+        """The rows of shard ``k``."""
+        return slice(int(self.shard_bounds[k]), int(self.shard_bounds[k + 1]))
+
+    def shard_fields(self, k: int) -> list[list[Any]]:
+        """Shard ``k``'s rows as :func:`_fields` gives them (sample id, path, label, caption
+        id, split, shard)."""
+        rows, name = self.shard(k), self.shard_names[k]
+        split = name.rsplit("-", 1)[0]
+        return [[i, self.paths[i], lab, c, split, name] for i, lab, c in zip(
+            self.sample_ids[rows].tolist(), self.labels[rows].tolist(),
+            self.caption_ids[rows].tolist(), strict=True)]
+
+    @property
+    def rows(self) -> list[Planned]:
+        return [Planned(sample_id=i, path=p, label=lab, caption_id=c, split=sp, shard=sh)
+                for k in range(len(self.shard_names))
+                for i, p, lab, c, sp, sh in self.shard_fields(k)]
 
 
 def plan(
@@ -69,20 +101,21 @@ def plan(
     if listed is None:
         with clock.stage("listing"):
             listed = list_items(cfg)
-    items, texts, skipped = listed.items, listed.texts, list(listed.skipped)
-    keep = np.ones(len(items), dtype=bool)
+    paths, skipped = listed.paths, list(listed.skipped)
+    n = len(listed)
+    keep = np.ones(n, dtype=bool)
     groups: np.ndarray | None = None
     pairs: np.ndarray | None = None
     split_groups: dict[str, Any] | None = None
-    if items and dedupe_enabled(cfg):
+    if n and dedupe_enabled(cfg):
         if content is None:
             with clock.stage("hashing"):
-                content = hash_local(cfg, items)
+                content = hash_local(cfg, paths)
         for i, reason in enumerate(content.reason):
             if reason:
                 if cfg.bad_input == "error":
-                    raise PreprocessError(f"{items[i].path}: {content.detail[i]} (bad_input=error)")
-                skipped.append(Skip(path=items[i].path, reason=reason, detail=content.detail[i]))
+                    raise PreprocessError(f"{paths[i]}: {content.detail[i]} (bad_input=error)")
+                skipped.append(Skip(path=paths[i], reason=reason, detail=content.detail[i]))
                 keep[i] = False
         if cfg.dedupe.exact:
             _drop_exact(cfg, listed, content, keep, skipped)
@@ -96,39 +129,52 @@ def plan(
             pairs = ok[local_pairs]
             joined.append(pairs)
         if cfg.split.group_by is not None:
-            split_groups, same_group = _group_by(cfg, items, ok)
+            split_groups, same_group = _group_by(cfg, listed.groups, ok)
             joined.append(same_group)
-        groups = integrity.group_roots(len(items), np.concatenate(joined))
+        groups = integrity.group_roots(n, np.concatenate(joined))
     rows_idx = np.flatnonzero(keep)
     if not len(rows_idx):
         raise PreprocessError(
             f"source {cfg.source.kind} {cfg.source.path or ''} gave no usable items: every "
             f"item was skipped ({len(skipped)}); nothing to write"
         )
-    table = sorted({t for i in rows_idx if (t := texts[i]) is not None})
-    index = {t: i for i, t in enumerate(table)}
-    sub = [items[i] for i in rows_idx]
+    # the caption table: the kept rows' texts, sorted; each item's id into it (-1: none)
+    cids = listed.caption_ids
+    used = np.unique(cids[rows_idx])
+    used = used[used >= 0]
+    table = sorted(listed.captions[c] for c in used.tolist())
+    rank = {t: k for k, t in enumerate(table)}
+    remap = np.full(len(listed.captions) + 1, -1, dtype=np.int32)  # [-1] stays -1
+    for c in used.tolist():
+        remap[c] = rank[listed.captions[c]]
+    official = listed.official
     splits = assign_splits(
-        [it.label for it in sub], [it.official_split for it in sub],
+        listed.labels[rows_idx].tolist(),
+        [None] * len(rows_idx) if official is None else [official[i] for i in rows_idx.tolist()],
         cfg.split.val, cfg.split.test, cfg.split.seed,
         None if groups is None else groups[rows_idx].tolist(),
     )
-    split_of = {int(i): s for i, s in zip(rows_idx, splits, strict=True)}
-    rows: list[Planned] = []
-    for split in SPLITS:
-        members = [int(i) for i, s in zip(rows_idx, splits, strict=True) if s == split]
+    split_code = np.array([SPLITS.index(sp) for sp in splits], dtype=np.int8)
+    order, names, bounds = [], [], [0]
+    for code, split in enumerate(SPLITS):
+        members = rows_idx[split_code == code]
         for k in range(0, len(members), cfg.shard_size):
-            name = f"{split}-{k // cfg.shard_size:05d}"
-            for i in members[k : k + cfg.shard_size]:
-                it, t = items[i], texts[i]
-                cid = -1 if t is None else index[t]
-                rows.append(Planned(sample_id=i, path=it.path, label=it.label, caption_id=cid,
-                                    split=split, shard=name))
-    near = None if pairs is None else _near_report(cfg, items, pairs, split_of)
+            names.append(f"{split}-{k // cfg.shard_size:05d}")
+            order.append(members[k : k + cfg.shard_size])
+            bounds.append(bounds[-1] + len(order[-1]))
+    sample_ids = np.concatenate(order).astype(np.int64) if order else np.zeros(0, np.int64)
+    near = None
+    if pairs is not None:
+        split_of = {int(i): SPLITS[int(c)] for i, c in zip(rows_idx, split_code, strict=True)}
+        near = _near_report(cfg, paths, n, pairs, split_of)
     if split_groups is not None and groups is not None:
         split_groups["units"] = len(set(groups[rows_idx].tolist()))
-    return Plan(rows=rows, classes=listed.classes, texts=table, skipped=skipped,
-                caption_notes=listed.caption_notes, near_duplicates=near, split_groups=split_groups)
+    return Plan(sample_ids=sample_ids, labels=listed.labels[sample_ids].astype(np.int32),
+                caption_ids=remap[cids[sample_ids]], shard_names=names,
+                shard_bounds=np.array(bounds, dtype=np.int64), paths=paths,
+                classes=listed.classes, texts=table, skipped=skipped,
+                caption_notes=listed.caption_notes, near_duplicates=near,
+                split_groups=split_groups)
 
 
 def _drop_exact(
@@ -137,37 +183,39 @@ def _drop_exact(
 ) -> None:
     """Exact duplicates: the first copy in listing order is kept, the others are skipped as
     ``duplicate-of`` it (``of`` names the kept copy)."""
-    items = listed.items
+    paths, labels = listed.paths, listed.labels
     ok = np.flatnonzero(keep)
     dropped = integrity.exact_duplicates([content.pixels_sha256[i] for i in ok])
     for d, k in sorted(dropped.items()):
         di, ki = int(ok[d]), int(ok[k])
         same = ("same bytes" if content.bytes_sha256[di] == content.bytes_sha256[ki]
                 else "same pixels after decoding and resizing")
-        labels = "" if items[di].label == items[ki].label else (
-            f"; its label {_label(listed.classes, items[di].label)} differs from the kept "
-            f"copy's {_label(listed.classes, items[ki].label)}")
+        labels_ = "" if labels[di] == labels[ki] else (
+            f"; its label {_label(listed.classes, int(labels[di]))} differs from the kept "
+            f"copy's {_label(listed.classes, int(labels[ki]))}")
         if cfg.bad_input == "error":
             raise PreprocessError(
-                f"{items[di].path}: {same} as {items[ki].path} (bad_input=error; "
+                f"{paths[di]}: {same} as {paths[ki]} (bad_input=error; "
                 "dedupe.exact=false keeps exact duplicates)")
-        skipped.append(Skip(path=items[di].path, reason=DUPLICATE_OF,
-                            detail=f"{same} as {items[ki].path}{labels}", of=items[ki].path))
+        skipped.append(Skip(path=paths[di], reason=DUPLICATE_OF,
+                            detail=f"{same} as {paths[ki]}{labels_}", of=paths[ki]))
         keep[di] = False
 
 
 def _group_by(
-    cfg: PreprocessConfig, items: list[Item], ok: np.ndarray
+    cfg: PreprocessConfig, values: list[str | None] | None, ok: np.ndarray
 ) -> tuple[dict[str, Any], np.ndarray]:
     """The manifest's ``split_groups``, and the pairs ``[m, 2]`` joining items that share a
     ``split.group_by`` value (each item to the value's first)."""
     first: dict[str, int] = {}
     edges: list[tuple[int, int]] = []
-    for i in ok.tolist():
-        g = items[i].group
-        if g is not None:
-            edges.append((first.setdefault(g, i), i))
-    count = collections.Counter(items[i].group for i in ok.tolist() if items[i].group is not None)
+    vals: list[str | None] = values if values is not None else []
+    present = [i for i in ok.tolist() if i < len(vals) and vals[i] is not None]
+    for i in present:
+        g = vals[i]
+        assert g is not None
+        edges.append((first.setdefault(g, i), i))
+    count = collections.Counter(vals[i] for i in present)
     return ({"column": cfg.split.group_by, "values": len(count), "items": sum(count.values()),
              "largest": max(count.values(), default=0)},
             np.array(edges, dtype=np.int64).reshape(-1, 2))
@@ -178,10 +226,11 @@ def _label(classes: list[str], label: int) -> str:
 
 
 def _near_report(
-    cfg: PreprocessConfig, items: list[Item], pairs: np.ndarray, split_of: dict[int, str]
+    cfg: PreprocessConfig, paths: Sequence[str], n: int, pairs: np.ndarray,
+    split_of: dict[int, str],
 ) -> dict[str, Any]:
     """The manifest's ``near_duplicates`` section (groups from near-duplicate pairs only)."""
-    found = integrity.groups_from_roots(integrity.group_roots(len(items), pairs))
+    found = integrity.groups_from_roots(integrity.group_roots(n, pairs))
     found.sort(key=lambda g: (-len(g), g[0]))
     straddle = [(a, b) for a, b in pairs.tolist() if split_of.get(a) != split_of.get(b)]
     sizes = collections.Counter(len(g) for g in found)
@@ -197,12 +246,12 @@ def _near_report(
         # Only official splits (kept as the source defines them) can separate a pair.
         "straddling_splits": {
             "pairs": len(straddle),
-            "examples": [{"a": items[a].path, "a_split": split_of.get(a),
-                          "b": items[b].path, "b_split": split_of.get(b)}
+            "examples": [{"a": paths[a], "a_split": split_of.get(a),
+                          "b": paths[b], "b_split": split_of.get(b)}
                          for a, b in straddle[:20]],
         },
         "listed": min(len(found), LISTED_MAX),
-        "list": [[{"sample_id": i, "path": items[i].path, "split": split_of.get(i)} for i in g]
+        "list": [[{"sample_id": i, "path": paths[i], "split": split_of.get(i)} for i in g]
                  for g in found[:LISTED_MAX]],
     }
 

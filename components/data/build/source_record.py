@@ -20,15 +20,18 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import hashlib
+import itertools
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from components.data.build.common import PreprocessError
 from components.data.build.listing import Listed
-from components.data.sources import item_file
+from components.data.sources import ShardPaths, item_file
 from components.io.files import replacing, stat_key
 
 SOURCE_FILE = "source.json.gz"
@@ -104,26 +107,99 @@ class SourceChanges:
         return "; ".join(parts)
 
 
-@dataclasses.dataclass(frozen=True)
 class SourceRecord:
-    """The source as a build listed it. ``items``: path -> (label, caption key, stat);
-    ``skipped``: path -> reason (items skipped while listing: a missing caption, ...)."""
+    """The source as a build listed it: ``classes``; per item its path, label, caption key and
+    stat; ``skipped``: path -> reason (items skipped while listing: a missing caption, ...).
 
-    classes: list[str]
-    items: Mapping[str, tuple[int, str | None, Stat]]
-    skipped: Mapping[str, str]
+    Held as columns, aligned with the :class:`Listed` it was made from (:meth:`stat_at`: item
+    ``i``'s stat): a shard source's items share their shard's one stat and path prefix, so the
+    record holds ~10 B an item, not a tuple and a str. ``items`` (path -> (label, caption
+    key, stat)) is built on demand, for :meth:`changes` and tests."""
+
+    def __init__(self, classes: list[str],
+                 items: Mapping[str, tuple[int, str | None, Stat]] | None = None,
+                 skipped: Mapping[str, str] | None = None, *,
+                 paths: Sequence[str] | None = None, labels: np.ndarray | None = None,
+                 caption_keys: list[str | None] | None = None,
+                 caption_ids: np.ndarray | None = None, stats: list[Stat] | None = None,
+                 stat_ids: np.ndarray | None = None) -> None:
+        self.classes = classes
+        self.skipped: Mapping[str, str] = skipped or {}
+        self._items: dict[str, tuple[int, str | None, Stat]] | None = None
+        if items is not None:  # a mapping (read back, tests): one column entry per item
+            self._items = dict(items)
+            vals = list(self._items.values())
+            paths, labels = list(self._items), np.array([v[0] for v in vals], np.int64)
+            caption_keys = [v[1] for v in vals]
+            caption_ids = np.arange(len(vals), dtype=np.int64)
+            stats, stat_ids = [v[2] for v in vals], np.arange(len(vals), dtype=np.int64)
+        self.paths: Sequence[str] = paths if paths is not None else []
+        self.labels = labels if labels is not None else np.zeros(0, np.int64)
+        self.caption_keys = caption_keys or []
+        self.caption_ids = caption_ids if caption_ids is not None else np.zeros(0, np.int64)
+        self.stats = stats or []
+        self.stat_ids = stat_ids if stat_ids is not None else np.zeros(0, np.int64)
 
     @classmethod
     def of(cls, listed: Listed) -> SourceRecord:
-        cache: dict[str, Stat] = {}
-        items = {it.path: (it.label, _caption_key(text), item_stat(it.path, cache))
-                 for it, text in zip(listed.items, listed.texts, strict=True)}
-        return cls(list(listed.classes), items, {s.path: s.reason for s in listed.skipped})
+        """The record of ``listed``: each item's file stat'ed once (a shard: once for all of
+        its items)."""
+        paths = listed.paths
+        stat_ids: np.ndarray
+        if isinstance(paths, ShardPaths):
+            first = np.full(len(paths.prefixes), -1, dtype=np.int64)
+            rows = np.arange(len(paths.file))[::-1]
+            first[paths.file[::-1]] = rows  # each file's first row
+            stats = [None if k < 0 else item_stat(paths[int(k)]) for k in first.tolist()]
+            stat_ids = paths.file
+        else:
+            cache: dict[str, Stat] = {}
+            stats = [item_stat(p, cache) for p in paths]
+            stat_ids = np.arange(len(stats), dtype=np.int64)
+        return cls(list(listed.classes), None, {s.path: s.reason for s in listed.skipped},
+                   paths=paths, labels=listed.labels,
+                   caption_keys=[_caption_key(t) for t in listed.captions],
+                   caption_ids=listed.caption_ids, stats=stats, stat_ids=stat_ids)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def stat_at(self, i: int) -> Stat:
+        """The stat of item ``i`` (its index in the :class:`Listed` the record was made of)."""
+        return self.stats[int(self.stat_ids[i])]
+
+    def _entry(self, i: int) -> tuple[int, str | None, Stat]:
+        c = int(self.caption_ids[i])
+        return int(self.labels[i]), None if c < 0 else self.caption_keys[c], self.stat_at(i)
+
+    @property
+    def items(self) -> Mapping[str, tuple[int, str | None, Stat]]:
+        """path -> (label, caption key, stat) (built on first use: an object per item)."""
+        if self._items is None:
+            self._items = {p: self._entry(i) for i, p in enumerate(self.paths)}
+        return self._items
 
     def stat(self, path: str) -> Stat:
         """The recorded stat of the item ``path`` (``None`` when unknown)."""
         entry = self.items.get(path)
         return None if entry is None else entry[2]
+
+    def _sorted(self) -> Iterator[tuple[str, int]]:
+        """(path, index) of every item, sorted by path. A shard source's: shard by shard (in
+        the order of their path prefixes, when none is a prefix of another: then they order
+        the whole paths) and within one by its items' paths — one shard's strs at a time."""
+        paths = self.paths
+        if isinstance(paths, ShardPaths) and (paths.a >= 0).all():
+            order = sorted(range(len(paths.prefixes)), key=paths.prefixes.__getitem__)
+            pre = [paths.prefixes[f] for f in order]
+            if not any(b.startswith(a) for a, b in itertools.pairwise(pre)):
+                by_file = np.argsort(paths.file, kind="stable")
+                bounds = np.searchsorted(paths.file[by_file], np.arange(len(pre) + 1))
+                for f in order:
+                    rows = by_file[bounds[f]:bounds[f + 1]].tolist()
+                    yield from sorted((paths[r], r) for r in rows)
+                return
+        yield from sorted((p, i) for i, p in enumerate(paths))
 
     def _pieces(self, sort_keys: bool) -> Iterator[str]:
         """The record's canonical JSON text in pieces (one per item, none of them the whole):
@@ -131,17 +207,16 @@ class SourceRecord:
         "skipped":[[path,reason],...]}`` — keys sorted for the digest, in ``write``'s order
         (format, classes, items, skipped) otherwise; compact separators. Items sorted by path.
         The same text as ``json.dumps`` of the whole record gives (the digests of existing
-        dataset dirs stay valid: tests/data/test_source_changes.py's golden values)."""
+        dataset dirs stay valid: tests/data/test_streamed_digests.py's golden values)."""
         def dumps(obj: Any) -> str:
             return json.dumps(obj, separators=(",", ":"))
 
         head = {"format": dumps(_FORMAT), "classes": dumps(self.classes)}
         order = ("classes", "format") if sort_keys else ("format", "classes")
         yield "{" + ",".join(f'"{k}":{head[k]}' for k in order) + ',"items":['
-        for n, path in enumerate(sorted(self.items)):
-            v = self.items[path]
-            yield ("," if n else "") + dumps([path, v[0], v[1],
-                                              None if v[2] is None else list(v[2])])
+        for n, (path, i) in enumerate(self._sorted()):
+            label, key, st = self._entry(i)
+            yield ("," if n else "") + dumps([path, label, key, None if st is None else list(st)])
         yield '],"skipped":' + dumps(sorted(self.skipped.items())) + "}"
 
     def digest(self) -> str:
@@ -154,7 +229,7 @@ class SourceRecord:
 
     def summary(self) -> dict[str, Any]:
         """What the manifest records under ``"source"``."""
-        return {"file": SOURCE_FILE, "items": len(self.items), "digest": self.digest()}
+        return {"file": SOURCE_FILE, "items": len(self), "digest": self.digest()}
 
     def write(self, out: Path) -> None:
         """``out/source.json.gz``, atomically (before the manifest that names its digest)."""

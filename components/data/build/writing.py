@@ -15,7 +15,7 @@ import numpy as np
 
 from components.data import shards
 from components.data.build.common import PreprocessError, _read_json
-from components.data.build.planning import Planned
+from components.data.build.planning import Plan
 from components.data.images import ImageError, decode_image
 from components.data.sources import read_item
 from components.io.files import replacing, sha256_file, write_json
@@ -51,11 +51,16 @@ def decode_batch(batch: dict[str, np.ndarray], max_side: int, min_side: int) -> 
 SHARD_COLUMNS = ("sample_id", "path", "label", "caption_id")
 
 
-def shard_specs(todo: dict[str, list[Planned]]) -> list[dict[str, Any]]:
-    """One row per shard still to write (``todo``: shard name -> its rows), holding its rows'
-    columns as lists; largest first so the last tasks to start are the short ones."""
-    specs = [{"shard": name, **{c: [getattr(m, c) for m in members] for c in SHARD_COLUMNS}}
-             for name, members in todo.items()]
+def shard_specs(p: Plan, todo: list[int]) -> list[dict[str, Any]]:
+    """One row per shard still to write (``todo``: indices into ``p.shard_names``), holding
+    its rows' columns as lists; largest first so the last tasks to start are the short ones."""
+    specs = []
+    for k in todo:
+        rows = p.shard(k)
+        ids = p.sample_ids[rows].tolist()
+        specs.append({"shard": p.shard_names[k], "sample_id": ids,
+                      "path": [p.paths[i] for i in ids], "label": p.labels[rows].tolist(),
+                      "caption_id": p.caption_ids[rows].tolist()})
     return sorted(specs, key=lambda sp: (-len(sp["path"]), sp["shard"]))
 
 
