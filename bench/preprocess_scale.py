@@ -345,7 +345,7 @@ def memory(n: int, source: Path, work: Path) -> str:
                 "bytes_sha256": np.array([rng.bytes(32) for _ in range(m)], DIGEST),
                 "pixels_sha256": np.array([rng.bytes(32) for _ in range(m)], DIGEST),
                 "phash": rng.integers(0, 2**63, m, dtype=np.uint64),
-                "thumb": np.array([rng.bytes(integrity.THUMB**2) for _ in range(m)], object)}
+                "thumb": rng.integers(0, 256, (m, integrity.THUMB**2), dtype=np.uint8)}
         return Content.from_columns(cols)
 
     hashes = measure("content hashes (Content; synthetic, as the tasks return them)", content)

@@ -130,16 +130,28 @@ def hamming(a: int, b: int) -> int:
     return (a ^ b).bit_count()
 
 
-def exact_duplicates(pixel_digests: Sequence[str | bytes]) -> dict[int, int]:
+def exact_duplicates(pixel_digests: Sequence[str | bytes] | np.ndarray) -> dict[int, int]:
     """``{dropped index: kept index}``: every item whose pixels equal an earlier item's
-    (digests as hex strings or raw bytes)."""
+    (digests as hex strings or raw bytes; or a numpy array of them, e.g. ``[n]`` ``S32``:
+    sorted instead of a dict entry per item)."""
+    if isinstance(pixel_digests, np.ndarray):
+        if len(pixel_digests) < 2:
+            return {}
+        order = np.argsort(pixel_digests, kind="stable")  # equal digests in index order
+        s = pixel_digests[order]
+        same = np.flatnonzero(s[1:] == s[:-1]) + 1
+        if not len(same):
+            return {}
+        starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+        kept = order[starts[np.searchsorted(starts, same, side="right") - 1]]
+        return dict(zip(order[same].tolist(), kept.tolist(), strict=True))
     first: dict[str | bytes, int] = {}
     out: dict[int, int] = {}
-    for i, d in enumerate(pixel_digests):
-        if d in first:
-            out[i] = first[d]
+    for i, digest in enumerate(pixel_digests):
+        if digest in first:
+            out[i] = first[digest]
         else:
-            first[d] = i
+            first[digest] = i
     return out
 
 
@@ -389,15 +401,18 @@ def thumb_diff(thumbs: np.ndarray, pairs: np.ndarray, chunk: int = 1 << 16) -> n
 
 
 def near_duplicate_groups(
-    hashes: np.ndarray, thumbs: np.ndarray, threshold: int, max_diff: float
+    hashes: np.ndarray, thumbs: np.ndarray, threshold: int, max_diff: float,
+    rows: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(root, pairs)``: ``root[i]`` is the smallest index in item i's near-duplicate group
     (itself when it has none; the pairs' connected components, :func:`group_roots`);
     ``pairs`` ``[m, 2]`` are the near-duplicate pairs found (within ``threshold`` bits and
-    ``max_diff`` grey levels, module docstring)."""
+    ``max_diff`` grey levels, module docstring). ``rows``: item i's thumbnail is
+    ``thumbs[rows[i]]`` (default ``thumbs[i]``): a subset's, without copying every one out."""
     pairs = near_pairs(hashes, threshold)
     if len(pairs):
-        pairs = pairs[thumb_diff(np.asarray(thumbs, dtype=np.uint8), pairs) <= max_diff]
+        at = pairs if rows is None else rows[pairs]
+        pairs = pairs[thumb_diff(np.asarray(thumbs, dtype=np.uint8), at) <= max_diff]
     return group_roots(len(hashes), pairs), pairs
 
 

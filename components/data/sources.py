@@ -134,17 +134,29 @@ class ShardPaths(Sequence[str]):
 
     def __iter__(self) -> Iterator[str]:
         prefixes, tails = self.prefixes, self.tails
-        for f, a, b in zip(self.file.tolist(), self.a.tolist(), self.b.tolist(), strict=True):
-            yield prefixes[f] if a < 0 else f"{prefixes[f]}{a}:{b}{tails[f]}"
+        for start in range(0, len(self.file), 1 << 14):  # Python ints for a chunk at a time
+            chunk = slice(start, start + (1 << 14))
+            for f, a, b in zip(self.file[chunk].tolist(), self.a[chunk].tolist(),
+                               self.b[chunk].tolist(), strict=True):
+                yield prefixes[f] if a < 0 else f"{prefixes[f]}{a}:{b}{tails[f]}"
 
     def take(self, idx: np.ndarray) -> ShardPaths:
         return ShardPaths(self.prefixes, self.tails, self.file[idx], self.a[idx], self.b[idx])
 
+    def compact(self, idx: np.ndarray) -> ShardPaths:
+        """:meth:`take`, with a prefix table of only the files those items are in: what a
+        Ray task is handed (a few shards' prefixes, not every shard's)."""
+        used, file = np.unique(self.file[idx], return_inverse=True)
+        return ShardPaths([self.prefixes[f] for f in used.tolist()],
+                          [self.tails[f] for f in used.tolist()], file.reshape(-1),
+                          self.a[idx], self.b[idx])
 
-def take_paths(paths: Sequence[str], idx: np.ndarray) -> Sequence[str]:
-    """``[paths[i] for i in idx]``, still columns for :class:`ShardPaths`."""
+
+def take_paths(paths: Sequence[str], idx: np.ndarray, compact: bool = False) -> Sequence[str]:
+    """``[paths[i] for i in idx]``, still columns for :class:`ShardPaths` (``compact``: with
+    only the prefixes they use, :meth:`ShardPaths.compact`: a Ray task's argument)."""
     if isinstance(paths, ShardPaths):
-        return paths.take(idx)
+        return paths.compact(idx) if compact else paths.take(idx)
     return [paths[i] for i in idx.tolist()]
 
 

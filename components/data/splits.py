@@ -10,12 +10,12 @@ SPLITS = ("train", "val", "test")
 
 
 def assign_splits(
-    labels: Sequence[int],
+    labels: Sequence[int] | np.ndarray,
     official: Sequence[str | None],
     val: float,
     test: float,
     seed: int,
-    groups: Sequence[int] | None = None,
+    groups: Sequence[int] | np.ndarray | None = None,
 ) -> list[str]:
     """One split name per item, stratified by label, a pure function of the inputs.
 
@@ -78,13 +78,63 @@ def _take(units: np.ndarray, sizes: dict[int, int], n_test: int, n_val: int) -> 
     return out
 
 
+def _assign_grouped_free(
+    labels: Sequence[int] | np.ndarray, val: float, test: float, seed: int,
+    groups: Sequence[int] | np.ndarray,
+) -> list[str]:
+    """:func:`_assign_grouped` when no item has an official split, on arrays: the same
+    assignment (the same units, heads, permutations and walk), without a list or dict per
+    group (the driver's plan at 12M items held ~400 B an item in them)."""
+    lab = np.asarray(labels, dtype=np.int64)
+    g = np.asarray(groups, dtype=np.int64)
+    if not len(g):
+        return []
+    _, heads, inverse = np.unique(g, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    sizes = np.bincount(inverse)  # [units]
+    unit_code = np.zeros(len(heads), dtype=np.int8)  # 0 train, 1 val, 2 test
+    head_label = lab[heads]
+    for cls in np.unique(head_label).tolist():
+        units = np.flatnonzero(head_label == cls)
+        units = units[np.argsort(heads[units], kind="stable")]  # by head, ascending
+        h = heads[units]
+        rng = np.random.default_rng([seed, cls + 1])
+        perm = rng.permutation(h)
+        order = units[np.searchsorted(h, perm)]  # the permuted heads' units
+        k = sizes[order]
+        n_items = int(k.sum())
+        n_test, n_val = round(n_items * test), round(n_items * val)
+        got_test = got_val = 0
+        codes = np.zeros(len(order), dtype=np.int8)
+        for j, size in enumerate(k.tolist()):  # _take's walk
+            if abs(got_test + size - n_test) < abs(got_test - n_test):
+                codes[j], got_test = 2, got_test + size
+            elif abs(got_val + size - n_val) < abs(got_val - n_val):
+                codes[j], got_val = 1, got_val + size
+        unit_code[order] = codes
+    return [SPLITS[c] for c in unit_code[inverse].tolist()]
+
+
 def _assign_grouped(
-    labels: Sequence[int],
+    labels: Sequence[int] | np.ndarray,
     official: Sequence[str | None],
     val: float,
     test: float,
     seed: int,
-    groups: Sequence[int],
+    groups: Sequence[int] | np.ndarray,
+) -> list[str]:
+    if all(o is None for o in official):
+        return _assign_grouped_free(labels, val, test, seed, groups)
+    return _assign_grouped_lists(labels, official, val, test, seed, groups)
+
+
+def _assign_grouped_lists(
+    labels: Sequence[int] | np.ndarray,
+    official: Sequence[str | None],
+    val: float,
+    test: float,
+    seed: int,
+    groups: Sequence[int] | np.ndarray,
 ) -> list[str]:
     n = len(labels)
     lab = np.asarray(labels, dtype=np.int64)

@@ -105,3 +105,33 @@ def test_a_shard_listing_holds_tens_of_bytes_per_item(tmp_path: Path) -> None:
     assert len(table) == n and len(table.captions) == 50
     # ShardPaths 20 B + label 4 + caption id 4 + issue 1 a row; the per-item listing held ~365
     assert held < 48, held
+
+
+def test_grouped_splits_on_arrays_equal_the_per_group_lists() -> None:
+    # the plan's split assignment without official splits runs on arrays; the same result
+    from components.data import splits
+
+    for trial in range(60):
+        rng = np.random.default_rng(trial)
+        n = int(rng.integers(0, 200))
+        labels = rng.integers(0, 4, n).tolist()
+        groups = np.arange(n)
+        for _ in range(int(rng.integers(0, n + 1)) if n else 0):
+            a, b = rng.integers(0, n, 2)
+            groups[groups == groups[b]] = groups[a]  # joined groups, any member the root
+        val, test = [(0.1, 0.2), (0.0, 0.5), (0.25, 0.25), (0.0, 0.0)][trial % 4]
+        want = splits._assign_grouped_lists(labels, [None] * n, val, test, trial,
+                                            groups.tolist())
+        assert splits.assign_splits(labels, [None] * n, val, test, trial, groups) == want
+
+
+def test_exact_duplicates_of_a_digest_array_equal_the_dict_walk() -> None:
+    from components.data import integrity
+
+    rng = np.random.default_rng(0)
+    pool = [rng.bytes(32) for _ in range(40)] + [b"\x01" * 31 + b"\x00", b"\x01" * 32]
+    digests = [pool[int(i)] for i in rng.integers(0, len(pool), 500)]
+    want = integrity.exact_duplicates(digests)
+    assert len(want) > 400
+    assert integrity.exact_duplicates(np.array(digests, dtype="S32")) == want
+    assert integrity.exact_duplicates(np.array(digests[:1], dtype="S32")) == {}

@@ -11,7 +11,7 @@ import functools
 import hashlib
 import itertools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from components.data import integrity
 from components.data.build.source_record import Stat, item_stat
 from components.data.build.tasks import _task_count, map_tasks
 from components.data.images import ImageError, decode_image
-from components.data.sources import read_item
+from components.data.sources import read_item, take_paths
 from components.io.files import replacing
 
 # A sha256 as its 32 raw bytes (numpy drops trailing NUL bytes when it hands one back, which
@@ -55,10 +55,20 @@ def hash_batch(batch: dict[str, np.ndarray], max_side: int, min_side: int) -> di
             cols[k].append(v)
     return {
         "idx": batch["idx"],
-        **{k: np.array(cols[k], dtype=object) for k in ("reason", "detail", "thumb")},
+        **{k: np.array(cols[k], dtype=object) for k in ("reason", "detail")},
+        # [n, 256] uint8: one array, not a bytes object per item
+        "thumb": np.frombuffer(b"".join(cols["thumb"]), np.uint8).reshape(
+            -1, integrity.THUMB**2),
         **{k: np.array(cols[k], dtype=DIGEST) for k in ("bytes_sha256", "pixels_sha256")},
         "phash": np.array(cols["phash"], dtype=np.uint64),
     }
+
+
+def _shared_strs(values: Iterable[Any]) -> list[str]:
+    """``[str(v) for v in values]`` with one str object per distinct value (nearly every item's
+    reason and detail is ``""``: a list of pointers to it, not a str per item)."""
+    table: dict[str, str] = {}
+    return [table.setdefault(s, s) for s in map(str, values)]
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -75,15 +85,20 @@ class Content:
 
     @classmethod
     def from_columns(cls, cols: dict[str, Any]) -> Content:
-        order = np.argsort(np.asarray(cols["idx"], dtype=np.int64), kind="stable")
-        thumbs = np.frombuffer(b"".join(cols["thumb"][i] for i in order), np.uint8)
+        idx = np.asarray(cols["idx"], dtype=np.int64)
+        # the tasks' rows come back in order (then no column is copied to reorder it)
+        order: np.ndarray | slice = (slice(None) if bool(np.all(idx[1:] > idx[:-1]))
+                                     else np.argsort(idx, kind="stable"))
+        thumbs = np.asarray(cols["thumb"])
+        if thumbs.dtype == object:  # bytes per item (an older task's form)
+            thumbs = np.frombuffer(b"".join(thumbs), np.uint8)
         return cls(
-            reason=[str(cols["reason"][i]) for i in order],
-            detail=[str(cols["detail"][i]) for i in order],
+            reason=_shared_strs(np.asarray(cols["reason"])[order]),
+            detail=_shared_strs(np.asarray(cols["detail"])[order]),
             bytes_sha256=np.asarray(cols["bytes_sha256"], dtype=DIGEST)[order],
             pixels_sha256=np.asarray(cols["pixels_sha256"], dtype=DIGEST)[order],
             phash=np.asarray(cols["phash"], dtype=np.uint64)[order],
-            thumbs=thumbs.reshape(len(order), integrity.THUMB**2).copy(),
+            thumbs=thumbs.reshape(len(idx), integrity.THUMB**2)[order],
         )
 
 
@@ -137,13 +152,14 @@ def hash_with_ray(cfg: PreprocessConfig, paths: Sequence[str], out: Path,
     if cache.exists():
         with np.load(cache, allow_pickle=False) as z:
             if str(z["key"]) == key:
-                return Content(reason=[str(x) for x in z["reason"]],
-                               detail=[str(x) for x in z["detail"]],
+                return Content(reason=_shared_strs(z["reason"]),
+                               detail=_shared_strs(z["detail"]),
                                bytes_sha256=z["bytes_sha256"].astype(DIGEST),
                                pixels_sha256=z["pixels_sha256"].astype(DIGEST),
                                phash=z["phash"].copy(), thumbs=z["thumbs"].copy())
     bounds = np.linspace(0, len(paths), _task_count(len(paths)) + 1).astype(int)
-    batches = [{"idx": np.arange(a, b), "path": np.array(paths[a:b], dtype=object)}
+    # each task's paths as columns with its own few shard prefixes (no str per item here)
+    batches = [{"idx": np.arange(a, b), "path": take_paths(paths, np.arange(a, b), True)}
                for a, b in itertools.pairwise(bounds) if b > a]
     parts = map_tasks(hash_batch, batches, max_side=cfg.image.max_side,
                       min_side=cfg.image.min_side)

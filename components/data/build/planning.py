@@ -124,8 +124,8 @@ def plan(
         if cfg.dedupe.near_threshold is not None:
             with clock.stage("near_duplicates"):
                 _, local_pairs = integrity.near_duplicate_groups(
-                    content.phash[ok], content.thumbs[ok], cfg.dedupe.near_threshold,
-                    cfg.dedupe.near_max_diff)
+                    content.phash[ok], content.thumbs, cfg.dedupe.near_threshold,
+                    cfg.dedupe.near_max_diff, rows=ok)  # the kept thumbnails, not a copy
             pairs = ok[local_pairs]
             joined.append(pairs)
         if cfg.split.group_by is not None:
@@ -149,12 +149,14 @@ def plan(
         remap[c] = rank[listed.captions[c]]
     official = listed.official
     splits = assign_splits(
-        listed.labels[rows_idx].tolist(),
+        listed.labels[rows_idx],
         [None] * len(rows_idx) if official is None else [official[i] for i in rows_idx.tolist()],
         cfg.split.val, cfg.split.test, cfg.split.seed,
-        None if groups is None else groups[rows_idx].tolist(),
+        None if groups is None else groups[rows_idx],
     )
-    split_code = np.array([SPLITS.index(sp) for sp in splits], dtype=np.int8)
+    code_of = {sp: k for k, sp in enumerate(SPLITS)}
+    split_code = np.array([code_of[sp] for sp in splits], dtype=np.int8)
+    del splits
     order, names, bounds = [], [], [0]
     for code, split in enumerate(SPLITS):
         members = rows_idx[split_code == code]
@@ -165,7 +167,8 @@ def plan(
     sample_ids = np.concatenate(order).astype(np.int64) if order else np.zeros(0, np.int64)
     near = None
     if pairs is not None:
-        split_of = {int(i): SPLITS[int(c)] for i, c in zip(rows_idx, split_code, strict=True)}
+        split_of = np.full(n, -1, dtype=np.int8)  # [n] index into SPLITS, -1: not kept
+        split_of[rows_idx] = split_code
         near = _near_report(cfg, paths, n, pairs, split_of)
     if split_groups is not None and groups is not None:
         split_groups["units"] = len(set(groups[rows_idx].tolist()))
@@ -185,7 +188,7 @@ def _drop_exact(
     ``duplicate-of`` it (``of`` names the kept copy)."""
     paths, labels = listed.paths, listed.labels
     ok = np.flatnonzero(keep)
-    dropped = integrity.exact_duplicates([content.pixels_sha256[i] for i in ok])
+    dropped = integrity.exact_duplicates(content.pixels_sha256[ok])
     for d, k in sorted(dropped.items()):
         di, ki = int(ok[d]), int(ok[k])
         same = ("same bytes" if content.bytes_sha256[di] == content.bytes_sha256[ki]
@@ -227,12 +230,17 @@ def _label(classes: list[str], label: int) -> str:
 
 def _near_report(
     cfg: PreprocessConfig, paths: Sequence[str], n: int, pairs: np.ndarray,
-    split_of: dict[int, str],
+    split_code: np.ndarray,
 ) -> dict[str, Any]:
-    """The manifest's ``near_duplicates`` section (groups from near-duplicate pairs only)."""
+    """The manifest's ``near_duplicates`` section (groups from near-duplicate pairs only);
+    ``split_code``: ``[n]`` each item's index into SPLITS (-1: not kept)."""
+    def split_of(i: int) -> str | None:
+        c = int(split_code[i])
+        return None if c < 0 else SPLITS[c]
+
     found = integrity.groups_from_roots(integrity.group_roots(n, pairs))
     found.sort(key=lambda g: (-len(g), g[0]))
-    straddle = [(a, b) for a, b in pairs.tolist() if split_of.get(a) != split_of.get(b)]
+    straddle = [(a, b) for a, b in pairs.tolist() if split_code[a] != split_code[b]]
     sizes = collections.Counter(len(g) for g in found)
     return {
         "method": "64-bit DCT pHash within threshold_bits, confirmed by 16x16 grey thumbnails "
@@ -246,12 +254,12 @@ def _near_report(
         # Only official splits (kept as the source defines them) can separate a pair.
         "straddling_splits": {
             "pairs": len(straddle),
-            "examples": [{"a": paths[a], "a_split": split_of.get(a),
-                          "b": paths[b], "b_split": split_of.get(b)}
+            "examples": [{"a": paths[a], "a_split": split_of(a),
+                          "b": paths[b], "b_split": split_of(b)}
                          for a, b in straddle[:20]],
         },
         "listed": min(len(found), LISTED_MAX),
-        "list": [[{"sample_id": i, "path": paths[i], "split": split_of.get(i)} for i in g]
+        "list": [[{"sample_id": i, "path": paths[i], "split": split_of(i)} for i in g]
                  for g in found[:LISTED_MAX]],
     }
 

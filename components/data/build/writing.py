@@ -17,7 +17,7 @@ from components.data import shards
 from components.data.build.common import PreprocessError, _read_json
 from components.data.build.planning import Plan
 from components.data.images import ImageError, decode_image
-from components.data.sources import read_item
+from components.data.sources import read_item, take_paths
 from components.io.files import replacing, sha256_file, write_json
 
 
@@ -59,7 +59,8 @@ def shard_specs(p: Plan, todo: list[int]) -> list[dict[str, Any]]:
         rows = p.shard(k)
         ids = p.sample_ids[rows].tolist()
         specs.append({"shard": p.shard_names[k], "sample_id": ids,
-                      "path": [p.paths[i] for i in ids], "label": p.labels[rows].tolist(),
+                      "path": take_paths(p.paths, p.sample_ids[rows], compact=True),
+                      "label": p.labels[rows].tolist(),
                       "caption_id": p.caption_ids[rows].tolist()})
     return sorted(specs, key=lambda sp: (-len(sp["path"]), sp["shard"]))
 
@@ -83,7 +84,7 @@ def write_shard(spec: dict[str, Any], settings: ShardSettings) -> int:
 
     table = ray.get(settings.table_ref[0]) if settings.table_ref else None
     group = {"sample_id": np.asarray(spec["sample_id"], dtype=np.int64),
-             "path": np.asarray(spec["path"], dtype=object),
+             "path": np.array(list(spec["path"]), dtype=object),
              "label": np.asarray(spec["label"], dtype=np.int64),
              "caption_id": np.asarray(spec["caption_id"], dtype=np.int64)}
     group = decode_batch(group, settings.image["max_side"], settings.image["min_side"])
