@@ -306,7 +306,7 @@ def memory(n: int, source: Path, work: Path) -> str:
     from components.config import PreprocessConfig, from_dict
     from components.data import integrity
     from components.data.build.common import _digest
-    from components.data.build.hashing import DIGEST, Content, _content_key
+    from components.data.build.hashing import DIGEST, Content, _content_key, collect
     from components.data.build.listing import list_items
     from components.data.build.planning import plan
     from components.data.build.source_record import SourceRecord
@@ -339,16 +339,24 @@ def memory(n: int, source: Path, work: Path) -> str:
     m = len(listed)
 
     def content() -> Content:
-        # As hash_with_ray collects its tasks' columns: one row per item, raw digests.
-        cols = {"idx": np.arange(m),
-                "reason": np.array([""] * m, object), "detail": np.array([""] * m, object),
-                "bytes_sha256": np.array([rng.bytes(32) for _ in range(m)], DIGEST),
-                "pixels_sha256": np.array([rng.bytes(32) for _ in range(m)], DIGEST),
-                "phash": rng.integers(0, 2**63, m, dtype=np.uint64),
-                "thumb": rng.integers(0, 256, (m, integrity.THUMB**2), dtype=np.uint8)}
-        return Content.from_columns(cols)
+        # As hash_with_ray collects its tasks' columns (hashing.collect): parts of 1,000 rows
+        # as the tasks return them (raw digests, [n, 256] thumbnails), each stored and let
+        # go; content.npz written, its thumbnails memory-mapped (not on the heap).
+        def parts() -> Any:
+            for a in range(0, m, 1000):
+                b = min(a + 1000, m)
+                yield {"idx": np.arange(a, b),
+                       "reason": np.array([""] * (b - a), object),
+                       "detail": np.array([""] * (b - a), object),
+                       "bytes_sha256": np.array([rng.bytes(32) for _ in range(a, b)], DIGEST),
+                       "pixels_sha256": np.array([rng.bytes(32) for _ in range(a, b)], DIGEST),
+                       "phash": rng.integers(0, 2**63, b - a, dtype=np.uint64),
+                       "thumb": rng.integers(0, 256, (b - a, integrity.THUMB**2), np.uint8)}
 
-    hashes = measure("content hashes (Content; synthetic, as the tasks return them)", content)
+        return collect(parts(), m, work / f"memory-content-{n}.npz", "bench")
+
+    hashes = measure("content hashes (Content: collected; synthetic, as the tasks return them)",
+                     content)
     p = measure("plan (Plan: columns, caption table)", lambda: plan(cfg, listed, hashes))
 
     def shard_digests() -> dict[str, str]:
@@ -362,6 +370,7 @@ def memory(n: int, source: Path, work: Path) -> str:
         measure("manifest dict (json.load of the kept build's)",
                 lambda: json.loads(kept.read_text()))
     tracemalloc.stop()
+    (work / f"memory-content-{n}.npz").unlink(missing_ok=True)  # mapped still; not kept
     path = listed.paths[0]
     lines = [f"Driver memory per item at N={n} ({m} listed; tracemalloc: the Python heap "
              "and numpy):", "",

@@ -417,11 +417,20 @@ def near_duplicate_groups(
 
 
 def groups_from_roots(root: np.ndarray) -> list[list[int]]:
-    """The groups of size ≥ 2 as sorted index lists, ordered by their first member."""
-    out: dict[int, list[int]] = {}
-    for i, r in enumerate(root.tolist()):
-        out.setdefault(r, []).append(i)
-    return [g for _, g in sorted(out.items()) if len(g) > 1]
+    """The groups of size ≥ 2 as sorted index lists, ordered by their root (the first member,
+    for :func:`group_roots`'). Sorted on arrays: no list per item (a dict of one per item was
+    the plan's largest transient at 40k, ~250 B an item)."""
+    root = np.asarray(root)
+    if not len(root):
+        return []
+    _, inverse, counts = np.unique(root, return_inverse=True, return_counts=True)
+    idx = np.flatnonzero(counts[inverse.reshape(-1)] > 1)
+    order = idx[np.argsort(root[idx], kind="stable")]  # by root, then index
+    if not len(order):
+        return []
+    r = root[order]
+    bounds = np.flatnonzero(np.r_[True, r[1:] != r[:-1], True])
+    return [order[a:b].tolist() for a, b in itertools.pairwise(bounds)]
 
 
 def verify_identity(root: str, expected: dict[str, object] | None, run: str,

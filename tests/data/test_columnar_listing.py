@@ -135,3 +135,47 @@ def test_exact_duplicates_of_a_digest_array_equal_the_dict_walk() -> None:
     assert len(want) > 400
     assert integrity.exact_duplicates(np.array(digests, dtype="S32")) == want
     assert integrity.exact_duplicates(np.array(digests[:1], dtype="S32")) == {}
+
+
+def test_groups_from_roots_on_arrays_equal_the_dict_of_lists() -> None:
+    from components.data import integrity
+
+    rng = np.random.default_rng(1)
+    for n in (0, 1, 2, 50, 400):
+        pairs = rng.integers(0, max(n, 1), (n // 3, 2)) if n else np.zeros((0, 2), np.int64)
+        root = integrity.group_roots(n, pairs)
+        want: dict[int, list[int]] = {}
+        for i, r in enumerate(root.tolist()):
+            want.setdefault(r, []).append(i)
+        assert integrity.groups_from_roots(root) == [g for _, g in sorted(want.items())
+                                                     if len(g) > 1]
+
+
+def test_collected_content_is_the_parts_columns_with_thumbnails_mapped_from_the_cache(
+    tmp_path: Path,
+) -> None:
+    from components.data.build.hashing import DIGEST, collect, npz_member
+
+    rng = np.random.default_rng(2)
+    n = 2500
+    cols = {"idx": np.arange(n), "reason": np.array([""] * n, object),
+            "detail": np.array([""] * n, object),
+            "bytes_sha256": np.array([rng.bytes(32) for _ in range(n)], DIGEST),
+            "pixels_sha256": np.array([rng.bytes(32) for _ in range(n)], DIGEST),
+            "phash": rng.integers(0, 2**63, n, dtype=np.uint64),
+            "thumb": rng.integers(0, 256, (n, 256), dtype=np.uint8)}
+    cols["reason"][7], cols["detail"][7] = "corrupt-image", "cannot identify image file"
+    bounds = [0, 1000, 1700, n]
+    parts = [{k: v[a:b] for k, v in cols.items()} for a, b in zip(bounds, bounds[1:])]
+    cache = tmp_path / "content.npz"
+    got = collect(reversed(parts), n, cache, "k")  # any order
+    assert isinstance(got.thumbs, np.memmap) and (got.thumbs == cols["thumb"]).all()
+    assert (got.phash == cols["phash"]).all() and (got.pixels_sha256 == cols["pixels_sha256"]).all()
+    assert got.reason[7] == "corrupt-image" and got.reason.count("") == n - 1
+    assert got.detail[7] == "cannot identify image file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["content.npz"]  # no scratch left
+    with np.load(cache, allow_pickle=False) as z:  # the layout np.savez writes
+        assert str(z["key"]) == "k" and z["detail"].dtype == np.dtype("<U26")
+        assert (z["thumbs"] == cols["thumb"]).all() and list(z["reason"][:8]) == [""] * 7 + [
+            "corrupt-image"]
+    assert (npz_member(cache, "phash") == cols["phash"]).all()

@@ -20,7 +20,7 @@ import numpy as np
 from components.config import PreprocessConfig
 from components.data import integrity
 from components.data.build.source_record import Stat, item_stat
-from components.data.build.tasks import _task_count, map_tasks
+from components.data.build.tasks import _task_count, iter_tasks
 from components.data.images import ImageError, decode_image
 from components.data.sources import read_item, take_paths
 from components.io.files import replacing
@@ -143,11 +143,12 @@ def _content_key(cfg: PreprocessConfig, paths: Sequence[str],
 
 def hash_with_ray(cfg: PreprocessConfig, paths: Sequence[str], out: Path,
                   stat: Callable[[int], Stat] | None = None) -> Content:
-    """The content pass as Ray tasks of about ``ITEMS_PER_TASK`` items (:func:`map_tasks`);
+    """The content pass as Ray tasks of about ``ITEMS_PER_TASK`` items (:func:`iter_tasks`);
     cached in ``content.npz`` (keyed by the items' paths and
     :func:`~components.io.files.stat_key`: size, mtime_ns, inode, ctime_ns; ``stat`` as in
-    :func:`_content_key`), so a resumed run does not hash again."""
-    cache = out / "content.npz"
+    :func:`_content_key`), so a resumed run does not hash again. The thumbnails (256 B an
+    item, the most of it) are read from that file, memory-mapped, not held (:func:`collect`)."""
+    cache = out / CONTENT_FILE
     key = _content_key(cfg, paths, stat)
     if cache.exists():
         with np.load(cache, allow_pickle=False) as z:
@@ -156,18 +157,121 @@ def hash_with_ray(cfg: PreprocessConfig, paths: Sequence[str], out: Path,
                                detail=_shared_strs(z["detail"]),
                                bytes_sha256=z["bytes_sha256"].astype(DIGEST),
                                pixels_sha256=z["pixels_sha256"].astype(DIGEST),
-                               phash=z["phash"].copy(), thumbs=z["thumbs"].copy())
+                               phash=z["phash"].copy(), thumbs=npz_member(cache, "thumbs"))
     bounds = np.linspace(0, len(paths), _task_count(len(paths)) + 1).astype(int)
     # each task's paths as columns with its own few shard prefixes (no str per item here)
     batches = [{"idx": np.arange(a, b), "path": take_paths(paths, np.arange(a, b), True)}
                for a, b in itertools.pairwise(bounds) if b > a]
-    parts = map_tasks(hash_batch, batches, max_side=cfg.image.max_side,
-                      min_side=cfg.image.min_side)
-    content = Content.from_columns({k: np.concatenate([part[k] for part in parts])
-                                    for k in parts[0]})
-    with replacing(cache) as tmp:
-        np.savez(tmp, key=np.array(key), reason=np.array(content.reason, dtype=str),
-                 detail=np.array(content.detail, dtype=str),
-                 bytes_sha256=content.bytes_sha256, pixels_sha256=content.pixels_sha256,
-                 phash=content.phash, thumbs=content.thumbs)
-    return content
+    parts = iter_tasks(hash_batch, batches, max_side=cfg.image.max_side,
+                       min_side=cfg.image.min_side)
+    return collect(parts, len(paths), cache, key)
+
+
+CONTENT_FILE = "content.npz"
+
+
+def collect(parts: Iterable[dict[str, Any]], n: int, cache: Path, key: str) -> Content:
+    """The content of ``n`` items from the content tasks' ``parts`` (:func:`hash_batch`'s
+    columns, any order), each stored as it arrives and let go: the thumbnails into a
+    memory-mapped scratch file beside ``cache``, the rest into arrays. ``cache``
+    (``content.npz``, the layout ``np.savez`` writes, keyed by ``key``) is written from them
+    column by column (:func:`_save_npz`), and the thumbnails are then mapped from it: the
+    driver holds ~90 B an item, the 256-B thumbnails stay in the page cache."""
+    side = integrity.THUMB**2
+    scratch = cache.with_name(cache.name + ".thumbs.npy")
+    thumbs = np.lib.format.open_memmap(scratch, mode="w+", dtype=np.uint8, shape=(n, side))
+    try:
+        phash = np.zeros(n, dtype=np.uint64)
+        digests = {k: np.zeros(n, dtype=DIGEST) for k in ("bytes_sha256", "pixels_sha256")}
+        reason, detail = [""] * n, [""] * n
+        shared: dict[str, str] = {}
+        for part in parts:
+            idx = np.asarray(part["idx"], dtype=np.int64)
+            phash[idx] = part["phash"]
+            for k, col in digests.items():
+                col[idx] = part[k]
+            thumbs[idx] = np.asarray(part["thumb"], dtype=np.uint8).reshape(len(idx), side)
+            for j in np.flatnonzero(np.asarray(part["reason"]) != "").tolist():
+                i = int(idx[j])
+                reason[i] = shared.setdefault(str(part["reason"][j]), str(part["reason"][j]))
+                detail[i] = shared.setdefault(str(part["detail"][j]), str(part["detail"][j]))
+            del part
+        thumbs.flush()
+        with replacing(cache) as tmp:
+            _save_npz(tmp, {"key": np.array(key), "reason": reason, "detail": detail,
+                            **digests, "phash": phash, "thumbs": thumbs})
+    finally:
+        del thumbs
+        scratch.unlink(missing_ok=True)
+    return Content(reason=reason, detail=detail, phash=phash, thumbs=npz_member(cache, "thumbs"),
+                   **digests)
+
+
+def _save_npz(path: Path, arrays: dict[str, np.ndarray | list[str]]) -> None:
+    """``np.savez(path, **arrays)``'s file (uncompressed members ``<name>.npy``), written a
+    chunk of rows at a time: a list of str is stored as the ``<U`` array ``np.array(values,
+    dtype=str)`` would be (its widest value's width) without building it for every row."""
+    import zipfile
+
+    chunk = 1 << 22  # bytes
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, values in arrays.items():
+            if isinstance(values, list):
+                width = max((len(v) for v in values), default=0)
+                dtype, shape = np.dtype(f"<U{max(width, 1)}"), (len(values),)
+            else:
+                dtype, shape = values.dtype, values.shape
+            header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+                      "shape": shape}
+            with zf.open(name + ".npy", "w", force_zip64=True) as f:
+                f.write(_npy_header(header))
+                if not shape or not len(values):
+                    if not isinstance(values, list):
+                        f.write(np.ascontiguousarray(values).tobytes())
+                    continue
+                row = max(1, dtype.itemsize * int(np.prod(shape[1:])))
+                step = max(1, chunk // row)  # rows of ~chunk bytes at a time
+                for a in range(0, len(values), step):
+                    rows = np.ascontiguousarray(np.asarray(values[a : a + step], dtype=dtype))
+                    f.write(rows.data.cast("B"))
+
+
+def _npy_header(header: dict[str, Any]) -> bytes:
+    """The ``.npy`` header of an array (format 1.0, or 2.0 when it does not fit: as
+    ``np.lib.format.write_array`` writes it)."""
+    import io
+
+    buf = io.BytesIO()
+    try:
+        np.lib.format.write_array_header_1_0(buf, header)
+    except ValueError:
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_2_0(buf, header)
+    return buf.getvalue()
+
+
+def npz_member(path: Path, name: str) -> np.ndarray:
+    """The array ``name`` of the ``.npz`` file ``path``, memory-mapped read-only when it is
+    stored uncompressed (as ``np.savez`` and :func:`_save_npz` write it), else loaded."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo(name + ".npy")
+    if info.compress_type == zipfile.ZIP_STORED:
+        with open(path, "rb") as f:
+            f.seek(info.header_offset)
+            local = f.read(30)
+            start = info.header_offset + 30 + int.from_bytes(local[26:28], "little") + (
+                int.from_bytes(local[28:30], "little"))
+            f.seek(start)
+            version = np.lib.format.read_magic(f)
+            read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0)
+            shape, fortran, dtype = read(f)
+            offset = f.tell()
+        if not fortran and not dtype.hasobject and local[:4] == b"PK\x03\x04":
+            if not int(np.prod(shape)):
+                return np.zeros(shape, dtype=dtype)
+            return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+    with np.load(path, allow_pickle=False) as z:
+        return np.asarray(z[name])
