@@ -7,6 +7,7 @@ digests as the per-item listing."""
 from __future__ import annotations
 
 import gc
+import itertools
 import tracemalloc
 from pathlib import Path
 
@@ -166,7 +167,7 @@ def test_collected_content_is_the_parts_columns_with_thumbnails_mapped_from_the_
             "thumb": rng.integers(0, 256, (n, 256), dtype=np.uint8)}
     cols["reason"][7], cols["detail"][7] = "corrupt-image", "cannot identify image file"
     bounds = [0, 1000, 1700, n]
-    parts = [{k: v[a:b] for k, v in cols.items()} for a, b in zip(bounds, bounds[1:])]
+    parts = [{k: v[a:b] for k, v in cols.items()} for a, b in itertools.pairwise(bounds)]
     cache = tmp_path / "content.npz"
     got = collect(reversed(parts), n, cache, "k")  # any order
     assert isinstance(got.thumbs, np.memmap) and (got.thumbs == cols["thumb"]).all()
