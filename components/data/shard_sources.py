@@ -241,7 +241,8 @@ class _Lister:
             where: str) -> None:
         """One item: ``path`` is split into its shard's prefix and two numbers
         (:data:`~components.data.sources.SHARD_ITEM`; a path that does not rebuild exactly
-        is kept whole). ``where`` is unused (the duplicate's message names the key)."""
+        is kept whole). ``where`` (the shard file) is not kept: a duplicate's message names
+        the shard its path is in."""
         del where
         shard = shard_item(path)
         prefix, tail, a, b = path, "", -1, -1
@@ -288,6 +289,7 @@ class _Lister:
             return dup
         starts = np.flatnonzero(np.r_[True, np.any(w[1:] != w[:-1], axis=1)])
         first_pos = starts[np.searchsorted(starts, same, side="right") - 1]
+        files = [p.rpartition("#")[0] for p, _ in self.prefix_ids]  # where: the shard file
         ends = np.flatnonzero(np.frombuffer(self.key_text, np.uint8) == 0)
         begins = np.r_[0, ends[:-1] + 1]
         for k, f in sorted(zip(order[same].tolist(), keyed[order[first_pos]].tolist(),
@@ -295,15 +297,10 @@ class _Lister:
             r = int(keyed[k])
             dup[r] = True
             key = bytes(self.key_text[begins[k]:ends[k]]).decode()
-            where = self.prefixes_of(r)
+            where = files[self.file[r]] if self.a[r] >= 0 else paths[r]
             self.skip(paths[r], DUPLICATE, f"key {key!r} listed more than once ({where}); "
                       "first kept", of=paths[f], at=(r, 1))
         return dup
-
-    def prefixes_of(self, r: int) -> str:
-        """The shard file of row ``r``."""
-        prefix, _ = list(self.prefix_ids)[self.file[r]]
-        return prefix.rpartition("#")[0] if self.a[r] >= 0 else prefix
 
     def table(self, classes: Sequence[str] | None, labelled: bool | None = None) -> ItemTable:
         """The kept items as columns (duplicates and label problems skipped and counted);

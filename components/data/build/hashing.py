@@ -11,6 +11,7 @@ import functools
 import hashlib
 import itertools
 import json
+import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -172,15 +173,17 @@ CONTENT_FILE = "content.npz"
 
 def collect(parts: Iterable[dict[str, Any]], n: int, cache: Path, key: str) -> Content:
     """The content of ``n`` items from the content tasks' ``parts`` (:func:`hash_batch`'s
-    columns, any order), each stored as it arrives and let go: the thumbnails into a
-    memory-mapped scratch file beside ``cache``, the rest into arrays. ``cache``
-    (``content.npz``, the layout ``np.savez`` writes, keyed by ``key``) is written from them
-    column by column (:func:`_save_npz`), and the thumbnails are then mapped from it: the
-    driver holds ~90 B an item, the 256-B thumbnails stay in the page cache."""
+    columns, any order), each stored as it arrives and let go: the thumbnails written to a
+    scratch file beside ``cache`` (``pwrite``, not mapped: their pages are not the driver's),
+    the rest into arrays. ``cache`` (``content.npz``, the layout ``np.savez`` writes, keyed by
+    ``key``) is written from them column by column (:func:`_save_npz`), and the thumbnails are
+    then mapped from it read-only (:func:`npz_member`; the near-duplicate check touches only
+    its candidate pairs' pages): the driver holds ~90 B an item, not the 256-B thumbnails."""
     side = integrity.THUMB**2
-    scratch = cache.with_name(cache.name + ".thumbs.npy")
-    thumbs = np.lib.format.open_memmap(scratch, mode="w+", dtype=np.uint8, shape=(n, side))
+    scratch = cache.with_name(cache.name + ".thumbs")
+    fd = os.open(scratch, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
+        os.ftruncate(fd, n * side)
         phash = np.zeros(n, dtype=np.uint64)
         digests = {k: np.zeros(n, dtype=DIGEST) for k in ("bytes_sha256", "pixels_sha256")}
         reason, detail = [""] * n, [""] * n
@@ -190,30 +193,52 @@ def collect(parts: Iterable[dict[str, Any]], n: int, cache: Path, key: str) -> C
             phash[idx] = part["phash"]
             for k, col in digests.items():
                 col[idx] = part[k]
-            thumbs[idx] = np.asarray(part["thumb"], dtype=np.uint8).reshape(len(idx), side)
+            rows = np.ascontiguousarray(part["thumb"], dtype=np.uint8).reshape(len(idx), side)
+            # written, not mapped: the pages do not count in the driver's RSS
+            if len(idx) and bool(np.all(np.diff(idx) == 1)):
+                os.pwrite(fd, rows.data.cast("B"), int(idx[0]) * side)
+            else:
+                for i, row in zip(idx.tolist(), rows, strict=True):
+                    os.pwrite(fd, row.data.cast("B"), i * side)
             for j in np.flatnonzero(np.asarray(part["reason"]) != "").tolist():
                 i = int(idx[j])
                 reason[i] = shared.setdefault(str(part["reason"][j]), str(part["reason"][j]))
                 detail[i] = shared.setdefault(str(part["detail"][j]), str(part["detail"][j]))
-            del part
-        thumbs.flush()
+            del part, rows
         with replacing(cache) as tmp:
             _save_npz(tmp, {"key": np.array(key), "reason": reason, "detail": detail,
-                            **digests, "phash": phash, "thumbs": thumbs})
+                            **digests, "phash": phash, "thumbs": _FileRows(fd, n, side)})
     finally:
-        del thumbs
+        os.close(fd)
         scratch.unlink(missing_ok=True)
     return Content(reason=reason, detail=detail, phash=phash, thumbs=npz_member(cache, "thumbs"),
                    **digests)
 
 
-def _save_npz(path: Path, arrays: dict[str, np.ndarray | list[str]]) -> None:
+class _FileRows:
+    """``[n, side]`` uint8 rows of an open file, read (not mapped) a slice at a time: what
+    :func:`_save_npz` copies into ``content.npz``."""
+
+    def __init__(self, fd: int, n: int, side: int) -> None:
+        self.fd, self.n, self.side = fd, n, side
+        self.dtype, self.shape = np.dtype(np.uint8), (n, side)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        a, b, _ = rows.indices(self.n)
+        data = os.pread(self.fd, (b - a) * self.side, a * self.side)
+        return np.frombuffer(data, np.uint8).reshape(-1, self.side)
+
+
+def _save_npz(path: Path, arrays: dict[str, np.ndarray | list[str] | _FileRows]) -> None:
     """``np.savez(path, **arrays)``'s file (uncompressed members ``<name>.npy``), written a
     chunk of rows at a time: a list of str is stored as the ``<U`` array ``np.array(values,
     dtype=str)`` would be (its widest value's width) without building it for every row."""
     import zipfile
 
-    chunk = 1 << 22  # bytes
+    chunk = 1 << 20  # bytes (two chunks may be alive at once: ~2 MiB)
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         for name, values in arrays.items():
             if isinstance(values, list):

@@ -1,9 +1,10 @@
 """Step 2b (driver, no Ray): everything decided before a shard is written (:func:`plan`, a
-:class:`Plan` of :class:`Planned` rows). Exact duplicates are dropped (``duplicate-of``), near
-duplicates and ``split.group_by`` values grouped, stratified splits assigned group by group and
-each split cut into shards of ``shard_size``; the manifest's ``near_duplicates`` and
-``split_groups`` reports. Also the build parameters a dataset's ``params_digest`` is taken
-over (:func:`_params`: what the bytes of a shard depend on)."""
+:class:`Plan`: its rows as columns, :class:`Planned` objects only on demand). Exact
+duplicates are dropped (``duplicate-of``), near duplicates and ``split.group_by`` values
+grouped, stratified splits assigned group by group and each split cut into shards of
+``shard_size``; the manifest's ``near_duplicates`` and ``split_groups`` reports. Also the build
+parameters a dataset's ``params_digest`` is taken over (:func:`_params`: what the bytes of a
+shard depend on)."""
 
 from __future__ import annotations
 

@@ -126,6 +126,7 @@ class SourceRecord:
         self.classes = classes
         self.skipped: Mapping[str, str] = skipped or {}
         self._items: dict[str, tuple[int, str | None, Stat]] | None = None
+        self._digest: str | None = None
         if items is not None:  # a mapping (read back, tests): one column entry per item
             self._items = dict(items)
             vals = list(self._items.values())
@@ -221,11 +222,14 @@ class SourceRecord:
 
     def digest(self) -> str:
         """sha256 of the record's canonical JSON (sorted keys, compact): the manifest's
-        ``source.digest``; fed to the hash piece by piece, never built as one text."""
-        h = hashlib.sha256()
-        for chunk in _chunks(self._pieces(sort_keys=True)):
-            h.update(chunk)
-        return h.hexdigest()
+        ``source.digest``; fed to the hash piece by piece, never built as one text (once: a
+        build asks several times, and a record does not change)."""
+        if self._digest is None:
+            h = hashlib.sha256()
+            for chunk in _chunks(self._pieces(sort_keys=True)):
+                h.update(chunk)
+            self._digest = h.hexdigest()
+        return self._digest
 
     def summary(self) -> dict[str, Any]:
         """What the manifest records under ``"source"``."""
