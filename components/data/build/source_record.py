@@ -23,6 +23,7 @@ import hashlib
 import itertools
 import json
 import os
+import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -237,12 +238,14 @@ class SourceRecord:
 
     def write(self, out: Path) -> None:
         """``out/source.json.gz``, atomically (before the manifest that names its digest)."""
-        with replacing(out / SOURCE_FILE) as tmp, open(tmp, "wb") as raw, gzip.GzipFile(
-                filename="", mode="wb", fileobj=raw, mtime=0) as f:
-            # mtime 0, no file name: the same source gives the same bytes (a rebuild is
-            # byte-identical); written piece by piece, never as one text
+        with replacing(out / SOURCE_FILE) as tmp, open(tmp, "wb") as f:
+            # zlib's gzip stream (wbits 31, level 9: mtime 0, no file name), fed piece by
+            # piece, never as one text: the bytes gzip.compress(text, mtime=0) gave, so a
+            # rebuild is byte-identical, to earlier builds' files too
+            z = zlib.compressobj(9, zlib.DEFLATED, 31)
             for chunk in _chunks(self._pieces(sort_keys=False)):
-                f.write(chunk)
+                f.write(z.compress(chunk))
+            f.write(z.flush())
 
     @classmethod
     def read(cls, out: Path) -> SourceRecord | None:
