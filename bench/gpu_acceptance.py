@@ -251,8 +251,7 @@ def check_ffcv_cuda(cfg: PretrainConfig, dataset: Path) -> Check:
     """A batch of the recipe's own ``train_views`` built for ``cuda:0`` lies on the GPU."""
     import torch
 
-    from components.data.reader import DatasetInfo, set_jit
-    from components.runs.worker import train_views
+    from components.data.reader import DatasetInfo, set_jit, train_views
 
     set_jit(cfg.data.jit)
     loader = train_views(cfg, DatasetInfo.load(dataset), 0, 1, torch.device("cuda", 0), False)

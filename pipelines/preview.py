@@ -4,7 +4,7 @@ Look at the augmentations before spending compute: draw a batch of training view
 a pretraining worker would receive them, and write a PNG grid.
 
 1. Load and validate the pretrain config (with overrides), and the dataset dir it names.
-2. Build rank ``R``'s training loader with :func:`components.runs.worker.train_views` (the function
+2. Build rank ``R``'s training loader with :func:`components.data.reader.train_views` (the function
    the workers call), seed it as the worker seeds epoch ``E`` (``seed_everything``), and take
    its first batch — the same views the run will train on when ``data.jit`` is false.
 3. Write one row per image: the image as stored in the dataset dir, then each of the
@@ -136,12 +136,11 @@ def preview(cfg: PretrainConfig, out: str | Path, images: int = 16, epoch: int =
     import torch
     from PIL import Image
 
-    from components.data.reader import DatasetError, DatasetInfo, set_jit
+    from components.data.reader import DatasetError, DatasetInfo, set_jit, train_views
     from components.data.shards import read_samples, rows_of
     from components.data.staging import local_dataset
     from components.io.storage import StorageError
     from components.runs.run_dir import absolute_paths
-    from components.runs.worker import train_views
     from components.training.step import seed_everything
 
     if images < 1 or tile < 8 or epoch < 0:
@@ -162,9 +161,9 @@ def preview(cfg: PretrainConfig, out: str | Path, images: int = 16, epoch: int =
     loader = train_views(cfg, info, rank, world, torch.device("cpu"), with_captions=False)
     seed_everything(cfg.train.seed, epoch, rank)  # as the worker does before each epoch
     loader.set_epoch(epoch)
-    batches = iter(loader)
+    batches = iter(loader)  # a generator: close() stops FFCV's thread
     batch = next(batches)
-    batches.close()  # stops FFCV's thread: the rest of the epoch is not needed
+    batches.close()  # the rest of the epoch is not needed
     torch.set_num_threads(threads)
     n = min(images, len(batch.sample_ids))
     ids = batch.sample_ids[:n].tolist()

@@ -306,7 +306,7 @@ class TrainConfig:
     on GPUs: each chunk over every worker's same chunk) — and its running statistics take
     one update per chunk. Each chunk runs forward twice (about one extra forward pass of
     time): without a graph to compute the loss, then with one to backpropagate its slice
-    (:class:`components.training.step.GradCache`). A resume may change it."""
+    (:class:`components.training.accumulate.GradCache`). A resume may change it."""
 
     epochs: int = 100
     seed: int = 0

@@ -38,14 +38,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from components.config import AugmentConfig
+from components.config import AugmentConfig, PretrainConfig
 from components.data.loader_thread import seeded_loader_class, stall_timeout_s
 from components.data.multicrop import Images, MultiCrop
 from components.data.reader_errors import (
@@ -324,7 +324,7 @@ class ViewLoader:
     def __len__(self) -> int:
         return len(self.loader)
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Generator[Batch, None, None]:
         epoch = iter(self.loader)  # FFCV's EpochIterator: a thread filling a queue
         try:
             yield from self._batches(epoch)
@@ -379,3 +379,18 @@ class ViewLoader:
         if self._f16_bits:  # [B, E] int16 bit patterns -> float16 -> float32 (a new tensor)
             return caps.view(torch.float16).float()
         return caps.float().clone()
+
+
+def train_views(cfg: PretrainConfig, info: Any, rank: int, world: int, device: Any,
+                with_captions: bool, batched_augment: bool | None = None) -> ViewLoader:
+    """The training ``ViewLoader`` of one rank: what every worker reads (``simgraph preview``
+    draws its batches from this same function). ``batched_augment``: see ``ViewLoader``."""
+    d = cfg.data
+    return ViewLoader(
+        info.split_file("train"), batch_size=d.batch_size, views=d.views, augment=d.augment,
+        view_groups=d.groups() if d.view_groups else None, train=True, seed=cfg.train.seed,
+        rank=rank, world_size=world, device=device,
+        num_workers=d.num_workers, drop_last=True, os_cache=d.os_cache,
+        with_captions=with_captions, max_batches=cfg.train.steps_per_epoch,
+        batched_augment=batched_augment,
+    )

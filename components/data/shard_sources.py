@@ -26,29 +26,27 @@ missing, empty or not UTF-8 are left to ``captions.missing`` like every source's
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import functools
-import glob
 import hashlib
 import json
 import os
-import re
 import tarfile
 from array import array
 from collections.abc import Iterator, Sequence
-from typing import IO, Any, cast
+from typing import Any
 from urllib.parse import quote, unquote
 
 import numpy as np
 
 from components.config.preprocess import IMAGE_EXTENSIONS, SourceConfig
+from components.data.shard_files import open_shard, shard_files
+from components.data.shard_paths import ShardPaths
 from components.data.sources import (
     CAPTION_ISSUES,
     DUPLICATE,
     UNKNOWN_LABEL,
     ItemTable,
     Listing,
-    ShardPaths,
     Skip,
     SourceError,
     decode_caption,
@@ -60,9 +58,6 @@ from components.data.sources import (
 UNREADABLE_SHARD = "unreadable-shard"
 MISSING_IMAGE = "missing-image"
 MISSING_LABEL = "missing-label"
-_GLOB = re.compile(r"[*?\[]")
-_BRACE = re.compile(r"\{([^{}]*)\}")
-_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -89,116 +84,6 @@ class ShardOptions:
 
 # ---------------------------------------------------------------------------------------------
 # Which shard files: a folder, a glob, brace notation; local or s3:// / gs://.
-
-
-def expand_braces(pattern: str) -> list[str]:
-    """Bash-style brace expansion: ``{a,b}`` lists and ``{00000..00331}`` integer ranges
-    (zero-padded to the wider end's width when either end has a leading zero), in order;
-    several groups multiply (no nesting).
-
-    Raises:
-        SourceError: an unbalanced brace, an empty group or a malformed / descending range.
-    """
-    m = _BRACE.search(pattern)
-    if m is None:
-        if "{" in pattern or "}" in pattern:
-            raise SourceError(f"source.path={pattern!r}: unbalanced brace; write a range as "
-                              "{00000..00331} or a list as {a,b}")
-        return [pattern]
-    body, head, tail = m[1], pattern[: m.start()], pattern[m.end() :]
-    if "{" in head or "}" in head:
-        raise SourceError(f"source.path={pattern!r}: unbalanced or nested brace; write a range "
-                          "as {00000..00331} or a list as {a,b}")
-    r = _RANGE.match(body)
-    if r is not None:
-        lo, hi = int(r[1]), int(r[2])
-        if hi < lo:
-            raise SourceError(f"source.path={pattern!r}: the range {{{body}}} runs backwards; "
-                              f"write {{{r[2]}..{r[1]}}}")
-        padded = any(len(s.lstrip("-")) > 1 and s.lstrip("-").startswith("0") for s in r.groups())
-        width = max(len(r[1]), len(r[2])) if padded else 0
-        parts = [str(i).zfill(width) for i in range(lo, hi + 1)]
-    elif "," in body:
-        parts = body.split(",")
-    else:
-        raise SourceError(f"source.path={pattern!r}: the brace group {{{body}}} is neither a "
-                          "range {00000..00331} nor a list {a,b}")
-    return [head + p + rest for p in parts for rest in expand_braces(tail)]
-
-
-def _split_uri(path: str) -> tuple[str, str, str]:
-    """``(scheme, bucket/key, "?query" or "")`` of an object-store URI."""
-    scheme, _, rest = path.partition("://")
-    inner, q, query = rest.partition("?")
-    return scheme, inner, q + query
-
-
-def _uri_files(pattern: str, suffix: str) -> list[str]:
-    """The objects a URI names: itself, a 'folder''s ``*<suffix>`` objects or a glob's."""
-    import pyarrow.fs as pafs
-
-    scheme, inner, query = _split_uri(pattern)
-    folder, _, name = inner.rpartition("/")
-    fs, _ = pafs.FileSystem.from_uri(f"{scheme}://{folder or inner}{query}")
-    if _GLOB.search(inner):
-        infos = fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
-        found = [i.path for i in infos if i.type == pafs.FileType.File
-                 and fnmatch.fnmatchcase(i.path.rpartition("/")[2], name)]
-    else:
-        info = fs.get_file_info(inner)
-        if info.type == pafs.FileType.Directory:
-            infos = fs.get_file_info(pafs.FileSelector(inner))
-            found = [i.path for i in infos if i.type == pafs.FileType.File
-                     and i.path.lower().endswith(suffix)]
-        else:
-            found = [inner]  # a missing one is an unreadable shard, named when opened
-    return [f"{scheme}://{p}{query}" for p in sorted(found)]
-
-
-def shard_files(path: str, suffix: str) -> list[str]:
-    """The shard files ``path`` names: a file, a folder (its ``*<suffix>`` files), a glob
-    (``**`` recursive) or brace notation (:func:`expand_braces`) — local or a URI (its query
-    string kept on each). Folders and globs are sorted; brace lists keep their order.
-
-    Raises:
-        SourceError: a malformed brace, or nothing matched.
-    """
-    out: list[str] = []
-    for pattern in expand_braces(path):
-        if "://" in pattern:
-            out += _uri_files(pattern, suffix)
-        elif _GLOB.search(pattern):
-            out += sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
-        elif os.path.isdir(pattern):
-            out += sorted(os.path.join(pattern, n) for n in os.listdir(pattern)
-                          if n.lower().endswith(suffix) and not n.startswith(".")
-                          and os.path.isfile(os.path.join(pattern, n)))
-        else:
-            out.append(pattern)  # a missing one is an unreadable shard, named when opened
-    if not out or (len(out) == 1 and out[0] == path and not _exists(path)):
-        raise SourceError(f"source.path={path!r} matches no {suffix} file: give a folder of "
-                          f"{suffix} files, a file, a glob (/data/*{suffix}) or a brace range "
-                          f"(shard-{{00000..00099}}{suffix})")
-    return list(dict.fromkeys(out))
-
-
-def _exists(path: str) -> bool:
-    if "://" not in path:
-        return os.path.exists(path)
-    import pyarrow.fs as pafs
-
-    fs, inner = pafs.FileSystem.from_uri(path)
-    return bool(fs.get_file_info(inner).type != pafs.FileType.NotFound)
-
-
-def _open(path: str) -> IO[bytes]:
-    """A seekable binary file: local, or a pyarrow input file for a URI."""
-    if "://" not in path:
-        return open(path, "rb")
-    import pyarrow.fs as pafs
-
-    fs, inner = pafs.FileSystem.from_uri(path)
-    return cast(IO[bytes], fs.open_input_file(inner))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -438,7 +323,7 @@ def webdataset_lister(path: str, *, on_bad_input: str = "skip",
     lister = _Lister(path, on_bad_input)
     for shard in shard_files(path, ".tar"):
         try:
-            with _open(shard) as f, tarfile.open(fileobj=f, mode="r:") as tf:
+            with open_shard(shard) as f, tarfile.open(fileobj=f, mode="r:") as tf:
                 for key, members in _tar_keys(tf):
                     image = next((members[e] for e in exts if e in members), None)
                     if image is None:
@@ -502,7 +387,7 @@ def parquet_lister(path: str, *, on_bad_input: str = "skip", options: ShardOptio
     column = quote(options.image_column, safe="")
     for file in shard_files(path, ".parquet"):
         try:
-            with _open(file) as f:
+            with open_shard(file) as f:
                 pf = pq.ParquetFile(f)
                 schema = pf.schema_arrow
                 problem = image_type_problem(schema, options.image_column)
@@ -559,7 +444,7 @@ def _row_group(file: str, rg: int, column: str, stamp: tuple[int, int]) -> Any:
     version)."""
     import pyarrow.parquet as pq
 
-    with _open(file) as f:
+    with open_shard(file) as f:
         return pq.ParquetFile(f).read_row_group(rg, columns=[column]).column(0).combine_chunks()
 
 
@@ -572,7 +457,7 @@ def read_shard_item(file: str, kind: str, a: int, b: int, column: str) -> bytes:
         components.data.images.ImageError: the Parquet cell is null (``missing-image``).
     """
     if kind == "tar":
-        with _open(file) as f:
+        with open_shard(file) as f:
             f.seek(a)
             data = f.read(b)
         if len(data) != b:

@@ -28,12 +28,16 @@ import json
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from components.errors import SimgraphError
 from components.io.files import replacing, sha256_file, write_json
+
+if TYPE_CHECKING:
+    from components.config import PretrainConfig
+    from components.training.online_probe import OnlineProbe
 
 FORMAT = "simgraph-checkpoint/1"
 STATE, META = "state.pt", "meta.json"
@@ -402,3 +406,26 @@ def local_copy(path: str | Path) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="simgraph-ckpt-") as tmp:
         storage.download_dir(str(path), tmp)
         yield Path(tmp)
+
+
+def checkpoint_state(cfg: PretrainConfig, *, model: Any, ema: Any, optimizer: Any,
+                     scheduler: Any, scaler: Any, epoch: int, step: int,
+                     history: list[dict[str, Any]], dataset: dict[str, Any],
+                     samples: int | None = None, probe: OnlineProbe | None = None
+                     ) -> TrainingState:
+    """What a checkpoint holds: the full training state after ``epoch`` epochs (``samples``:
+    the training samples consumed, all ranks; ``probe``: the online linear probe's weights
+    and optimizer state, when it runs), the history, the dataset identity and the
+    run's config — without the credentials of any URI in it
+    (:func:`components.io.storage.redacted`), as in ``config.yaml``."""
+    from components.config import to_dict
+    from components.io.storage import redacted
+
+    return TrainingState(
+        model=model.state_dict(), ema=None if ema is None else ema.state_dict(),
+        optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
+        scaler=None if scaler is None else scaler.state_dict(),
+        epoch=epoch, step=step, history=history, seed=cfg.train.seed,
+        config=redacted(to_dict(cfg)), dataset=dataset, samples=samples,
+        probe=None if probe is None else probe.state_dict(),
+    )

@@ -10,7 +10,7 @@ Ray, which Tune/ASHA read). :func:`run_pretraining` is the driver (``simgraph pr
 ``simgraph run``): hold the run dir's lock (:func:`components.runs.run_dir.writing_run`), check
 the dataset, prepare or resume the run dir, fit, read back the history; each ``simgraph sweep``
 trial holds its own run dir's lock the same way and builds its own trainer; ``simgraph
-preview`` draws batches from :func:`~components.runs.worker.train_views`, the workers' own
+preview`` draws batches from :func:`~components.data.reader.train_views`, the workers' own
 loader.
 
 What Ray Train and Tune are handed (:func:`train_loop`, built into :func:`make_trainer`'s

@@ -1,12 +1,12 @@
 """The recipe: what one worker does (:class:`PretrainRecipe`, on whichever host
 :mod:`components.runs.hosts` gives it: a Ray Train worker, a Tune trial actor, this process):
-setup (device, FFCV reader for this rank's share via :func:`train_views`, model in DDP,
-optimiser and schedule, restore) → per epoch train_epoch → evaluate_epoch (online kNN and
-linear probe) → save
+setup (device, FFCV reader for this rank's share via
+:func:`~components.data.reader.train_views`, model in DDP, optimiser and schedule, restore)
+→ per epoch train_epoch → evaluate_epoch (online kNN and linear probe) → save
 (``metrics.csv`` / TensorBoard by rank 0 through :class:`~components.runs.run_log.RunLog`,
-full-state checkpoints every ``checkpoint.every_epochs`` and at the end: :func:`checkpoint_state`,
-metrics reported to the host, which Tune/ASHA read). Where it is started from:
-:mod:`components.runs.recipe`."""
+full-state checkpoints every ``checkpoint.every_epochs`` and at the end:
+:func:`~components.runs.checkpoint.checkpoint_state`, metrics reported to the host, which
+Tune/ASHA read). Where it is started from: :mod:`components.runs.recipe`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components.config import PretrainConfig, from_dict, to_dict
+from components.config import PretrainConfig, from_dict
 from components.runs.checkpoints import latest_complete
 from components.runs.dataset_checks import RunFacts, check_same_dataset
 from components.runs.diagnostics import PROGRESS_EVERY_S, DataWait, pause_once, worker_info
@@ -31,23 +31,6 @@ from components.runtime import console
 if TYPE_CHECKING:
     from components.runs.checkpoint import TrainingState
     from components.training.online_probe import OnlineProbe
-
-
-def train_views(cfg: PretrainConfig, info: Any, rank: int, world: int, device: Any,
-                with_captions: bool, batched_augment: bool | None = None) -> Any:
-    """The training ``ViewLoader`` of one rank: what every worker reads (``simgraph preview``
-    draws its batches from this same function). ``batched_augment``: see ``ViewLoader``."""
-    from components.data.reader import ViewLoader
-
-    d = cfg.data
-    return ViewLoader(
-        info.split_file("train"), batch_size=d.batch_size, views=d.views, augment=d.augment,
-        view_groups=d.groups() if d.view_groups else None, train=True, seed=cfg.train.seed,
-        rank=rank, world_size=world, device=device,
-        num_workers=d.num_workers, drop_last=True, os_cache=d.os_cache,
-        with_captions=with_captions, max_batches=cfg.train.steps_per_epoch,
-        batched_augment=batched_augment,
-    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,9 +179,10 @@ class PretrainRecipe:
                         "epoch(s) and after the last")
 
     def _open_train_split(self, gpu_paths: bool) -> Any:
-        """This rank's training loader (:func:`train_views`), opened only once the dataset dir
-        is still the one the run started on (:func:`components.data.integrity.verify_identity`
-        against :attr:`RunFacts.dataset`, which the driver took at the run's start).
+        """This rank's training loader (:func:`~components.data.reader.train_views`), opened
+        only once the dataset dir is still the one the run started on
+        (:func:`components.data.integrity.verify_identity` against :attr:`RunFacts.dataset`,
+        which the driver took at the run's start).
 
         The loader opens (maps) its split file here, at every start of a worker — the first,
         a Ray Train restart after a worker failure, a resume — and keeps that file for the
@@ -213,6 +197,8 @@ class PretrainRecipe:
 
         verify_identity(str(self.info.root), self.facts.dataset, self.cfg.name,
                         "the training loader")
+        from components.data.reader import train_views
+
         return train_views(self.cfg, self.info, self.rank, self.world, self.device,
                            self.facts.needs_captions, batched_augment=gpu_paths)
 
@@ -532,6 +518,8 @@ class PretrainRecipe:
         if not ((epoch + 1) % cfg.checkpoint.every_epochs == 0 or last):
             host.report(row, None, None)
             return
+        from components.runs.checkpoint import checkpoint_state
+
         state = checkpoint_state(
             cfg, model=self.model, ema=self.ema, optimizer=self.optimizer,
             scheduler=self.scheduler, scaler=self.scaler, epoch=epoch + 1,
@@ -607,26 +595,3 @@ class PretrainRecipe:
                 per_epoch = (time.perf_counter() - t0) / (epoch + 1 - self.start_epoch)
                 console.say(console.epoch_line(row, epochs, per_epoch * (epochs - epoch - 1)))
         self.cleanup()
-
-
-def checkpoint_state(cfg: PretrainConfig, *, model: Any, ema: Any, optimizer: Any,
-                     scheduler: Any, scaler: Any, epoch: int, step: int,
-                     history: list[dict[str, Any]], dataset: dict[str, Any],
-                     samples: int | None = None, probe: OnlineProbe | None = None
-                     ) -> TrainingState:
-    """What a checkpoint holds: the full training state after ``epoch`` epochs (``samples``:
-    the training samples consumed, all ranks; ``probe``: the online linear probe's weights
-    and optimizer state, when it runs), the history, the dataset identity and the
-    run's config — without the credentials of any URI in it
-    (:func:`components.io.storage.redacted`), as in ``config.yaml``."""
-    from components.io.storage import redacted
-    from components.runs.checkpoint import TrainingState
-
-    return TrainingState(
-        model=model.state_dict(), ema=None if ema is None else ema.state_dict(),
-        optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
-        scaler=None if scaler is None else scaler.state_dict(),
-        epoch=epoch, step=step, history=history, seed=cfg.train.seed,
-        config=redacted(to_dict(cfg)), dataset=dataset, samples=samples,
-        probe=None if probe is None else probe.state_dict(),
-    )

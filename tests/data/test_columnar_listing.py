@@ -16,6 +16,7 @@ import numpy as np
 from components.data.build.listing import list_items
 from components.data.build.planning import plan
 from components.data.build.source_record import SourceRecord
+from components.data.shard_paths import ShardPaths, take_paths
 from components.data.shard_sources import (
     MISSING_IMAGE,
     MISSING_LABEL,
@@ -24,7 +25,7 @@ from components.data.shard_sources import (
     list_webdataset,
     webdataset_lister,
 )
-from components.data.sources import DUPLICATE, UNKNOWN_LABEL, ItemTable, ShardPaths, take_paths
+from components.data.sources import DUPLICATE, UNKNOWN_LABEL, ItemTable
 from tests.data.test_shard_sources import _cfg, _png, _tar
 
 

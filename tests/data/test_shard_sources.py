@@ -23,15 +23,14 @@ from components.config import ConfigError, PreprocessConfig, from_dict
 from components.data.build import plan
 from components.data.build.source_record import item_stat
 from components.data.reader import MANIFEST
+from components.data.shard_files import expand_braces, shard_files
 from components.data.shard_sources import (
     MISSING_IMAGE,
     MISSING_LABEL,
     UNREADABLE_SHARD,
     ShardOptions,
-    expand_braces,
     list_parquet,
     list_webdataset,
-    shard_files,
 )
 from components.data.shards import read_samples
 from components.data.sources import (

@@ -145,8 +145,7 @@ def test_a_datasets_build_parameters_hold_no_credentials() -> None:
 def test_checkpoints_hold_the_config_without_credentials(tmp_path: Path) -> None:
     import torch
 
-    from components.runs.checkpoint import load_state
-    from components.runs.worker import checkpoint_state
+    from components.runs.checkpoint import checkpoint_state, load_state
 
     cfg = _config(_with_credentials("s3://bucket/runs"), _with_credentials("s3://data/ds"))
     model = torch.nn.Linear(2, 2)

@@ -219,9 +219,9 @@ def test_dropout_masks_of_pass_two_are_those_of_pass_one(
     _close(_grads(model), want, rtol=1e-10, atol=1e-12)
     assert torch.equal(torch.rand(1), after_ref)
 
-    from components.training import step as step_module
+    from components.training import accumulate
 
-    monkeypatch.setattr(step_module, "_replayed_rng", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(accumulate, "_replayed_rng", lambda *a: contextlib.nullcontext())
     torch.manual_seed(3)  # pass 2 draws fresh masks: the test would see it
     _step(unreplayed, ema, *_optim(unreplayed), _batch(), k)
     name = "encoder.projector.1.0.weight"

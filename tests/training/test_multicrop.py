@@ -312,8 +312,7 @@ def test_preview_shows_each_group_to_scale(dataset: Path, tmp_path: Path) -> Non
     import yaml
     from PIL import Image
 
-    from components.data.reader import DatasetInfo, set_jit
-    from components.runs.worker import train_views
+    from components.data.reader import DatasetInfo, set_jit, train_views
     from components.training.step import seed_everything
     from pipelines import preview
     from pipelines.cli import main
@@ -470,7 +469,7 @@ def test_the_online_probe_gets_every_views_backbone_features_in_view_order() -> 
     """With multi-crop the probe's features are the backbone's ``h`` of every view, each size
     through its own call, row ``b·V + v`` — from the forward and from the gradient cache's
     first pass alike."""
-    from components.training.step import GradCache
+    from components.training.accumulate import GradCache
 
     model, _ = _setup("simclr")
     model.eval()  # BatchNorm by running statistics: the same features from every call
@@ -483,6 +482,6 @@ def test_the_online_probe_gets_every_views_backbone_features_in_view_order() -> 
     model.keep_features = True
     model(batch.images, batch.labels, batch.sample_ids, batch.captions)
     torch.testing.assert_close(model.take_features(), want, rtol=1e-12, atol=1e-14)
-    cache = GradCache(model, 2)
+    cache = GradCache(model, model, 2)
     cache.forward(batch, None)
     torch.testing.assert_close(model.take_features(), want, rtol=1e-12, atol=1e-14)

@@ -136,7 +136,7 @@ def test_preview_writes_a_grid_of_the_workers_views(dataset: Path, tmp_path: Pat
     # The view columns are the reader's views, un-normalised: tile (row 0, view 1) equals the
     # first view of the loader's first batch (seeded as the worker seeds epoch 0).
     from components.config import PretrainConfig
-    from components.runs.worker import train_views
+    from components.data.reader import train_views
     from components.training.step import seed_everything
 
     pc = from_dict(PretrainConfig, cfg)

@@ -23,7 +23,8 @@ from components.data import integrity
 from components.data.build.source_record import Stat, item_stat
 from components.data.build.tasks import _task_count, iter_tasks
 from components.data.images import ImageError, decode_image
-from components.data.sources import read_item, take_paths
+from components.data.shard_paths import take_paths
+from components.data.sources import read_item
 from components.io.files import replacing
 
 # A sha256 as its 32 raw bytes (numpy drops trailing NUL bytes when it hands one back, which

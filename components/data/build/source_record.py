@@ -32,7 +32,8 @@ import numpy as np
 
 from components.data.build.common import PreprocessError
 from components.data.build.listing import Listed
-from components.data.sources import ShardPaths, item_file
+from components.data.shard_paths import ShardPaths
+from components.data.sources import item_file
 from components.io.files import replacing, stat_key
 
 SOURCE_FILE = "source.json.gz"

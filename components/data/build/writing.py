@@ -17,7 +17,8 @@ from components.data import shards
 from components.data.build.common import PreprocessError, _read_json
 from components.data.build.planning import Plan
 from components.data.images import ImageError, decode_image
-from components.data.sources import read_item, take_paths
+from components.data.shard_paths import take_paths
+from components.data.sources import read_item
 from components.io.files import replacing, sha256_file, write_json
 
 
