@@ -12,7 +12,7 @@ import hashlib
 import itertools
 import json
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import numpy as np
 
 from components.config import PreprocessConfig
 from components.data import integrity
-from components.data.build.source_record import Stat, item_stat
+from components.data.build.source_record import Stat, _chunks, item_stat
 from components.data.build.tasks import _task_count, iter_tasks
 from components.data.images import ImageError, decode_image
 from components.data.shard_paths import take_paths
@@ -130,16 +130,18 @@ def _content_key(cfg: PreprocessConfig, paths: Sequence[str],
     if stat is None:
         cache: dict[str, Stat] = {}
         stat = functools.partial(_stat_of, paths, cache)
+    item_stat_of = stat
+
+    def pieces() -> Iterator[str]:
+        yield ('{"hash": ' + json.dumps(HASH_VERSION) + ', "image": '
+               + json.dumps([cfg.image.max_side, cfg.image.min_side]) + ', "items": [')
+        for n, path in enumerate(paths):
+            yield (", " if n else "") + json.dumps([path, *(item_stat_of(n) or (None,) * 4)])
+        yield "]}"
+
     h = hashlib.sha256()
-    h.update(('{"hash": ' + json.dumps(HASH_VERSION) + ', "image": '
-              + json.dumps([cfg.image.max_side, cfg.image.min_side]) + ', "items": [').encode())
-    buf: list[str] = []
-    for n, path in enumerate(paths):
-        buf.append((", " if n else "") + json.dumps([path, *(stat(n) or (None,) * 4)]))
-        if len(buf) >= 4096:
-            h.update("".join(buf).encode())
-            buf.clear()
-    h.update(("".join(buf) + "]}").encode())
+    for chunk in _chunks(pieces()):
+        h.update(chunk)
     return h.hexdigest()
 
 
