@@ -78,6 +78,16 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def _same_step(loss: torch.Tensor, model: torch.nn.Module, want: torch.Tensor,
+               ref: torch.nn.Module) -> None:
+    """The step's loss and every parameter gradient equal the reference's (float64)."""
+    assert float(loss.detach()) == pytest.approx(float(want.detach()), rel=1e-12)
+    got_g, want_g = _grads(model), _grads(ref)
+    assert got_g and sorted(got_g) == sorted(want_g)
+    for n in want_g:
+        torch.testing.assert_close(got_g[n], want_g[n], rtol=1e-10, atol=1e-12, msg=n)
+
+
 def _by_size(model: Any, encoder: torch.nn.Module, images: MultiCrop
              ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The reference: the 12 px views (blocks 0 and 2) in one encoder call, the 8 px views in
@@ -132,11 +142,7 @@ def test_multicrop_forward_is_each_size_encoded_alone_in_view_order(
     want, _ = ref.objective(ref.contrastive_batch(z, logits, ez, el, batch.labels,
                                                   batch.sample_ids, batch.captions))
     want.backward()
-    assert float(loss.detach()) == pytest.approx(float(want.detach()), rel=1e-12)
-    got_g, want_g = _grads(model), _grads(ref)
-    assert got_g and sorted(got_g) == sorted(want_g)
-    for n in want_g:
-        torch.testing.assert_close(got_g[n], want_g[n], rtol=1e-10, atol=1e-12, msg=n)
+    _same_step(loss, model, want, ref)
 
 
 def test_every_loss_takes_six_views_of_two_sizes() -> None:
@@ -458,11 +464,7 @@ def test_the_parity_benchs_plain_multicrop_step_is_the_pipelines(
     want, _ = plain_step(plain, plain_ema, list(batch.images.blocks), batch.labels,
                          batch.sample_ids, batch.captions)
     want.backward()
-    assert float(loss.detach()) == pytest.approx(float(want.detach()), rel=1e-12)
-    got_g, want_g = _grads(model), _grads(plain)
-    assert got_g and sorted(got_g) == sorted(want_g)
-    for n in want_g:
-        torch.testing.assert_close(got_g[n], want_g[n], rtol=1e-10, atol=1e-12, msg=n)
+    _same_step(loss, model, want, plain)
 
 
 def test_the_online_probe_gets_every_views_backbone_features_in_view_order() -> None:
