@@ -13,8 +13,10 @@
   batched torch ops on the device after ``ToDevice``.
 * **View groups** (multi-crop, ``data.view_groups``): each view takes its group's crop size,
   crop scale and op probabilities, in FFCV and in the batched ops alike.
-* **Output.** :class:`Batch` with ``images`` ``[B, V, 3, H, W]`` float32 normalised (cloned:
-  FFCV reuses its buffers) when every view has one size, else a
+* **Output.** :class:`Batch` with ``images`` ``[B, V, 3, H, W]`` float32 normalised (never
+  FFCV's buffers, which it reuses: on CPU a buffer of
+  :class:`~components.data.normalise.HostBatchPool`, reused only once nothing references the
+  batch it held) when every view has one size, else a
   :class:`~components.data.multicrop.MultiCrop` of ``[B, V_i, 3, H_i, W_i]`` blocks;
   ``labels`` / ``sample_ids`` ``[B]`` int64 (``[1]`` for a batch of one image: only the
   per-sample dim is squeezed), ``captions`` ``[B, E]`` float32 or ``None``.
@@ -263,8 +265,8 @@ class ViewLoader:
         mean = torch.tensor(self.augment.mean, device=self.device).view(1, 3, 1, 1) * 255
         std = torch.tensor(self.augment.std, device=self.device).view(1, 3, 1, 1) * 255
         self._mean, self._std = mean, std
-        self._mean_np = mean.view(3).cpu().numpy()  # float32 [3]: the CPU kernel's
-        self._std_np = std.view(3).cpu().numpy()
+        self._table: np.ndarray | None = None  # the CPU kernel's [3, 256] (normalise.py)
+        self._pool: Any = None  # host batch buffers, reused once the consumer dropped them
         # The batched ops after the loader of each view (None: none), one module per group.
         made: dict[int, torch.nn.Module | None] = {}
         self._post_ops: list[torch.nn.Module | None] = []
@@ -334,8 +336,13 @@ class ViewLoader:
             epoch.join(timeout=0 if epoch.stalled else 5)
 
     def _batches(self, epoch: Iterator[Any]) -> Iterator[Batch]:
-        from components.data.normalise import normalise_hwc_into  # numba: with FFCV's
+        # numba: imported with FFCV's
+        from components.data.normalise import HostBatchPool, normalise_hwc_into, normalise_table
 
+        if self._pool is None:
+            self._pool = HostBatchPool()
+            self._table = normalise_table(self._mean.view(3).cpu().numpy(),
+                                          self._std.view(3).cpu().numpy())
         for out in epoch:
             got = dict(zip(self._names, out, strict=True))
             blocks: list[torch.Tensor] = []
@@ -347,14 +354,15 @@ class ViewLoader:
                     op = self._post_ops[v]
                     if op is not None:
                         x = op(x)
-                    if block is None:  # one new tensor per batch: the consumer owns it
-                        block = torch.empty((x.shape[0], n, *x.shape[1:]),
-                                            dtype=torch.float32, device=x.device)
+                    if block is None:  # a tensor per batch no one else holds: the consumer's
+                        shape = (x.shape[0], n, *x.shape[1:])
+                        block = (self._pool.take(shape) if x.device.type == "cpu" else
+                                 torch.empty(shape, dtype=torch.float32, device=x.device))
                     # (x.float() - mean) / std written in place: the same float32 values,
                     # without three temporaries per view and a stack (each a fresh mmap)
                     if op is None and x.device.type == "cpu":  # FFCV's HWC buffer, read once
                         normalise_hwc_into(x.permute(0, 2, 3, 1).numpy(),
-                                           block[:, j].numpy(), self._mean_np, self._std_np)
+                                           block[:, j].numpy(), self._table)
                     else:
                         torch.sub(x, self._mean, out=block[:, j]).div_(self._std)
                 assert block is not None
