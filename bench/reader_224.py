@@ -13,12 +13,14 @@ JPEG bytes in class folders. Side by side in one run, each at ONE thread / worke
 * torchvision ``ImageFolder`` + ``DataLoader`` (num_workers=0), ``RandomResizedCrop(224)`` +
   flip, to normalised float tensors (one decode per image for both views);
 * simgraph's ``ViewLoader`` (CPU) with its colour ops (jitter p=0.8, grayscale p=0.2), without
-  (jitter_p = grayscale_p = 0), and with ``batched_augment=True`` (the device path's colour ops
-  as batched torch ops after the loader, here on the CPU).
+  (jitter_p = grayscale_p = 0: both views cropped from one decode), the same with one decode
+  per view (as before views shared a decode), and with ``batched_augment=True`` (the device
+  path's colour ops as batched torch ops after the loader, here on the CPU).
 
 Throughput is per-view images per CPU-second (the process and its children, as
-bench/loader.py): views delivered / CPU-s; the floor is decodes / CPU-s (FFCV and the
-ViewLoader decode each view's JPEG anew; torchvision decodes once for both views). FFCV's
+bench/loader.py): views delivered / CPU-s; the floor is decodes / CPU-s (FFCV, and the
+ViewLoader with colour ops in FFCV, decode each view's JPEG anew; torchvision, and the
+ViewLoader without per-sample colour ops, decode once for both views). FFCV's
 one-time JIT compile is excluded (a warm-up batch per loader first). Then a per-stage
 breakdown of the ViewLoader's work, in ms per view, timed on the same images outside the
 loader: decode, crop+resize (the bilinear kernel, before = the float kernel it replaced, and
@@ -185,14 +187,25 @@ def run_torchvision(folder: Path, n: int) -> dict[str, float]:
     return _loop(dl, n, lambda out: list(out[0]))
 
 
-def run_viewloader(beton: Path, n: int, *, colour: bool, batched: bool) -> dict[str, float]:
+def run_viewloader(beton: Path, n: int, *, colour: bool, batched: bool,
+                   decode_per_view: bool = False) -> dict[str, float]:
+    """``decode_per_view``: each view a pipeline of its own (one decode per view, as before
+    views of one augmentation shared a decode): two view groups of one view each whose
+    augmentations differ only in a crop scale bound no draw can tell apart."""
+    import dataclasses
+
     from components.config import AugmentConfig
     from components.data.reader import ViewLoader
 
     aug = AugmentConfig(resolution=RES) if colour else AugmentConfig(
         resolution=RES, jitter_p=0.0, grayscale_p=0.0)
+    groups = None
+    if decode_per_view:
+        twin = dataclasses.replace(aug, scale=[aug.scale[0], aug.scale[1] - 1e-12])
+        groups = [(1, aug), (1, twin)]
     loader = ViewLoader(beton, batch_size=BATCH, views=VIEWS, augment=aug, train=True,
-                        num_workers=1, with_captions=False, batched_augment=batched)
+                        num_workers=1, with_captions=False, batched_augment=batched,
+                        view_groups=groups)
     return _loop(loader, n, lambda b: [b.images[:, v] for v in range(VIEWS)])
 
 
@@ -257,6 +270,7 @@ def stages(images: list[np.ndarray], blobs: list[bytes], count: int) -> dict[str
     crops = [get_random_crop(im.shape[0], im.shape[1], np.array([0.08, 1.0]),
                              np.array([3 / 4, 4 / 3])) for im in imgs]
     out = np.zeros((count, RES, RES, 3), np.uint8)
+    out.fill(1)  # every page touched: no first-write page faults in the first stage timed
 
     def per_view(fn: Callable[[int], Any]) -> float:
         fn(0)  # compile / warm
@@ -438,6 +452,8 @@ def main() -> None:
             "viewloader": lambda: run_viewloader(beton, a.batches, colour=True, batched=False),
             "viewloader_nocolour": lambda: run_viewloader(beton, a.batches, colour=False,
                                                           batched=False),
+            "viewloader_nocolour_per_view": lambda: run_viewloader(
+                beton, a.batches, colour=False, batched=False, decode_per_view=True),
             "viewloader_batched": lambda: run_viewloader(beton, a.batches, colour=True,
                                                          batched=True),
         }
@@ -452,7 +468,9 @@ def main() -> None:
         "ffcv": "FFCV Loader, RRC (INTER_AREA) + flip, 1 thread",
         "torchvision": "torchvision ImageFolder + DataLoader(0), RRC + flip",
         "viewloader": "simgraph ViewLoader, colour ops in FFCV",
-        "viewloader_nocolour": "simgraph ViewLoader, no colour ops",
+        "viewloader_nocolour": "simgraph ViewLoader, no colour ops (one decode per image)",
+        "viewloader_nocolour_per_view": "simgraph ViewLoader, no colour ops, one decode per "
+                                        "view (before)",
         "viewloader_batched": "simgraph ViewLoader, batched colour ops (CPU)",
     }
     kb = sum(len(b) for b in blobs) / len(blobs) / 1024

@@ -6,11 +6,13 @@
 * **Sharding.** Ranks see disjoint samples, a new shuffle each epoch, reproducible from
   (seed, epoch); with ``drop_last`` every rank runs the same number of steps, without it every
   sample is read exactly once (evaluation): :mod:`components.data.sample_order`.
-* **Views.** View 0 reads the stored ``image`` field; views 1..V-1 are extra
-  ``PipelineSpec("image", ...)`` entries, each with its own random crop, flip and colour ops.
-  On CPU colour jitter and grayscale run inside FFCV's compiled pipeline and blur and
+* **Views.** View 0 reads the stored ``image`` field; later views are extra
+  ``PipelineSpec("image", ...)`` entries, each view with its own random crop, flip and colour
+  ops. On CPU colour jitter and grayscale run inside FFCV's compiled pipeline and blur and
   solarization as batched torch ops; on CUDA the crop and flip run in FFCV and the rest as
-  batched torch ops on the device after ``ToDevice``.
+  batched torch ops on the device after ``ToDevice``. Views of one augmentation with nothing
+  but the crop in FFCV (CUDA, or no jitter / grayscale) share one pipeline that decodes each
+  image once for all of them (:func:`~components.data.view_ops.view_slots`).
 * **View groups** (multi-crop, ``data.view_groups``): each view takes its group's crop size,
   crop scale and op probabilities, in FFCV and in the batched ops alike.
 * **Output.** :class:`Batch` with ``images`` ``[B, V, 3, H, W]`` float32 normalised (never
@@ -61,7 +63,7 @@ from components.data.reader_errors import (
 )
 from components.data.sample_order import order_factory
 from components.data.shards import F16_BITS, FORMAT, MANIFEST
-from components.data.view_ops import field_spec, pipeline_ops
+from components.data.view_ops import field_spec, pipeline_ops, view_slots
 from components.errors import SimgraphError
 
 
@@ -162,7 +164,9 @@ class ViewLoader:
             order itself is unchanged, so capped epochs stay disjoint across ranks).
         batched_augment: colour jitter, grayscale and blur as batched torch ops on ``device``
             after the loader (default: on CUDA only; ``True`` on CPU runs the GPU path's
-            augmentation there) instead of FFCV's per-sample ops.
+            augmentation there) instead of FFCV's per-sample ops; also where batches are
+            made: ``False`` in reused host buffers (the CPU path), ``True`` as new tensors on
+            ``device`` (the GPU path's, whose caching allocator reuses device memory).
         stall_timeout: seconds to wait for one batch before failing (:func:`stall_timeout_s`).
 
     Raises:
@@ -234,12 +238,15 @@ class ViewLoader:
         # Colour ops as batched torch ops after the loader: always on CUDA; on CPU only when
         # asked (tests run the GPU path's augmentation this way), else inside FFCV.
         batched = on_gpu if batched_augment is None else batched_augment
+        # Host buffers reused across batches for the CPU path; the batched (GPU path's) ops
+        # allocate on their device, as the caching allocator there reuses memory already.
+        self._pooled = not on_gpu and not batched
         self.pipeline_ops = pipeline_ops(fields, augment=self.augment, train=train,
                                          views=self.views, device=self.device,
                                          batched_augment=batched,
                                          with_captions=self.has_captions,
                                          view_augments=self.view_augments)
-        self._image_keys = [k for k in self.pipeline_ops if k.startswith("image")]
+        self._view_slots = view_slots(self.pipeline_ops)  # (output, index in it) per view
         pipelines: dict[str, Any] = {
             k: (ops if k == "image" or not k.startswith("image") else field_spec("image", ops))
             for k, ops in self.pipeline_ops.items()
@@ -350,13 +357,15 @@ class ViewLoader:
                 block: torch.Tensor | None = None
                 for j in range(n):
                     v = first + j
-                    x = got[self._image_keys[v]]  # [B, 3, H, W] uint8 view, FFCV's buffer
+                    key, k = self._view_slots[v]
+                    # [B, 3, H, W] uint8, a view over FFCV's [B, (V,) H, W, 3] buffer
+                    x = got[key] if k is None else got[key][:, k].permute(0, 3, 1, 2)
                     op = self._post_ops[v]
                     if op is not None:
                         x = op(x)
                     if block is None:  # a tensor per batch no one else holds: the consumer's
                         shape = (x.shape[0], n, *x.shape[1:])
-                        block = (self._pool.take(shape) if x.device.type == "cpu" else
+                        block = (self._pool.take(shape) if self._pooled else
                                  torch.empty(shape, dtype=torch.float32, device=x.device))
                     # (x.float() - mean) / std written in place: the same float32 values,
                     # without three temporaries per view and a stack (each a fresh mmap)

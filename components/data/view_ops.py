@@ -19,10 +19,17 @@ def pipeline_ops(
     view_augments: Sequence[AugmentConfig] | None = None,
 ) -> dict[str, list[Any]]:
     """The FFCV operations of every output, decoder first: ``label``, ``sample_id``,
-    ``caption`` (when read), ``image`` and ``image_1`` … ``image_{V-1}`` (extra views of the
-    stored ``image`` field). Built without a Loader, so tests can check what each op declares.
-    ``view_augments`` (training only): one augmentation per view (its view group's crop size,
-    scale and ops: multi-crop), in place of ``augment`` for every view.
+    ``caption`` (when read), ``image`` and ``image_{v}`` (extra pipelines of the stored
+    ``image`` field, named by their first view ``v``). Built without a Loader, so tests can
+    check what each op declares. ``view_augments`` (training only): one augmentation per view
+    (its view group's crop size, scale and ops: multi-crop), in place of ``augment`` for every
+    view.
+
+    Consecutive training views of one augmentation whose FFCV pipeline is the bilinear crop
+    alone (colour ops batched after the loader, or none) are one output ``[B, V, H, W, 3]``
+    cropped from **one decode** per image
+    (:class:`~components.data.augment.resize.BilinearRandomResizedCropViews`); otherwise each
+    view is an output ``[B, 3, H, W]`` of its own. :func:`view_slots` says which is which.
 
     For a CUDA ``device`` every output ends on the device: ``ToDevice`` copies the batch, and
     every op after it allocates there. ``ToTorchImage`` comes after ``ToDevice`` as a view
@@ -50,10 +57,54 @@ def pipeline_ops(
     per_view = list(view_augments) if train and view_augments is not None else [augment] * n
     if len(per_view) != n:
         raise ValueError(f"view_augments has {len(per_view)} entries for {n} views")
-    for v, key in enumerate(["image"] + [f"image_{v}" for v in range(1, n)]):
-        out[key] = [*_image_ops(per_view[v], train, batched_augment), ToTensor(), *to_dev,
-                    ToTorchImage(channels_last=True)]
+    v = 0
+    while v < n:
+        key = "image" if v == 0 else f"image_{v}"
+        a = per_view[v]
+        run = 1  # consecutive views of one augmentation: one decode for all of them
+        while v + run < n and per_view[v + run] == a:
+            run += 1
+        if run > 1 and _crops_only(a, train, batched_augment):
+            # [B, run, H, W, 3]: the reader takes view k as [:, k] (no ToTorchImage: 4-d only)
+            out[key] = [_multi_view_crop(a, run), ToTensor(), *to_dev]
+            v += run
+        else:
+            out[key] = [*_image_ops(a, train, batched_augment), ToTensor(), *to_dev,
+                        ToTorchImage(channels_last=True)]
+            v += 1
     return out
+
+
+def view_slots(ops: dict[str, list[Any]]) -> list[tuple[str, int | None]]:
+    """Where each view is among :func:`pipeline_ops`'s outputs, in view order: ``(key,
+    None)`` for a ``[B, 3, H, W]`` output of one view, ``(key, k)`` for view ``k`` of a
+    ``[B, V, H, W, 3]`` output decoded once for ``V`` views."""
+    from components.data.augment.resize import BilinearRandomResizedCropViews
+
+    slots: list[tuple[str, int | None]] = []
+    for key, key_ops in ops.items():
+        if not key.startswith("image"):
+            continue
+        if isinstance(key_ops[0], BilinearRandomResizedCropViews):
+            slots.extend((key, k) for k in range(key_ops[0].views))
+        else:
+            slots.append((key, None))
+    return slots
+
+
+def _crops_only(a: AugmentConfig, train: bool, batched: bool) -> bool:
+    """Whether a training view's FFCV pipeline is its bilinear crop (and flip) alone — no
+    per-sample colour op after it — so several views can be cropped from one decode."""
+    return train and a.interpolation == "bilinear" and (
+        batched or max(a.jitter_p, a.grayscale_p) == 0)
+
+
+def _multi_view_crop(a: AugmentConfig, views: int) -> Any:
+    from components.data.augment.resize import BilinearRandomResizedCropViews
+
+    return BilinearRandomResizedCropViews((a.resolution, a.resolution), views,
+                                          scale=(a.scale[0], a.scale[1]),
+                                          ratio=(a.ratio[0], a.ratio[1]), flip_p=a.flip_p)
 
 
 def _image_ops(a: AugmentConfig, train: bool, batched: bool) -> list[Any]:

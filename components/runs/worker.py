@@ -497,7 +497,8 @@ class PretrainRecipe:
                 self.info.split_file(split), batch_size=d.batch_size, views=1,
                 augment=d.augment, train=False, rank=self.rank, world_size=self.world,
                 device=self.device, num_workers=d.num_workers, drop_last=False,
-                os_cache=d.os_cache, with_captions=False)
+                os_cache=d.os_cache, with_captions=False,
+                batched_augment=self.gpu_paths(self.device))  # the device's batches
         return self.eval_loaders[split]
 
     def save(self, epoch: int, row: dict[str, Any]) -> None:

@@ -173,3 +173,97 @@ def test_reader_flips_inside_the_crop(tmp_path: Path) -> None:
     assert not torch.equal(always, never)
     with pytest.raises(ValueError, match=r"flip_p=1.5 is not allowed: give a probability"):
         BilinearRandomResizedCrop((8, 8), flip_p=1.5)
+
+
+# ------------------------------------------------------- several views from one decode
+
+
+@pytest.mark.parametrize("mode", ["raw", "jpg"])
+@pytest.mark.parametrize("flip_p", [0.0, 1.0])
+def test_views_from_one_decode_are_each_their_own_crop(tmp_path: Path, mode: str,
+                                                      flip_p: float) -> None:
+    """``BilinearRandomResizedCropViews``: view ``v`` of sample ``b`` is the bilinear resize
+    (mirrored with ``flip_p`` 1) of the ``b * V + v``-th crop drawn, of image ``b`` as decoded
+    once — crops drawn sample by sample, view by view."""
+    from ffcv.fields.decoders import SimpleRGBImageDecoder
+    from ffcv.loader import Loader, OrderOption
+    from ffcv.pipeline import PipelineSpec
+    from ffcv.transforms import ToTensor
+
+    from components.data.augment.resize import BilinearRandomResizedCropViews
+    from components.data.shards import page_size_for, write_shard
+
+    rng = np.random.default_rng(4)
+    imgs = [rng.integers(0, 256, (14, 17, 3), dtype=np.uint8) for _ in range(5)]
+    path = tmp_path / "t.beton"
+    write_shard(path, imgs, np.zeros(5, int), np.arange(5), None, write_mode=mode,
+                jpeg_quality=95, page_size=page_size_for(17, 0))
+    crops: list[tuple[int, int, int, int]] = []
+
+    def scripted(height: int, width: int, scale: object, ratio: object) -> tuple:
+        k = len(crops)  # a different crop on every call, recorded in order
+        crop = (k % 3, (2 * k) % 5, int(height) - k % 3 - k % 4, int(width) - (2 * k) % 5 - 1)
+        crops.append(crop)
+        return crop
+
+    class Scripted(BilinearRandomResizedCropViews):
+        @property
+        def get_crop_generator(self) -> object:
+            return scripted
+
+    set_jit(False)
+    views = 3
+    loader = Loader(str(path), batch_size=5, num_workers=1, order=OrderOption.SEQUENTIAL,
+                    pipelines={"image": [Scripted((6, 7), views, flip_p=flip_p), ToTensor()],
+                               "whole": PipelineSpec("image", decoder=SimpleRGBImageDecoder(),
+                                                     transforms=[ToTensor()])})
+    names = list(loader.pipeline_specs)
+    out = next(iter(loader))
+    got, whole = out[names.index("image")].numpy(), out[names.index("whole")].numpy()
+    assert got.shape == (5, views, 6, 7, 3) and len(crops) == 5 * views
+    if mode == "raw":
+        assert np.array_equal(whole, np.stack(imgs))
+    for b in range(5):
+        for v in range(views):
+            i, j, h, w = crops[b * views + v]
+            want = np.zeros((6, 7, 3), np.uint8)
+            _resize_bilinear(whole[b], i, i + h, j, j + w, want, flip_p == 1.0)
+            assert np.array_equal(got[b, v], want), (b, v)
+    with pytest.raises(ValueError, match="views=0 is not allowed"):
+        BilinearRandomResizedCropViews((6, 7), 0)
+
+
+def test_views_of_one_augmentation_share_a_decode_only_with_nothing_after_the_crop() -> None:
+    """One ``[B, V, H, W, 3]`` output per run of views of one augmentation whose FFCV
+    pipeline is the bilinear crop alone (colour ops batched, or none); per-view outputs where
+    FFCV runs colour ops per sample, for ``interpolation: area`` and for evaluation."""
+    from components.data.augment.resize import BilinearRandomResizedCropViews
+    from components.data.view_ops import view_slots
+
+    cpu = torch.device("cpu")
+    plain = AugmentConfig(resolution=8, jitter_p=0.0, grayscale_p=0.0)
+    small = AugmentConfig(resolution=6, jitter_p=0.0, grayscale_p=0.0, scale=[0.1, 0.3])
+    coloured = AugmentConfig(resolution=8)
+
+    def slots(aug: AugmentConfig, *, batched: bool = False, train: bool = True,
+              per_view: list[AugmentConfig] | None = None, views: int = 3) -> list:
+        ops = pipeline_ops(["image", "label", "sample_id"], augment=aug, train=train,
+                           views=views, device=cpu, batched_augment=batched,
+                           with_captions=False, view_augments=per_view)
+        multi = {k for k, o in ops.items() if isinstance(o[0], BilinearRandomResizedCropViews)}
+        return [(key, k, key in multi) for key, k in view_slots(ops)]
+
+    assert slots(plain) == [("image", 0, True), ("image", 1, True), ("image", 2, True)]
+    assert slots(coloured, batched=True) == slots(plain)
+    assert slots(coloured) == [("image", None, False), ("image_1", None, False),
+                               ("image_2", None, False)]
+    area = AugmentConfig(resolution=8, jitter_p=0.0, grayscale_p=0.0, interpolation="area")
+    assert [s[2] for s in slots(area)] == [False] * 3
+    assert slots(plain, train=False) == [("image", None, False)]
+    assert slots(plain, views=1) == [("image", None, False)]
+    # multi-crop: a shared decode per group, named by its first view
+    assert slots(plain, per_view=[plain, plain, small, small, small], views=5) == [
+        ("image", 0, True), ("image", 1, True), ("image_2", 0, True), ("image_2", 1, True),
+        ("image_2", 2, True)]
+    assert slots(plain, per_view=[plain, small, plain], views=3) == [
+        ("image", None, False), ("image_1", None, False), ("image_2", None, False)]

@@ -50,6 +50,16 @@ def _walk(ops: list[Any], state: Any, target: torch.device) -> tuple[Any, list[s
     return state, wrong
 
 
+def _decoded(ops: list[Any], side: int) -> Any:
+    """What an image decoder hands on: HWC uint8, ``[V, H, W, 3]`` for a decoder of V views."""
+    from ffcv.pipeline.state import State
+
+    views = getattr(ops[0], "views", None)
+    shape = (side, side, 3) if views is None else (views, side, side, 3)
+    return State(jit_mode=True, device=torch.device("cpu"), shape=shape,
+                 dtype=np.dtype("uint8"))
+
+
 @pytest.mark.parametrize("train", [True, False])
 def test_reader_pipelines_end_on_the_cuda_device(train: bool) -> None:
     from ffcv.pipeline.state import State
@@ -57,43 +67,39 @@ def test_reader_pipelines_end_on_the_cuda_device(train: bool) -> None:
     aug = AugmentConfig(resolution=RES)
     got = pipeline_ops(["image", "label", "sample_id", "caption"], augment=aug, train=train,
                        views=3, device=CUDA, batched_augment=True, with_captions=True)
-    assert sorted(got) == (["caption", "image", "image_1", "image_2", "label", "sample_id"]
-                           if train else ["caption", "image", "label", "sample_id"])
-    decoded = {  # what each decoder hands on (RGB decoders: HWC uint8; ints; a float vector)
-        "image": State(jit_mode=True, device=torch.device("cpu"), shape=(RES, RES, 3),
-                       dtype=np.dtype("uint8")),
+    # training: the 3 views cropped from one decode, one [B, 3, H, W, 3] output
+    assert sorted(got) == ["caption", "image", "label", "sample_id"]
+    decoded = {  # what the other decoders hand on: ints; a float vector
         "label": State(jit_mode=True, device=torch.device("cpu"), shape=(1,),
                        dtype=np.dtype("int64")),
         "caption": State(jit_mode=True, device=torch.device("cpu"), shape=(5,),
                          dtype=np.dtype("float32")),
     }
     for key, ops in got.items():
-        start = decoded["image" if key.startswith("image") else
-                        "label" if key in ("label", "sample_id") else "caption"]
+        start = (_decoded(ops, RES) if key == "image" else
+                 decoded["label" if key in ("label", "sample_id") else "caption"])
         state, wrong = _walk(ops, start, CUDA)
         assert wrong == [], f"{key}: {wrong} declare buffers off {CUDA} after ToDevice"
         assert state.device == CUDA, f"{key} ends on {state.device}"
-        if key.startswith("image"):
-            assert tuple(state.shape) == (3, RES, RES) and state.dtype == torch.uint8
+        if key == "image":
+            assert tuple(state.shape) == ((3, RES, RES, 3) if train else (3, RES, RES))
+            assert state.dtype in (torch.uint8, np.dtype("uint8"))
 
 
 def test_view_group_pipelines_end_on_the_cuda_device_at_their_sizes() -> None:
-    """Multi-crop on the GPU path: each view's pipeline crops at its group's size and ends on
-    the device (2 × 12 px + 3 × 8 px views)."""
-    from ffcv.pipeline.state import State
-
+    """Multi-crop on the GPU path: each group's views are cropped from one decode at the
+    group's size and end on the device (2 × 12 px + 3 × 8 px views)."""
     big, small = AugmentConfig(resolution=RES), AugmentConfig(resolution=8, scale=[0.05, 0.2])
     got = pipeline_ops(["image", "label", "sample_id"], augment=big, train=True, views=5,
                        device=CUDA, batched_augment=True, with_captions=False,
                        view_augments=[big, big, small, small, small])
-    sides = {"image": RES, "image_1": RES, "image_2": 8, "image_3": 8, "image_4": 8}
-    for key, side in sides.items():
-        start = State(jit_mode=True, device=torch.device("cpu"), shape=(side, side, 3),
-                      dtype=np.dtype("uint8"))
-        assert got[key][0].output_size == (side, side)
-        state, wrong = _walk(got[key], start, CUDA)
+    groups = {"image": (2, RES), "image_2": (3, 8)}
+    assert sorted(k for k in got if k.startswith("image")) == sorted(groups)
+    for key, (views, side) in groups.items():
+        assert got[key][0].output_size == (side, side) and got[key][0].views == views
+        state, wrong = _walk(got[key], _decoded(got[key], side), CUDA)
         assert wrong == [] and state.device == CUDA, key
-        assert tuple(state.shape) == (3, side, side)
+        assert tuple(state.shape) == (views, side, side, 3)
 
 
 def test_cpu_pipelines_stay_on_the_host_without_a_copy() -> None:
