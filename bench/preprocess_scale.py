@@ -11,7 +11,9 @@ colours, bicubically upscaled, plus noise): every picture distinct, their pHashe
 so the near-duplicate search sees the case the issue measured. Labels: ten classes (``.cls``,
 ``key % 10``). Captions are drawn from a pool of ``--caption-pool`` distinct texts (2,000): the
 caption stage embeds at most that many texts whatever N is, so it stays bounded and the image
-stages are what grows. Shard ``k`` holds the same items at every N (seeded by ``k``): full
+stages are what grows. ``--caption-pool 0``: every item's caption is its own (a pool text and
+the item's number), as in CC3M / CC12M, where nearly every caption is distinct: the caption
+stage then grows with N. Shard ``k`` holds the same items at every N (seeded by ``k``): full
 shards are generated once into ``--cache`` (``pool-*/``) and hard-linked into each N's folder
 (``n<N>/``, a last partial shard written there), so a rerun generates nothing.
 
@@ -81,16 +83,18 @@ def caption_pool(n: int) -> list[str]:
               "by a window", "in the rain", "at a market", "on a hill", "in a garden"]
     texts = [f"a photo of a {c} {t} {p}" for c, t, p in
              itertools.product(colours, things, places)]
+    if n == 0:  # distinct captions: the whole pool, each item numbered (shard_items)
+        return texts
     if n > len(texts):
         raise SystemExit(f"--caption-pool {n}: at most {len(texts)}")
     return texts[:n]
 
 
-def shard_items(k: int, count: int, per_shard: int, pool: list[str]) -> Iterator[
-        tuple[str, bytes, str, int]]:
+def shard_items(k: int, count: int, per_shard: int, pool: list[str],
+                distinct: bool = False) -> Iterator[tuple[str, bytes, str, int]]:
     """The first ``count`` items of shard ``k``: (key, JPEG bytes, caption, label). Drawn in
     item order from a generator seeded by ``k``: the first items of a shard are the same
-    whatever ``count`` is."""
+    whatever ``count`` is. ``distinct``: each caption ends with its item's number."""
     import cv2
     import numpy as np
 
@@ -102,7 +106,9 @@ def shard_items(k: int, count: int, per_shard: int, pool: list[str]) -> Iterator
         img = np.clip(big + rng.normal(0, 4, big.shape), 0, 255).astype(np.uint8)
         ok, jpg = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 90])
         assert ok
-        yield f"{i:09d}", jpg.tobytes(), pool[int(rng.integers(len(pool)))], i % CLASSES
+        text = pool[int(rng.integers(len(pool)))]
+        yield f"{i:09d}", jpg.tobytes(), f"{text}, picture {i}" if distinct else text, \
+            i % CLASSES
 
 
 def write_tar(path: Path, items: Iterator[tuple[str, bytes, str, int]]) -> None:
@@ -140,11 +146,11 @@ def make_source(cache: Path, n: int, per_shard: int, pool_size: int) -> Path:
         count = min(per_shard, n - k * per_shard)
         name = f"shard-{k:05d}.tar"
         if count < per_shard:
-            write_tar(folder / name, shard_items(k, count, per_shard, texts))
+            write_tar(folder / name, shard_items(k, count, per_shard, texts, not pool_size))
             made += count
             continue
         if not (pool_dir / name).exists():
-            write_tar(pool_dir / name, shard_items(k, count, per_shard, texts))
+            write_tar(pool_dir / name, shard_items(k, count, per_shard, texts, not pool_size))
             made += count
         os.link(pool_dir / name, folder / name)
     mark.write_text(json.dumps(want))
@@ -389,7 +395,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 20_000, 40_000, 80_000])
     ap.add_argument("--per-shard", type=int, default=1000, help="items per input tar shard")
-    ap.add_argument("--caption-pool", type=int, default=2000)
+    ap.add_argument("--caption-pool", type=int, default=2000,
+                    help="distinct captions drawn from (0: every caption distinct)")
     ap.add_argument("--num-cpus", type=int, default=2)
     ap.add_argument("--cache", type=Path,
                     default=Path(os.environ.get("SIMGRAPH_CACHE_DIR",

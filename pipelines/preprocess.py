@@ -6,7 +6,7 @@ config, runs it and prints the split summary. Output directory::
 
     manifest.json  train.beton  val.beton  test.beton  classes.json
     class_embeddings.npy  class_similarity.npy   (labelled data with captions enabled)
-    captions.npz  captions.json  caption_index.npy  content.npz
+    caption_embeddings.npy (+ .json)  captions.json  caption_index.npy  content.npz
 """
 
 from __future__ import annotations

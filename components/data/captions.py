@@ -111,19 +111,20 @@ def embed(model: Any, texts: Sequence[str], batch_size: int | None = None) -> np
     return np.asarray(out, dtype=np.float32)
 
 
-def token_counts(model: Any, texts: Sequence[str], batch_size: int = 1024) -> list[int]:
-    """Tokens per text as the encoder's tokenizer counts them (special tokens included), before
-    truncation to ``model.max_seq_length``."""
+def token_counts(model: Any, texts: Sequence[str], batch_size: int = 1024) -> np.ndarray:
+    """``[len(texts)]`` int64: tokens per text as the encoder's tokenizer counts them (special
+    tokens included), before truncation to ``model.max_seq_length``; ``batch_size`` texts per
+    tokenizer call."""
     from components.data.onnx_text import OnnxEncoder
 
-    if isinstance(model, OnnxEncoder):
-        return model.token_counts(texts)
-    out: list[int] = []
-    tok = model.tokenizer
+    out = np.zeros(len(texts), dtype=np.int64)
     for s in range(0, len(texts), batch_size):
-        enc = tok(list(texts[s : s + batch_size]), add_special_tokens=True, truncation=False,
-                  verbose=False)
-        out += [len(ids) for ids in enc["input_ids"]]
+        part = list(texts[s : s + batch_size])
+        if isinstance(model, OnnxEncoder):
+            out[s:s + len(part)] = model.token_counts(part)
+        else:
+            enc = model.tokenizer(part, add_special_tokens=True, truncation=False, verbose=False)
+            out[s:s + len(part)] = [len(ids) for ids in enc["input_ids"]]
     return out
 
 

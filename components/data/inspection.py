@@ -222,11 +222,16 @@ def _class_similarity(info: DatasetInfo, out: Path) -> list[str]:
 
 
 def _nearest_captions(root: Path, texts: list[str]) -> list[str]:
-    cache = root / "captions.npz"
-    if not cache.exists() or len(texts) < 2:
+    if len(texts) < 2:
         return []
-    with np.load(cache) as z:
-        emb = np.asarray(z["embeddings"], dtype=np.float32)
+    new, old = root / "caption_embeddings.npy", root / "captions.npz"
+    if new.exists():  # memory-mapped: only the sampled rows are read
+        emb = np.load(new, mmap_mode="r")
+    elif old.exists():  # a dataset built before 2026-11-27
+        with np.load(old) as z:
+            emb = np.asarray(z["embeddings"], dtype=np.float32)
+    else:
+        return []
     if len(emb) != len(texts):
         return []
     idx = np.arange(len(texts))
@@ -234,7 +239,7 @@ def _nearest_captions(root: Path, texts: list[str]) -> list[str]:
     if len(idx) > PAIRS_SAMPLE:
         idx = np.sort(np.random.default_rng(0).choice(idx, PAIRS_SAMPLE, replace=False))
         note = f" (among {PAIRS_SAMPLE} captions drawn with seed 0 of {len(texts)})"
-    e = emb[idx]
+    e = np.asarray(emb[idx], dtype=np.float32)
     sim = e @ e.T
     np.fill_diagonal(sim, -np.inf)
     iu = np.triu_indices(len(idx), 1)

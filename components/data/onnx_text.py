@@ -279,9 +279,14 @@ class OnnxEncoder:
     def get_embedding_dimension(self) -> int:
         return self._dim
 
-    def token_counts(self, texts: Sequence[str]) -> list[int]:
-        """Tokens per text, special tokens included, before truncation to the window."""
-        return [len(e.ids) for e in self._counter.encode_batch(list(texts))]
+    def token_counts(self, texts: Sequence[str], batch_size: int = 4096) -> list[int]:
+        """Tokens per text, special tokens included, before truncation to the window
+        (``batch_size`` texts per tokenizer call: its encodings are large, a build's captions
+        many)."""
+        out: list[int] = []
+        for s in range(0, len(texts), batch_size):
+            out += [len(e.ids) for e in self._counter.encode_batch(list(texts[s:s + batch_size]))]
+        return out
 
     def encode(self, texts: Sequence[str], batch_size: int | None = None) -> np.ndarray:
         """``[len(texts), E]`` float32 embeddings (L2-normalised when the model normalises);

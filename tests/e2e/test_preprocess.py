@@ -260,7 +260,7 @@ def test_killed_run_resumes_to_identical_files(tmp_path: Path, ray_local: None) 
     assert 3 <= written < len(ref["shards"])
     assert not session_pids(proc.pid)
     said = log.read_text()
-    assert (tmp_path / "killed" / "captions.npz").exists(), said[-3000:]  # the actor pool ran
+    assert (tmp_path / "killed" / "caption_embeddings.npy").exists(), said[-3000:]  # embedded
     assert "constructor arguments in the object store" not in said, said[-3000:]
 
     m = run(from_dict(PreprocessConfig, {**base, "output": str(tmp_path / "killed")}), echo=False)
@@ -329,17 +329,19 @@ def test_a_dead_caption_actor_costs_only_the_captions_it_had_not_returned(
     monkeypatch.setattr(embedding, "_embedding_stage", stage)
     cfg = _cfg(tmp_path, tmp_path / "src")  # its backend as the driver resolves auto:
     cfg = dataclasses.replace(cfg, captions=dataclasses.replace(cfg.captions, backend="torch"))
-    emb = embedding.embed_captions(cfg, texts, tmp_path)
-    np.testing.assert_array_equal(emb[:, 0], np.arange(5))
+    table = embedding.embed_captions(cfg, texts, tmp_path)
+    emb = np.load(table.path)  # rows written where they belong, out of order
+    assert emb.shape == (5, 3) and (table.rows, table.dim) == (5, 3)
+    np.testing.assert_array_equal(emb, np.repeat(np.arange(5.0)[:, None], 3, axis=1))
     first = runs[0][:2]
     assert sorted(runs[0]) == list(range(5)) and sorted(runs[1]) == sorted(set(range(5)) -
                                                                           set(first))
     assert "a caption actor died (ActorDiedError); embedding the 3 captions left" in (
         capsys.readouterr().err)
-    assert (tmp_path / "captions.npz").exists()
+    assert (tmp_path / "caption_embeddings.npy").exists()
 
     runs.clear()
-    (tmp_path / "captions.npz").unlink()
+    (tmp_path / "caption_embeddings.npy").unlink()
     def always_dies(cfg: PreprocessConfig, texts_: list[str], ids: list[int]) -> Stage:
         runs.append(ids)
         return Stage(ids, dies_after=0)
@@ -349,4 +351,5 @@ def test_a_dead_caption_actor_costs_only_the_captions_it_had_not_returned(
                                               r"times; 0 of 5 captions were embedded"):
         embedding.embed_captions(cfg, texts, tmp_path)
     assert len(runs) == embedding.CAPTION_STAGE_RETRIES + 1
-    assert not (tmp_path / "captions.npz").exists()
+    assert not (tmp_path / "caption_embeddings.npy").exists()
+    assert not [p.name for p in tmp_path.iterdir() if ".tmp" in p.name]  # no partial file left

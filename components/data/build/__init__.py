@@ -46,7 +46,8 @@ Output directory::
     manifest.json  train.beton  val.beton  test.beton  classes.json
     class_embeddings.npy  class_similarity.npy   (labelled data with captions enabled)
     shards/<split>-<k>.json (+ .beton while building, or with keep_shards)
-    captions.npz   (the embedded caption table; a re-run reuses it)
+    caption_embeddings.npy + .json   (the embedded caption table and its cache key; a re-run
+                                      reuses it; captions.npz before 2026-11-27)
     captions.json  caption_index.npy   (caption texts and token counts; sample id -> caption id)
     content.npz    (every item's content hashes; a resumed run reuses them)
     source.json.gz (the source as listed: every item's path, label, caption and file

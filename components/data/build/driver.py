@@ -113,7 +113,7 @@ def _build(
             table = embed_captions(cfg, texts, out) if cfg.captions.enabled and todo else None
             if echo and table is not None:
                 took = time.perf_counter() - t0
-                print(f"simgraph preprocess: {len(texts)} caption embeddings in {took:.1f} s "
+                print(f"simgraph preprocess: {table.rows} caption embeddings in {took:.1f} s "
                       f"({len(texts) / max(took, 1e-9):.0f}/s, reused when cached)", flush=True)
         t0 = time.perf_counter()
         with times.stage("shards"):
@@ -121,7 +121,7 @@ def _build(
                 specs = shard_specs(p, todo)
                 # one shard per task: no shuffle, each task writes what it read
                 map_tasks(write_shard, specs, settings=ShardSettings(
-                    out_dir=str(out), table_ref=[ray.put(table)] if table is not None else [],
+                    out_dir=str(out), captions=str(table.path) if table is not None else "",
                     digests=digests, image=dataclasses.asdict(cfg.image),
                     caption_dtype=cfg.captions.dtype, bad_input=cfg.bad_input))
                 if echo:
@@ -143,7 +143,7 @@ def _build(
         if echo:
             print(f"simgraph preprocess: merged {len(sides)} shards into "
                   f"{len(merged)} split files in {time.perf_counter() - t0:.1f} s", flush=True)
-        dim = int(table.shape[1]) if table is not None else _stored_dim(out)
+        dim = table.dim if table is not None else _stored_dim(out)
         stopping = time.perf_counter()
     times.add("ray", time.perf_counter() - stopping)  # a local Ray's shutdown
 

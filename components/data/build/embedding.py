@@ -1,25 +1,34 @@
 """Step 3: caption embeddings. The unique captions are embedded by a Ray Data actor pool (one
-text encoder per actor, batches streamed to it; :func:`embed_captions`, cached in
-``captions.npz``); on the driver, ``classes.json`` with the class embeddings and similarity
-(:func:`write_class_files`), and ``captions.json`` / ``caption_index.npy`` with the manifest's
-``caption_checks`` (:func:`caption_files`). The encoder itself: ``components/data/captions.py``."""
+text encoder per actor, batches streamed to it; :func:`embed_captions`) into
+``caption_embeddings.npy`` row by row (:class:`CaptionTable`: never whole in memory; each shard
+task reads its own rows), cached under ``caption_embeddings.json``'s key; on the driver,
+``classes.json`` with the class embeddings and similarity (:func:`write_class_files`), and
+``captions.json`` (written piece by piece) / ``caption_index.npy`` with the manifest's
+``caption_checks`` (:func:`caption_files`). The encoder itself: ``components/data/captions.py``.
+"""
 
 from __future__ import annotations
 
 import collections
+import dataclasses
+import hashlib
+import json
+import os
 import sys
 import warnings
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
 from components.config import PreprocessConfig
 from components.data import captions as cap
-from components.data.build.common import LISTED_MAX, PreprocessError, _digest
+from components.data.build.common import LISTED_MAX, PreprocessError, _read_json
 from components.data.build.planning import Plan
+from components.data.build.source_record import _chunks
 from components.data.caption_backend import AUTO, reference_or
-from components.io.files import replacing, write_json
+from components.io.files import atomic_open, replacing, write_json
 
 CAPTION_TRUNCATED = "caption-truncated"
 
@@ -30,8 +39,103 @@ CAPTION_TRUNCATED = "caption-truncated"
 CAPTION_STAGE_RETRIES = 3
 
 
-def embed_captions(cfg: PreprocessConfig, texts: list[str], out: Path) -> np.ndarray:
-    """``[len(texts), E]`` float32 rows, one per unique text; cached in ``captions.npz``.
+EMBEDDINGS = "caption_embeddings.npy"  # [U, E] float32, row = caption id
+EMBEDDINGS_KEY = "caption_embeddings.json"  # {"key": the cache key, "shape": [U, E]}
+OLD_CACHE = "captions.npz"  # before 2026-11-27: {"key", "embeddings"}, read when its key matches
+
+
+@dataclasses.dataclass(frozen=True)
+class CaptionTable:
+    """The build's caption embeddings on disk (``caption_embeddings.npy``), one row per unique
+    caption text: never held whole in memory (CC12M's 12M captions × 384 float32 are 18 GB);
+    each shard task reads the rows of its own items."""
+
+    path: Path
+    rows: int
+    dim: int
+
+    def take(self, ids: np.ndarray) -> np.ndarray:
+        """``[len(ids), E]`` float32: the rows ``ids`` (a copy)."""
+        table = np.load(self.path, mmap_mode="r")
+        return np.asarray(table[np.asarray(ids, dtype=np.int64)], dtype=np.float32)
+
+
+def caption_cache_key(cfg: PreprocessConfig, texts: Sequence[str]) -> str:
+    """The embeddings cache's key: sha256 of ``{"backend"?, "model", "texts"}`` as
+    ``json.dumps(..., sort_keys=True)`` writes it (what ``_digest`` gave for the dict, so
+    caches of earlier builds still match), fed piece by piece — never one text of every
+    caption."""
+    head: dict[str, str] = {"model": cfg.captions.model}
+    if cfg.captions.backend != "torch":
+        head["backend"] = cfg.captions.backend
+    h = hashlib.sha256(json.dumps(head, sort_keys=True)[:-1].encode())  # up to the last "}"
+    h.update(b', "texts": [')
+    for chunk in _chunks(_joined(json.dumps(t) for t in texts)):
+        h.update(chunk)
+    h.update(b"]}")
+    return h.hexdigest()
+
+
+def _joined(items: Iterable[str]) -> Iterator[str]:
+    """``items`` with ``", "`` between them (a JSON list's separator)."""
+    for k, item in enumerate(items):
+        yield item if k == 0 else ", " + item
+
+
+def cached_table(out: Path, key: str | None = None) -> CaptionTable | None:
+    """The embeddings in ``out`` when complete (and built for ``key``, when given); an old
+    build's ``captions.npz`` of that key is converted to the new file first."""
+    meta = _read_json(out / EMBEDDINGS_KEY)
+    path = out / EMBEDDINGS
+    if meta and path.exists() and (key is None or meta.get("key") == key):
+        rows, dim = (int(v) for v in meta["shape"])
+        if np.load(path, mmap_mode="r").shape == (rows, dim):
+            return CaptionTable(path, rows, dim)
+    old = out / OLD_CACHE
+    if old.exists():
+        with np.load(old) as z:
+            if key is None or str(z["key"]) == key:
+                emb = np.asarray(z["embeddings"], dtype=np.float32)
+                with replacing(path) as tmp:
+                    np.save(tmp, emb)
+                write_json(out / EMBEDDINGS_KEY, {"key": str(z["key"]),
+                                                  "shape": list(emb.shape)})
+                old.unlink()
+                return CaptionTable(path, int(emb.shape[0]), int(emb.shape[1]))
+    return None
+
+
+class _RowWriter:
+    """Rows of a ``[rows, E]`` float32 ``.npy`` file written where they belong, as the
+    embedding stage returns them (out of order), with ``os.pwrite``: nothing held in memory,
+    no mapping (a written mapping's pages count in the driver's RSS)."""
+
+    def __init__(self, f: IO[bytes], rows: int) -> None:
+        self.f, self.rows = f, rows
+        self.dim = 0
+        self.offset = 0
+
+    def write(self, ids: np.ndarray, emb: np.ndarray) -> None:
+        if not self.dim:  # the header, once the width is known
+            self.dim = int(emb.shape[1])
+            np.lib.format.write_array_header_1_0(self.f, {
+                "descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
+                "fortran_order": False, "shape": (self.rows, self.dim)})
+            self.f.flush()
+            self.offset = self.f.tell()
+            self.f.truncate(self.offset + self.rows * self.dim * 4)
+        emb = np.ascontiguousarray(emb, dtype=np.float32)
+        order = np.argsort(ids, kind="stable")
+        fd, width = self.f.fileno(), self.dim * 4
+        for k in order:
+            os.pwrite(fd, emb[k].tobytes(), self.offset + int(ids[k]) * width)
+
+
+def embed_captions(cfg: PreprocessConfig, texts: Sequence[str], out: Path) -> CaptionTable:
+    """Embed the unique captions ``texts`` into ``caption_embeddings.npy`` (row ``i`` =
+    ``texts[i]``, float32; with ``caption_embeddings.json`` its cache key): a re-run with the
+    same texts, model and backend reuses it. The rows go to the file as the stage returns them,
+    so the driver never holds the table.
 
     Raises:
         PreprocessError: caption actors died more than ``CAPTION_STAGE_RETRIES`` times.
@@ -40,47 +144,51 @@ def embed_captions(cfg: PreprocessConfig, texts: list[str], out: Path) -> np.nda
 
     if cfg.captions.backend == AUTO:  # the driver resolves it (caption_backend.choose)
         raise ValueError("embed_captions needs a resolved captions.backend, not 'auto'")
-    cache = out / "captions.npz"
-    key = _digest({"texts": texts, "model": cfg.captions.model,
-                   **({} if cfg.captions.backend == "torch" else
-                      {"backend": cfg.captions.backend})})
-    if cache.exists():
-        with np.load(cache) as z:
-            if str(z["key"]) == key:
-                return np.asarray(z["embeddings"])
+    key = caption_cache_key(cfg, texts)
+    cached = cached_table(out, key)
+    if cached is not None:
+        return cached
+    n = len(texts)
     # Shortest first: each actor batch then holds captions of similar length, so the encoder
     # pads little (the table itself is sorted alphabetically); caption_id maps rows back.
-    by_length = sorted(range(len(texts)), key=lambda i: (len(texts[i]), i))
-    emb: np.ndarray | None = None
-    done = np.zeros(len(texts), dtype=bool)
-    for attempt in range(CAPTION_STAGE_RETRIES + 1):
-        todo = [i for i in by_length if not done[i]]
-        if not todo:
-            break
-        try:
-            for batch in _embedding_stage(cfg, texts, todo).iter_batches(
-                    batch_size=None, batch_format="numpy"):
-                ids, rows = batch["caption_id"], np.asarray(batch["embedding"], np.float32)
-                if emb is None:
-                    emb = np.zeros((len(texts), rows.shape[1]), dtype=np.float32)
-                emb[ids] = rows
-                done[ids] = True
-        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as e:
-            what = f"a caption actor died ({type(e).__name__})"
-            if attempt == CAPTION_STAGE_RETRIES:
-                raise PreprocessError(
-                    f"{what}, {attempt + 1} times; {int(done.sum())} of {len(texts)} captions "
-                    "were embedded. If they ran out of memory, lower captions.batch_size or "
-                    "captions.actors; then run the same command again") from None
-            print(f"simgraph preprocess: {what}; embedding the {len(texts) - int(done.sum())} "
-                  "captions left on new actors", file=sys.stderr, flush=True)
-    assert emb is not None and done.all()
-    with replacing(cache) as tmp:
-        np.savez(tmp, key=np.array(key), embeddings=emb)
-    return emb
+    lengths = np.fromiter(map(len, texts), dtype=np.int64, count=n)
+    by_length = np.argsort(lengths, kind="stable")
+    del lengths
+    done = np.zeros(n, dtype=bool)
+    target = out / EMBEDDINGS
+    with replacing(target) as tmp, open(tmp, "wb") as f:
+        rows = _RowWriter(f, n)
+        for attempt in range(CAPTION_STAGE_RETRIES + 1):
+            todo = by_length[~done[by_length]]
+            if not len(todo):
+                break
+            try:
+                for batch in _embedding_stage(cfg, texts, todo).iter_batches(
+                        batch_size=None, batch_format="numpy"):
+                    ids = np.asarray(batch["caption_id"], dtype=np.int64)
+                    rows.write(ids, np.asarray(batch["embedding"], np.float32))
+                    done[ids] = True
+            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as e:
+                what = f"a caption actor died ({type(e).__name__})"
+                if attempt == CAPTION_STAGE_RETRIES:
+                    raise PreprocessError(
+                        f"{what}, {attempt + 1} times; {int(done.sum())} of {n} captions were "
+                        "embedded. If they ran out of memory, lower captions.batch_size or "
+                        "captions.actors; then run the same command again") from None
+                print(f"simgraph preprocess: {what}; embedding the {n - int(done.sum())} "
+                      "captions left on new actors", file=sys.stderr, flush=True)
+        assert done.all() and rows.dim
+        f.flush()
+    write_json(out / EMBEDDINGS_KEY, {"key": key, "shape": [n, rows.dim]})
+    return CaptionTable(target, n, rows.dim)
 
 
-def _embedding_stage(cfg: PreprocessConfig, texts: list[str], ids: list[int]) -> Any:
+# Rows per Arrow block handed to the caption actors: the input is built block by block from
+# the texts (no Python dict per caption on the driver).
+STAGE_BLOCK_ROWS = 65_536
+
+
+def _embedding_stage(cfg: PreprocessConfig, texts: Sequence[str], ids: np.ndarray) -> Any:
     """The Ray Data actor pool that embeds ``texts[i]`` for ``i`` in ``ids`` (batched in that
     order): ``{caption_id, text}`` rows → ``{caption_id, embedding}`` batches.
 
@@ -89,12 +197,18 @@ def _embedding_stage(cfg: PreprocessConfig, texts: list[str], ids: list[int]) ->
     object-store arguments ("has constructor arguments in the object store and max_restarts >
     0"; docs/ray-notes.md, "Ray Data"). :func:`embed_captions` re-runs the captions a dead
     actor left instead of Ray restarting it."""
+    import pyarrow as pa
     import ray
     from ray.util.annotations import RayDeprecationWarning
 
     # The ONNX backends run on CPU (the same encoder as the driver's class embeddings).
     use_gpu = cfg.captions.backend == "torch" and ray.cluster_resources().get("GPU", 0) > 0
-    items = ray.data.from_items([{"caption_id": i, "text": texts[i]} for i in ids])
+    ids = np.asarray(ids, dtype=np.int64)
+    blocks = [pa.table({"caption_id": ids[s:s + STAGE_BLOCK_ROWS],
+                        "text": pa.array([texts[i] for i in ids[s:s + STAGE_BLOCK_ROWS]],
+                                         pa.string())})
+              for s in range(0, len(ids), STAGE_BLOCK_ROWS)]
+    items = ray.data.from_arrow(blocks)
     with warnings.catch_warnings():
         # Ray 2.60's map_batches has no named max_restarts yet: it goes through the extra
         # remote arguments, which it says are deprecated (a TypeError once they are removed).
@@ -146,14 +260,12 @@ def caption_files(
     (sentence-transformers truncates): each such item is counted as ``caption-truncated``."""
     limit = int(model.max_seq_length)
     tokens = cap.token_counts(model, plan_.texts)
-    data = {"model": cfg.captions.model, "max_seq_length": limit, "texts": plan_.texts,
-            "tokens": tokens}
-    write_json(out / "captions.json", data)
+    write_caption_texts(out / "captions.json", cfg.captions.model, limit, plan_.texts, tokens)
     index = np.stack([plan_.sample_ids.astype(np.int64),
                       plan_.caption_ids.astype(np.int64)], axis=1)
     with replacing(out / "caption_index.npy") as tmp:
         np.save(tmp, index.reshape(-1, 2))
-    over = np.array([t > limit for t in tokens] + [False], dtype=bool)  # [-1]: no caption
+    over = np.append(tokens > limit, False)  # [-1]: no caption
     long = np.flatnonzero(over[plan_.caption_ids])
     notes = list(plan_.caption_notes) + [
         {"path": plan_.paths[i], "reason": CAPTION_TRUNCATED,
@@ -176,9 +288,30 @@ def caption_files(
     return checks, {"captions": "captions.json", "caption_index": "caption_index.npy"}
 
 
+def write_caption_texts(target: Path, model: str, limit: int, texts: Sequence[str],
+                        tokens: np.ndarray) -> None:
+    """``captions.json``: ``{"model", "max_seq_length", "texts", "tokens"}`` byte for byte as
+    ``json.dumps(..., indent=1)`` writes it (the format readers and earlier builds have),
+    written piece by piece: never one text of every caption (CC12M: 12M of them)."""
+
+    def items(f: IO[str], values: Iterable[str], n: int) -> None:
+        if not n:
+            f.write("[]")
+            return
+        f.write("[\n  ")
+        for k, v in enumerate(values):
+            f.write(v if k == 0 else ",\n  " + v)
+        f.write("\n ]")
+
+    with atomic_open(target, "w", encoding="utf-8") as f:
+        f.write(f'{{\n "model": {json.dumps(model)},\n "max_seq_length": {json.dumps(limit)},'
+                '\n "texts": ')
+        items(f, (json.dumps(t) for t in texts), len(texts))
+        f.write(',\n "tokens": ')
+        items(f, (str(int(t)) for t in tokens), len(tokens))
+        f.write("\n}\n")
+
+
 def _stored_dim(out: Path) -> int:
-    cache = out / "captions.npz"
-    if cache.exists():
-        with np.load(cache) as z:
-            return int(z["embeddings"].shape[1])
-    return 0
+    table = cached_table(out)
+    return table.dim if table is not None else 0

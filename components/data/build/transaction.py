@@ -108,7 +108,9 @@ def _run_local(cfg: PreprocessConfig, out: Path, overwrite: bool,
 
 # Entries of a dataset dir that a build writes (and an --overwrite replaces); anything else in
 # the dir (``inspect/``, a user's notes) is left alone.
-OWNED = ("shards", MANIFEST, "captions.npz", "classes.json", "class_embeddings.npy",
+OWNED = ("shards", MANIFEST, "caption_embeddings.npy", "caption_embeddings.json",
+         "captions.npz",  # the embeddings' file before 2026-11-27 (replaced when found)
+         "classes.json", "class_embeddings.npy",
          "class_similarity.npy", "captions.json", "caption_index.npy", "content.npz",
          SOURCE_FILE,
          *(f"{s}.beton" for s in SPLITS))

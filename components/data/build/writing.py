@@ -71,7 +71,7 @@ class ShardSettings:
     """What every shard task needs besides its items (stored once, passed to each task)."""
 
     out_dir: str
-    table_ref: list[Any]  # [the caption table's ObjectRef], or [] without captions
+    captions: str  # the caption embeddings' file (CaptionTable.path), "" without captions
     digests: dict[str, str]  # shard name -> its plan digest (kept in the sidecar)
     image: dict[str, Any]  # the ImageConfig as a dict
     caption_dtype: str
@@ -81,21 +81,18 @@ class ShardSettings:
 def write_shard(spec: dict[str, Any], settings: ShardSettings) -> int:
     """One Ray task per :func:`shard_specs` row: decode and write its shard; returns the
     samples written."""
-    import ray
-
-    table = ray.get(settings.table_ref[0]) if settings.table_ref else None
     group = {"sample_id": np.asarray(spec["sample_id"], dtype=np.int64),
              "path": np.array(list(spec["path"]), dtype=object),
              "label": np.asarray(spec["label"], dtype=np.int64),
              "caption_id": np.asarray(spec["caption_id"], dtype=np.int64)}
     group = decode_batch(group, settings.image["max_side"], settings.image["min_side"])
-    return write_group(str(spec["shard"]), group, table, settings)
+    return write_group(str(spec["shard"]), group, settings)
 
 
-def write_group(name: str, group: dict[str, np.ndarray], table: np.ndarray | None,
-                settings: ShardSettings) -> int:
+def write_group(name: str, group: dict[str, np.ndarray], settings: ShardSettings) -> int:
     """Write shard ``name`` (its decoded rows, :func:`decode_batch`) and its sidecar; returns
-    the samples written."""
+    the samples written. Its items' caption embeddings are read from the build's file (this
+    shard's rows only)."""
     order = np.argsort(group["sample_id"], kind="stable")
     ok = [i for i in order if not group["reason"][i]]
     skipped = [
@@ -117,8 +114,9 @@ def write_group(name: str, group: dict[str, np.ndarray], table: np.ndarray | Non
             for i in ok
         ]
         captions = None
-        if table is not None:
-            captions = table[group["caption_id"][ok]].astype(settings.caption_dtype)
+        if settings.captions:
+            rows = np.load(settings.captions, mmap_mode="r")[group["caption_id"][ok]]
+            captions = np.asarray(rows, dtype=np.float32).astype(settings.caption_dtype)
         with replacing(target) as tmp:
             shards.write_shard(
                 tmp, images, group["label"][ok], group["sample_id"][ok], captions,
