@@ -288,9 +288,10 @@ def list_huggingface(path: str, *, classes: Sequence[str] | None = None,
     """
     splits = hf_splits(path, options.split)
     hf = _HFLister(path, on_bad_input, options)
-    for split in splits:
-        for file in split.files:
-            hf.file(split, file)
+    with hf.lister.reading():
+        for split in splits:
+            for file in split.files:
+                hf.file(split, file)
     labelled = options.label_column is not None
     listing = hf.lister.listing(classes or hf.names, labelled)
     read = {s.name for s in splits}

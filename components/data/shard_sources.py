@@ -25,6 +25,7 @@ missing, empty or not UTF-8 are left to ``captions.missing`` like every source's
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -90,6 +91,10 @@ class ShardOptions:
 # Listing.
 
 
+class _Stop(Exception):  # noqa: N818 (not an error: reading stops at a pending problem)
+    """Ends a listing's reading under ``bad_input: error`` (:meth:`_Lister.skip`)."""
+
+
 class _Lister:
     """Items and skips of one listing, as columns (:class:`ShardPaths`, raw label and caption
     ids into tables of the distinct values, a 16-byte digest of each key): labels stay raw
@@ -97,7 +102,14 @@ class _Lister:
 
     A skip's place among the others is kept (``(rows before it, 0)``; a duplicate key's
     ``(its row, 1)``), so the skips come out in the order the shards were read, as when each
-    key was looked up on arrival."""
+    key was looked up on arrival.
+
+    Under ``bad_input: error`` the first problem found while reading (a missing image, an
+    unreadable shard) stops the listing (:class:`_Stop`, caught by :meth:`reading`) and is
+    kept as ``pending``; :meth:`table` then raises the first problem in listing order: a
+    duplicate key or a label problem among the rows read before it, else that one. A
+    duplicate's first copy is always an earlier row, so the rows before the stop hold every
+    duplicate that comes first."""
 
     def __init__(self, source: str, on_bad_input: str) -> None:
         self.source = source
@@ -113,14 +125,24 @@ class _Lister:
         self.key_text = bytearray()  # the keyed rows' keys, UTF-8, each ended by a NUL
         self.skipped: list[tuple[tuple[int, int], Skip]] = []
         self.labelled = True  # whether labels are read (else every item is unlabelled)
+        self.pending: Skip | None = None  # bad_input: error: the problem that stopped reading
 
     def skip(self, path: str, reason: str, detail: str, of: str | None = None,
              at: tuple[int, int] | None = None) -> None:
+        """Count a problem found while reading (before the next row); under ``bad_input:
+        error`` keep it as ``pending`` and stop reading (:class:`_Stop`)."""
+        bad = Skip(path=path, reason=reason, detail=detail, of=of)
         if self.policy == "error":
-            raise SourceError(f"{path}: {detail} (set bad_input=skip to skip and count such "
-                              "items)")
-        self.skipped.append((at or (len(self.file), 0),
-                             Skip(path=path, reason=reason, detail=detail, of=of)))
+            self.pending = bad
+            raise _Stop
+        self.skipped.append((at or (len(self.file), 0), bad))
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """Around a lister's loop over its shards: a :class:`_Stop` ends it (the listing
+        read so far is what :meth:`table` checks)."""
+        with contextlib.suppress(_Stop):
+            yield
 
     def add(self, path: str, key: str | None, label: object, caption: bytes | str | None,
             where: str) -> None:
@@ -158,41 +180,54 @@ class _Lister:
                           np.frombuffer(self.file, np.int32), np.frombuffer(self.a, np.int64),
                           np.frombuffer(self.b, np.int64))
 
-    def _duplicates(self, paths: ShardPaths) -> np.ndarray:
-        """Rows whose key an earlier row has (bool ``[n]``); each is a ``duplicate-path``
-        skip naming the first."""
+    def _duplicates(self, paths: ShardPaths) -> tuple[np.ndarray, Skip | None]:
+        """Rows whose key an earlier row has (bool ``[n]``), each a ``duplicate-path`` skip
+        naming the first (under ``bad_input: error`` not counted: the first of them is
+        returned)."""
         n = len(self.file)
         dup = np.zeros(n, dtype=bool)
         keyed = np.flatnonzero(np.frombuffer(self.keyed, np.uint8))
         if len(keyed) < 2:
-            return dup
+            return dup, None
         words = np.frombuffer(self.keys, np.uint64).reshape(n, 2)[keyed]
         order = np.lexsort((words[:, 1], words[:, 0]))  # stable: equal keys in row order
         w = words[order]
         same = np.flatnonzero(np.all(w[1:] == w[:-1], axis=1)) + 1  # order positions
         if not len(same):
-            return dup
+            return dup, None
         starts = np.flatnonzero(np.r_[True, np.any(w[1:] != w[:-1], axis=1)])
         first_pos = starts[np.searchsorted(starts, same, side="right") - 1]
         files = [p.rpartition("#")[0] for p, _ in self.prefix_ids]  # where: the shard file
         ends = np.flatnonzero(np.frombuffer(self.key_text, np.uint8) == 0)
         begins = np.r_[0, ends[:-1] + 1]
+        first: Skip | None = None
         for k, f in sorted(zip(order[same].tolist(), keyed[order[first_pos]].tolist(),
                                strict=True)):
             r = int(keyed[k])
             dup[r] = True
+            if self.policy == "error" and first is not None:
+                continue  # only the first is named
             key = bytes(self.key_text[begins[k]:ends[k]]).decode()
             where = files[self.file[r]] if self.a[r] >= 0 else paths[r]
-            self.skip(paths[r], DUPLICATE, f"key {key!r} listed more than once ({where}); "
-                      "first kept", of=paths[f], at=(r, 1))
-        return dup
+            bad = Skip(path=paths[r], reason=DUPLICATE, detail=f"key {key!r} listed more "
+                       f"than once ({where}); first kept", of=paths[f])
+            if self.policy == "error":
+                first = bad
+            else:
+                self.skipped.append(((r, 1), bad))
+        return dup, first
 
     def table(self, classes: Sequence[str] | None, labelled: bool | None = None) -> ItemTable:
         """The kept items as columns (duplicates and label problems skipped and counted);
-        ``labelled``: default ``self.labelled``."""
+        ``labelled``: default ``self.labelled``.
+
+        Raises:
+            SourceError: no items; or under ``bad_input: error`` the first problem in listing
+                order (a duplicate key, a missing / unknown label, or what stopped reading).
+        """
         labelled = self.labelled if labelled is None else labelled
         paths = self._paths()
-        dup = self._duplicates(paths)
+        dup, first_dup = self._duplicates(paths)
         raw = list(self.label_ids)
         rows = np.frombuffer(self.labels, np.int32)
         used = np.unique(rows[~dup]).tolist() if labelled else []  # a duplicate's label: none
@@ -205,15 +240,18 @@ class _Lister:
         else:
             names, labels = [], np.full(len(rows), -1, dtype=np.int32)
         skipped = [s for _, s in sorted(self.skipped, key=lambda x: x[0])]
-        for r in np.flatnonzero((labels < -1) & ~dup).tolist():
-            lab = raw[int(rows[r])]
-            bad = (Skip(path=paths[r], reason=MISSING_LABEL, detail="no label") if lab is None
-                   else Skip(path=paths[r], reason=UNKNOWN_LABEL,
-                             detail=f"label {lab!r} is not one of the {len(names)} classes"))
-            if self.policy == "error":
-                raise SourceError(f"{bad.path}: {bad.detail} (set bad_input=skip to skip and "
-                                  "count such items)")
-            skipped.append(bad)
+        label_rows = np.flatnonzero((labels < -1) & ~dup)
+        if self.policy == "error":
+            # the first problem in listing order: the first duplicate or label problem among
+            # the rows read (all before the pending problem, if any), else the pending one
+            first_dup_row = int(np.argmax(dup)) if first_dup is not None else len(dup)
+            if len(label_rows) and label_rows[0] < first_dup_row:
+                first_dup = self._label_skip(paths, raw, rows, names, int(label_rows[0]))
+            first = first_dup or self.pending
+            if first is not None:
+                raise SourceError(f"{first.path}: {first.detail} (set bad_input=skip to skip "
+                                  "and count such items)")
+        skipped += [self._label_skip(paths, raw, rows, names, r) for r in label_rows.tolist()]
         keep = np.flatnonzero((labels >= -1) & ~dup)
         # caption: raw id -> (text id, issue), each distinct raw value decoded once
         texts: dict[str, int] = {}
@@ -232,6 +270,16 @@ class _Lister:
         if not len(table) and not skipped:
             raise SourceError(f"source.path={self.source!r} holds no items")
         return table
+
+    @staticmethod
+    def _label_skip(paths: ShardPaths, raw: list[object], rows: np.ndarray,
+                    names: list[str], r: int) -> Skip:
+        """Row ``r``'s ``missing-label`` / ``unknown-label`` skip."""
+        lab = raw[int(rows[r])]
+        if lab is None:
+            return Skip(path=paths[r], reason=MISSING_LABEL, detail="no label")
+        return Skip(path=paths[r], reason=UNKNOWN_LABEL,
+                    detail=f"label {lab!r} is not one of the {len(names)} classes")
 
     def listing(self, classes: Sequence[str] | None, labelled: bool) -> Listing:
         table = self.table(classes, labelled)
@@ -317,31 +365,37 @@ def webdataset_lister(path: str, *, on_bad_input: str = "skip",
     ``options`` names. Keys are listed in shard order, then member order.
 
     Raises:
-        SourceError: no shard matched, no items, or a bad item under ``bad_input: error``.
+        SourceError: no shard matched (no items, or a bad item under ``bad_input: error``:
+            :meth:`_Lister.table`).
     """
     exts = [e.lower() for e in options.image_extensions]
     lister = _Lister(path, on_bad_input)
-    for shard in shard_files(path, ".tar"):
-        try:
-            with open_shard(shard) as f, tarfile.open(fileobj=f, mode="r:") as tf:
-                for key, members in _tar_keys(tf):
-                    image = next((members[e] for e in exts if e in members), None)
-                    if image is None:
-                        lister.skip(f"{shard}#{key}", MISSING_IMAGE,
-                                    f"key {key!r} has no image member (.{', .'.join(exts)}); "
-                                    f"it has {sorted(members)}")
-                        continue
-                    label = (None if options.label_key is None
-                             else _tar_label(_member_value(tf, members, options.label_key)))
-                    caption = _member_value(tf, members, options.caption_key)
-                    lister.add(f"{shard}#tar:{image.offset_data}:{image.size}", key, label,
-                               None if isinstance(caption, int) else caption, shard)
-        except SourceError:
-            raise  # bad_input: error
-        except (OSError, tarfile.TarError, EOFError) as e:
-            lister.skip(shard, UNREADABLE_SHARD, f"not a readable uncompressed tar shard: {e}")
+    with lister.reading():
+        for shard in shard_files(path, ".tar"):
+            try:
+                _list_tar(lister, shard, exts, options)
+            except (OSError, tarfile.TarError, EOFError) as e:
+                lister.skip(shard, UNREADABLE_SHARD,
+                            f"not a readable uncompressed tar shard: {e}")
     lister.labelled = options.label_key is not None
     return lister
+
+
+def _list_tar(lister: _Lister, shard: str, exts: list[str], options: ShardOptions) -> None:
+    """One tar shard's items into ``lister`` (``exts``: the image extensions, lower case)."""
+    with open_shard(shard) as f, tarfile.open(fileobj=f, mode="r:") as tf:
+        for key, members in _tar_keys(tf):
+            image = next((members[e] for e in exts if e in members), None)
+            if image is None:
+                lister.skip(f"{shard}#{key}", MISSING_IMAGE,
+                            f"key {key!r} has no image member (.{', .'.join(exts)}); "
+                            f"it has {sorted(members)}")
+                continue
+            label = (None if options.label_key is None
+                     else _tar_label(_member_value(tf, members, options.label_key)))
+            caption = _member_value(tf, members, options.caption_key)
+            lister.add(f"{shard}#tar:{image.offset_data}:{image.size}", key, label,
+                       None if isinstance(caption, int) else caption, shard)
 
 
 def image_type_problem(schema: Any, column: str) -> str | None:
@@ -379,47 +433,48 @@ def parquet_lister(path: str, *, on_bad_input: str = "skip", options: ShardOptio
     listed file by file, row group by row group, reading no image bytes.
 
     Raises:
-        SourceError: no file matched, no items, or a bad item under ``bad_input: error``.
+        SourceError: no file matched (no items, or a bad item under ``bad_input: error``:
+            :meth:`_Lister.table`).
     """
-    import pyarrow.parquet as pq
-
     lister = _Lister(path, on_bad_input)
     column = quote(options.image_column, safe="")
-    for file in shard_files(path, ".parquet"):
-        try:
-            with open_shard(file) as f:
-                pf = pq.ParquetFile(f)
-                schema = pf.schema_arrow
-                problem = image_type_problem(schema, options.image_column)
-                if problem is not None:
-                    lister.skip(file, UNREADABLE_SHARD, problem)
-                    continue
-                cap = (options.caption_column if options.caption_column in schema.names
-                       else None)
-                if options.label_column is not None and options.label_column not in schema.names:
-                    lister.skip(file, UNREADABLE_SHARD,
-                                f"has no column {options.label_column!r} (it has "
-                                f"{schema.names}): set source.label_column")
-                    continue
-                wanted = [c for c in ("key", cap, options.label_column)
-                          if c is not None and c in schema.names]
-                for rg in range(pf.num_row_groups):
-                    n = pf.metadata.row_group(rg).num_rows
-                    cols = (pf.read_row_group(rg, columns=wanted).to_pydict() if wanted
-                            else {})
-                    for row in range(n):
-                        keys = cols.get("key")
-                        lister.add(f"{file}#parquet:{rg}:{row}:{column}",
-                                   None if keys is None or keys[row] is None else str(keys[row]),
-                                   cols[options.label_column][row] if options.label_column
-                                   else None,
-                                   cols[cap][row] if cap is not None else None, file)
-        except SourceError:
-            raise  # bad_input: error
-        except (OSError, ValueError, EOFError) as e:  # ArrowInvalid is a ValueError
-            lister.skip(file, UNREADABLE_SHARD, f"not a readable Parquet file: {e}")
+    with lister.reading():
+        for file in shard_files(path, ".parquet"):
+            try:
+                _list_parquet_file(lister, file, column, options)
+            except (OSError, ValueError, EOFError) as e:  # ArrowInvalid is a ValueError
+                lister.skip(file, UNREADABLE_SHARD, f"not a readable Parquet file: {e}")
     lister.labelled = options.label_column is not None
     return lister
+
+
+def _list_parquet_file(lister: _Lister, file: str, column: str, options: ShardOptions) -> None:
+    """One Parquet file's rows into ``lister`` (``column``: the image column, %-quoted)."""
+    import pyarrow.parquet as pq
+
+    with open_shard(file) as f:
+        pf = pq.ParquetFile(f)
+        schema = pf.schema_arrow
+        problem = image_type_problem(schema, options.image_column)
+        if problem is not None:
+            lister.skip(file, UNREADABLE_SHARD, problem)
+            return
+        cap = options.caption_column if options.caption_column in schema.names else None
+        label = options.label_column
+        if label is not None and label not in schema.names:
+            lister.skip(file, UNREADABLE_SHARD, f"has no column {label!r} (it has "
+                        f"{schema.names}): set source.label_column")
+            return
+        wanted = [c for c in ("key", cap, label) if c is not None and c in schema.names]
+        for rg in range(pf.num_row_groups):
+            n = pf.metadata.row_group(rg).num_rows
+            cols = pf.read_row_group(rg, columns=wanted).to_pydict() if wanted else {}
+            keys = cols.get("key")
+            for row in range(n):
+                lister.add(f"{file}#parquet:{rg}:{row}:{column}",
+                           None if keys is None or keys[row] is None else str(keys[row]),
+                           cols[label][row] if label else None,
+                           cols[cap][row] if cap is not None else None, file)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -46,7 +46,14 @@ from components.data.sources import (
 )
 from pipelines.preprocess import PreprocessError, run
 from tests.data.test_build_transactions import _images
-from tests.support.hf_disk import IMAGE, STRING, class_label, image_cell, save_dict_to_disk
+from tests.support.hf_disk import (
+    IMAGE,
+    STRING,
+    class_label,
+    image_cell,
+    save_dict_to_disk,
+    save_to_disk,
+)
 
 CAPTIONS = {"cat/0": "a cat", "cat/2": "a striped cat", "dog/1": "a dog", "dog/3": "a dog"}
 
@@ -263,6 +270,70 @@ def test_webdataset_bad_items_are_counted_skips(tmp_path: Path) -> None:
     assert len(p.rows) == 1
     with pytest.raises(SourceError, match=re.escape(str(src / "a-00000.tar")) + "#k2: key"):
         list_webdataset(str(src), on_bad_input="error", options=opts)
+
+
+def test_bad_input_error_names_the_first_problem_in_listing_order(tmp_path: Path) -> None:
+    """Under ``bad_input: error`` the message names the problem ``skip`` would count first: a
+    duplicate key (in its shard or across shards) or a label problem read before a missing
+    image or an unreadable shard is named, not the later one; and the other way round."""
+    def first(src: Path, **kw: object) -> str:
+        with pytest.raises(SourceError) as e:
+            list_webdataset(str(src), on_bad_input="error", **kw,  # type: ignore[arg-type]
+                            options=ShardOptions(label_key="cls"))
+        assert "\n" not in str(e.value)
+        return str(e.value)
+
+    img = (b"cat", _png(1))
+    in_shard = _tar(tmp_path / "a" / "s-0.tar", [
+        ("k0.png", img[1]), ("k0.cls", img[0]), ("k1.png", img[1]), ("k1.cls", img[0]),
+        ("k0.jpg", img[1]), ("k0.cls", img[0]),        # duplicate key
+        ("k2.txt", b"no image"), ("k2.cls", img[0])])  # missing image, later
+    assert first(in_shard).startswith(f"{in_shard}#tar:") and "key 'k0' listed more" in first(
+        in_shard)
+    across = tmp_path / "b"
+    _tar(across / "s-0.tar", [("k0.png", img[1]), ("k0.cls", img[0])])
+    _tar(across / "s-1.tar", [("k1.png", img[1]), ("k1.cls", img[0]),
+                              ("k0.png", img[1]), ("k0.cls", img[0])])  # duplicate across
+    (across / "s-2.tar").write_bytes(b"not a tar shard " * 40)          # unreadable, later
+    assert first(across).startswith(f"{across / 's-1.tar'}#tar:") and "'k0'" in first(across)
+    labels = _tar(tmp_path / "c" / "s-0.tar", [
+        ("k0.png", img[1]), ("k0.cls", b"cat"), ("k1.png", img[1]), ("k1.cls", b"bird"),
+        ("k2.png", img[1]), ("k2.cls", b"cat"), ("k1.png", img[1]), ("k1.cls", b"cat"),
+        ("k3.txt", b"no image")])
+    assert "label 'bird' is not one of the 2 classes" in first(labels, classes=["cat", "dog"])
+    no_label = _tar(tmp_path / "d" / "s-0.tar", [("k0.png", img[1]), ("k1.txt", b"x")])
+    assert first(no_label) == f"{no_label}#tar:512:{len(img[1])}: no label (set bad_input=" \
+        "skip to skip and count such items)"
+    # the later problem is named when it comes first
+    later = _tar(tmp_path / "e" / "s-0.tar", [
+        ("k0.png", img[1]), ("k0.cls", img[0]), ("k2.txt", b"no image"),
+        ("k0.jpg", img[1]), ("k0.cls", b"bird")])
+    assert first(later).startswith(f"{later}#k2: key 'k2' has no image member")
+    (tmp_path / "f").mkdir()
+    (tmp_path / "f" / "s-0.tar").write_bytes(b"not a tar shard " * 40)
+    _tar(tmp_path / "f" / "s-1.tar", [("k0.png", img[1]), ("k0.jpg", img[1])])
+    assert "not a readable uncompressed tar shard" in first(tmp_path / "f")
+
+    # Parquet: a duplicate key before an unreadable file; Hugging Face: a missing label
+    # (ClassLabel -1) before a missing image
+    pq_src = tmp_path / "pq"
+    pq_src.mkdir()
+    pq.write_table(pa.table({"key": ["a", "b", "a"], "image": [_png(1)] * 3,
+                             "label": ["cat"] * 3}), pq_src / "p-0.parquet")
+    (pq_src / "p-1.parquet").write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(SourceError, match=re.escape(f"{pq_src / 'p-0.parquet'}#parquet:0:2:"
+                                                    "image: key 'a' listed more than once")):
+        list_parquet(str(pq_src), on_bad_input="error",
+                     options=ShardOptions(label_column="label"))
+    from components.data.hf_source import list_huggingface
+
+    hf = tmp_path / "hf"
+    (file,) = save_to_disk(hf, {"image": [image_cell(_png(1)), image_cell(_png(2)), None],
+                                "label": [0, -1, 1]},
+                           {"image": IMAGE, "label": class_label(["cat", "dog"])})
+    with pytest.raises(SourceError, match=re.escape(f"{file}#arrow:0:1:image: no label")):
+        list_huggingface(str(hf), on_bad_input="error",
+                         options=ShardOptions(label_column="label"))
 
 
 def test_webdataset_json_keys_and_integer_labels(tmp_path: Path) -> None:
