@@ -342,6 +342,7 @@ def list_manifest(
         )
     rows = table.to_pylist()
     skipped: list[Skip] = []
+    seen: set[str] = set()  # bad_input: error: a duplicate is named at its row (_dedupe's key)
     raw_labels = [r.get("label") for r in rows] if "label" in cols else [None] * len(rows)
     names, to_index = label_names(raw_labels, classes)
     items = []
@@ -369,6 +370,11 @@ def list_manifest(
         cap = row.get("caption")
         text, issue = decode_caption(cap if isinstance(cap, bytes | str) else None)
         group = row.get(group_by) if group_by is not None else None
+        if on_bad_input == "error":  # the first problem in row order, as skip counts them
+            key = os.path.normpath(full) if "://" not in full else full
+            if key in seen:
+                _note(skipped, on_bad_input, full, DUPLICATE, "listed more than once; first kept")
+            seen.add(key)
         items.append(Item(path=full, label=label, caption=text,
                           group=None if group is None else str(group), caption_issue=issue))
     return Listing(_dedupe(items, skipped, on_bad_input), names, skipped)

@@ -221,6 +221,10 @@ def test_manifest_formats_labels_duplicates(tmp_path: Path, fmt: str) -> None:
     ]
     assert sorted(s.reason for s in lst.skipped) == sorted([DUPLICATE, UNKNOWN_LABEL])
     assert Path(lst.items[0].path).is_absolute() and read_item(lst.items[0].path)[:4] == b"\x89PNG"
+    # bad_input: error names the first problem in row order: the duplicate (row 3), not the
+    # unknown label after it
+    with pytest.raises(SourceError, match=r"0\.png: listed more than once; first kept"):
+        list_manifest(str(path), classes=["cat", "dog"], on_bad_input="error")
 
 
 def test_manifest_without_path_column(tmp_path: Path) -> None:
