@@ -7,7 +7,8 @@ A ``save_to_disk`` folder holds ``state.json`` (``_data_files``: the data files 
 as a struct ``{bytes: binary, path: string}``; a ``ClassLabel``, ``{"_type": "ClassLabel",
 "names": [...]}``, as int64) and ``data-XXXXX-of-NNNNN.arrow`` files: Arrow IPC *streams* of
 record batches. Listing memory-maps each data file and reads its caption / label columns batch
-by batch (the image bytes are mapped, never read); an item's path addresses one image cell,
+by batch (the image bytes are mapped, never read) into columns, as the webdataset and parquet
+kinds (:func:`huggingface_lister`: no object per item); an item's path addresses one image cell,
 ``<file.arrow>#arrow:<batch>:<row>:<image column, %-quoted>``
 (:data:`components.data.sources.SHARD_ITEM`), which :func:`read_arrow_item` reads inside the
 Ray stages (the file's batches stay mapped per process: a stream has no index, and mapping it
@@ -39,6 +40,9 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote, unquote
 
+import numpy as np
+
+from components.data.shard_paths import CodedColumn, ShardPaths
 from components.data.shard_sources import (
     MISSING_IMAGE,
     UNREADABLE_SHARD,
@@ -48,7 +52,7 @@ from components.data.shard_sources import (
     image_cell_bytes,
     image_type_problem,
 )
-from components.data.sources import UNKNOWN_LABEL, Listing, SourceError
+from components.data.sources import UNKNOWN_LABEL, ItemTable, Listing, SourceError
 
 STATE_JSON = "state.json"
 INFO_JSON = "dataset_info.json"
@@ -187,14 +191,41 @@ def _missing_images(column: Any) -> list[bool]:
     return [bool(x) for x in pc.or_(missing, empty).to_pylist()]
 
 
-class _HFLister:
-    """One listing's state across splits and files: the shared ClassLabel names."""
+class HFLister:
+    """One listing's state across splits and files: the rows as columns (``lister``), the
+    shared ClassLabel names."""
 
-    def __init__(self, path: str, on_bad_input: str, options: ShardOptions) -> None:
+    def __init__(self, path: str, on_bad_input: str, options: ShardOptions,
+                 splits: list[HFSplit]) -> None:
         self.lister = _Lister(path, on_bad_input)
         self.options = options
+        self.splits = splits
         self.names: list[str] | None = None  # the ClassLabel's names, once one is seen
         self.names_from = ""
+
+    def table(self, classes: Sequence[str] | None) -> ItemTable:
+        """The kept items as columns (``classes``: default the ClassLabel's names); when both
+        a ``train`` and a ``test`` split are read, each item's split is its data file's
+        (:class:`~components.data.shard_paths.CodedColumn`: one int8 an item).
+
+        Raises:
+            SourceError: no items; or under ``bad_input: error`` the first problem in listing
+                order.
+        """
+        table = self.lister.table(classes or self.names, self.options.label_column is not None)
+        if not set(OFFICIAL) <= {s.name for s in self.splits} or not len(table):
+            return table
+        official = {f: s.name for s in self.splits if s.name in OFFICIAL for f in s.files}
+        paths = table.paths
+        assert isinstance(paths, ShardPaths)
+        # each data file's split from its prefix (``<file>#arrow:``, or a path kept whole)
+        values: list[str | None] = [None, *OFFICIAL]
+        code = np.array([values.index(official.get(p.partition("#arrow:")[0]))
+                         for p in paths.prefixes], dtype=np.int8)
+        codes = code[paths.file] if len(code) else np.zeros(len(table), np.int8)
+        if not codes.any():
+            return table  # no kept item is in train or test
+        return dataclasses.replace(table, official=CodedColumn(values, codes))
 
     def _names(self, names: list[str], where: str) -> None:
         if self.names is None:
@@ -278,28 +309,34 @@ def _path_hint(batch: Any, opts: ShardOptions, row: int) -> str:
 
 def list_huggingface(path: str, *, classes: Sequence[str] | None = None,
                      on_bad_input: str = "skip", options: ShardOptions) -> Listing:
-    """A ``save_to_disk`` folder (Dataset or DatasetDict): one item per row, split by split
-    (``options.split``), file by file, record batch by record batch; no image bytes read.
+    """A ``save_to_disk`` folder as :class:`~components.data.sources.Item` objects
+    (:func:`huggingface_lister`; the build lists it as columns).
 
     Raises:
-        SourceError: not such a folder, an unknown split, a caption column that is not text,
-            ClassLabel names that differ between splits, no items, or a bad item under
-            ``bad_input: error``.
+        SourceError: as :func:`huggingface_lister` and :meth:`HFLister.table`.
+    """
+    table = huggingface_lister(path, on_bad_input=on_bad_input, options=options).table(classes)
+    return Listing(table.items(), table.classes, table.skipped)
+
+
+def huggingface_lister(path: str, *, on_bad_input: str = "skip",
+                       options: ShardOptions) -> HFLister:
+    """A ``save_to_disk`` folder (Dataset or DatasetDict) listed into columns: one item per
+    row, split by split (``options.split``), file by file, record batch by record batch; no
+    image bytes read, no object per item (:class:`~components.data.shard_sources._Lister`).
+
+    Raises:
+        SourceError: not such a folder, an unknown split, a caption column that is not text or
+            ClassLabel names that differ between splits (no items, or a bad item under
+            ``bad_input: error``: :meth:`HFLister.table`).
     """
     splits = hf_splits(path, options.split)
-    hf = _HFLister(path, on_bad_input, options)
+    hf = HFLister(path, on_bad_input, options, splits)
     with hf.lister.reading():
         for split in splits:
             for file in split.files:
                 hf.file(split, file)
-    labelled = options.label_column is not None
-    listing = hf.lister.listing(classes or hf.names, labelled)
-    read = {s.name for s in splits}
-    official = {f: s.name for s in splits if s.name in OFFICIAL for f in s.files}
-    if set(OFFICIAL) <= read:
-        listing.items = [dataclasses.replace(it, official_split=official.get(
-            it.path.partition("#arrow:")[0])) for it in listing.items]
-    return listing
+    return hf
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The paths of a shard source's items as columns (:class:`ShardPaths`): what the build
-holds per item instead of a path str (:class:`components.data.sources.ItemTable`)."""
+holds per item instead of a path str (:class:`components.data.sources.ItemTable`); a column
+of a few distinct values as codes (:class:`CodedColumn`)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,38 @@ class ShardPaths(Sequence[str]):
         return ShardPaths([self.prefixes[f] for f in used.tolist()],
                           [self.tails[f] for f in used.tolist()], file.reshape(-1),
                           self.a[idx], self.b[idx])
+
+
+class CodedColumn(Sequence[str | None]):
+    """A per-item column of a few distinct values (a Hugging Face item's official split:
+    ``"train"``, ``"test"`` or ``None``) as one int8 code an item into ``values``."""
+
+    def __init__(self, values: list[str | None], codes: np.ndarray) -> None:
+        self.values = values
+        self.codes = np.asarray(codes, dtype=np.int8)  # [n] index into values
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self.values[c] for c in self.codes[i].tolist()]
+        return self.values[int(self.codes[i])]
+
+    def __iter__(self) -> Iterator[str | None]:
+        values = self.values
+        for start in range(0, len(self.codes), 1 << 14):
+            yield from (values[c] for c in self.codes[start:start + (1 << 14)].tolist())
+
+    def take(self, idx: np.ndarray) -> CodedColumn:
+        return CodedColumn(self.values, self.codes[idx])
+
+
+def take_column(column: Sequence[str | None], idx: np.ndarray) -> Sequence[str | None]:
+    """``[column[i] for i in idx]``, still coded for a :class:`CodedColumn`."""
+    if isinstance(column, CodedColumn):
+        return column.take(idx)
+    return [column[i] for i in idx.tolist()]
 
 
 def take_paths(paths: Sequence[str], idx: np.ndarray, compact: bool = False) -> Sequence[str]:

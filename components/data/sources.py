@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from components.config.preprocess import SOURCE_KINDS, SourceKind
-from components.data.shard_paths import take_paths
+from components.data.shard_paths import take_column, take_paths
 from components.errors import SimgraphError
 
 if TYPE_CHECKING:
@@ -111,7 +111,8 @@ class ItemTable:
     caption_ids: np.ndarray  # [n] int32 into captions; -1 = no caption
     captions: list[str]  # the unique caption texts
     caption_issues: np.ndarray  # [n] int8: index into CAPTION_ISSUES
-    official: list[str | None] | None  # [n] official split, or None when no item has one
+    official: Sequence[str | None] | None  # [n] official split (a list, or a CodedColumn),
+    # or None when no item has one
     groups: list[str | None] | None  # [n] split.group_by value, or None without group_by
     classes: list[str]
     skipped: list[Skip]
@@ -143,7 +144,7 @@ class ItemTable:
         return dataclasses.replace(
             self, paths=take_paths(self.paths, idx), labels=self.labels[idx],
             caption_ids=self.caption_ids[idx], caption_issues=self.caption_issues[idx],
-            official=None if self.official is None else [self.official[i] for i in il],
+            official=None if self.official is None else take_column(self.official, idx),
             groups=None if self.groups is None else [self.groups[i] for i in il])
 
     def items(self) -> list[Item]:
@@ -472,19 +473,22 @@ def list_source_table(
     label_depth: int = 1,
     shard_options: ShardOptions | None = None,
 ) -> ItemTable:
-    """:func:`list_source` as columns: webdataset and Parquet shards are listed straight into
-    them (no :class:`Item` per item); the other kinds' listings are converted.
+    """:func:`list_source` as columns: webdataset, Parquet and Hugging Face shards are listed
+    straight into them (no :class:`Item` per item); the other kinds' listings are converted.
 
     Raises:
         SourceError: as :func:`list_source`.
     """
-    if kind in ("webdataset", "parquet") and label_depth == 1:
-        from components.data import shard_sources
+    if kind in ("webdataset", "parquet", "huggingface") and label_depth == 1:
+        from components.data import hf_source, shard_sources
 
+        where, options = _need_path(kind, path), shard_options or shard_sources.ShardOptions()
+        if kind == "huggingface":
+            return hf_source.huggingface_lister(where, on_bad_input=on_bad_input,
+                                                options=options).table(classes)
         lister = {"webdataset": shard_sources.webdataset_lister,
                   "parquet": shard_sources.parquet_lister}[kind]
-        return lister(_need_path(kind, path), on_bad_input=on_bad_input,
-                      options=shard_options or shard_sources.ShardOptions()).table(classes)
+        return lister(where, on_bad_input=on_bad_input, options=options).table(classes)
     return ItemTable.of(list_source(kind, path, classes, on_bad_input, group_by, label_depth,
                                     shard_options))
 

@@ -7,25 +7,31 @@ build is reused)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import re
+import tracemalloc
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from components.config import ConfigError, PreprocessConfig, from_dict
 from components.data.build import plan
 from components.data.build.source_record import item_stat
 from components.data.hf_source import hf_splits, list_huggingface
+from components.data.shard_paths import CodedColumn, ShardPaths
 from components.data.shard_sources import MISSING_IMAGE, MISSING_LABEL, UNREADABLE_SHARD
 from components.data.shard_sources import ShardOptions as Options
 from components.data.sources import (
     CAPTION_EMPTY,
     CAPTION_ENCODING,
     UNKNOWN_LABEL,
+    ItemTable,
     Skip,
     SourceError,
     item_file,
+    list_source_table,
     read_item,
     shard_item,
 )
@@ -184,6 +190,41 @@ def test_dataset_dict_splits(tmp_path: Path) -> None:
                       ("s3://bucket/dd", "read from a local folder")):
         with pytest.raises(SourceError, match=re.escape(why)):
             list_huggingface(str(path), options=Options())
+
+
+def test_a_dataset_dict_is_listed_into_columns(tmp_path: Path) -> None:
+    """The build's listing of a huggingface source holds columns (ShardPaths, the official
+    split one int8 an item), not an Item and a path str per item: the same items, splits and
+    skips as the Item listing, tens of bytes an item."""
+    src = _dict(tmp_path / "dd")
+    opts = Options(label_column="label")
+    table = list_source_table("huggingface", str(src), shard_options=opts)
+    assert isinstance(table.paths, ShardPaths) and isinstance(table.official, CodedColumn)
+    lst = list_huggingface(str(src), options=opts)
+    assert table.items() == lst.items and table.classes == lst.classes == ["cat", "dog"]
+    assert list(table.official) == ItemTable.of(lst).official == [
+        "train"] * 4 + [None] * 2 + ["test"] * 2
+    part = table.take(np.array([7, 0, 5]))
+    assert isinstance(part.official, CodedColumn)
+    assert list(part.official) == ["test", "train", None] and part.official[1] == "train"
+    # without both train and test: no official column, as the Item listing
+    train = list_source_table("huggingface", str(src), shard_options=Options(split=("train",)))
+    assert train.official is None and len(train) == 4
+
+    n = 4000
+    save_to_disk(tmp_path / "big", {
+        "image": [image_cell(b"x") for _ in range(n)],
+        "caption": [f"caption {i % 50}" for i in range(n)],
+        "label": [i % 2 for i in range(n)]}, FEATURES, num_shards=2, batch_rows=100)
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    big = list_source_table("huggingface", str(tmp_path / "big"), shard_options=opts)
+    gc.collect()
+    held = (tracemalloc.get_traced_memory()[0] - before) / n
+    tracemalloc.stop()
+    assert len(big) == n and len(big.captions) == 50
+    assert held < 48, held  # the Item listing held a few hundred
 
 
 def test_huggingface_options_are_validated() -> None:

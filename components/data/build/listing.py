@@ -51,7 +51,7 @@ class Listed:
     labels: np.ndarray  # [n] int32
     caption_ids: np.ndarray  # [n] int32 into captions, -1 = no caption
     captions: list[str]
-    official: list[str | None] | None  # [n], None when the source defines no split
+    official: Sequence[str | None] | None  # [n], None when the source defines no split
     groups: list[str | None] | None  # [n], None without split.group_by
     classes: list[str]
     skipped: list[Skip]
