@@ -31,7 +31,9 @@ stage of 0.5 s or more: flagged super-linear), and the driver's RSS extrapolated
 (CC12M) from the slope. ``--memory N`` instead measures, in this process with ``tracemalloc``
 and no Ray, what the driver holds per item: the listing, the source record, the content hashes,
 the plan's rows and the manifest (read back from a build of that N, when one was kept).
-``--json FILE`` saves a run's rows; ``--from-json FILE...`` prints the report of saved runs
+``--listing N`` instead times the listing of N items' shards (no Ray), the 512-byte header
+reader against Python's ``tarfile``, side by side in one process. ``--json FILE`` saves a
+run's rows; ``--from-json FILE...`` prints the report of saved runs
 together (sizes run in separate invocations).
 
 Runs Ray: run it inside a loopback-only namespace like the tests (the command above).
@@ -390,6 +392,41 @@ def memory(n: int, source: Path, work: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# --listing: the tar listing's cost per item, header reader against tarfile.
+
+def listing(source: Path, repeat: int = 3) -> dict[str, Any]:
+    """Seconds per item to list ``source``'s shards (``webdataset_lister``, the build's
+    listing without the table) with the 512-byte header reader and with Python's ``tarfile``,
+    alternated ``repeat`` times in this process (best of each), and whether both give the same
+    table (items, skips, classes)."""
+    from components.data.shard_sources import ShardOptions, webdataset_lister
+
+    opts = ShardOptions(label_key="cls")
+    best = {"headers": math.inf, "tarfile": math.inf}
+    tables = {}
+    n = 0
+    for _ in range(repeat):
+        for name in best:
+            t0 = time.perf_counter()
+            lister = webdataset_lister(str(source), options=opts,
+                                       read_headers=name == "headers")
+            best[name] = min(best[name], time.perf_counter() - t0)
+            n = len(lister.file)
+            tables[name] = lister.table(None)
+    a, b = tables["headers"], tables["tarfile"]
+    same = a.items() == b.items() and a.skipped == b.skipped and a.classes == b.classes
+    return {"n": n, "headers_s": best["headers"], "tarfile_s": best["tarfile"], "same": same}
+
+
+def listing_report(row: dict[str, Any], shards: int) -> str:
+    us = {k: row[f"{k}_s"] / max(row["n"], 1) * 1e6 for k in ("headers", "tarfile")}
+    return (f"Listing {row['n']:,} items in {shards} tar shards (3 members an item; best of the "
+            f"runs, alternated): tarfile {us['tarfile']:.1f} µs/item, 512-byte headers "
+            f"{us['headers']:.1f} µs/item ({row['tarfile_s'] / row['headers_s']:.1f}× faster); "
+            f"the same listing: {row['same']}.")
+
+
+# ---------------------------------------------------------------------------------------------
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -406,6 +443,10 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep each N's dataset dir")
     ap.add_argument("--memory", type=int, metavar="N",
                     help="instead of building: the driver's per-item structures at N items")
+    ap.add_argument("--listing", type=int, metavar="N",
+                    help="instead of building: the tar listing's µs per item at N items, "
+                         "the header reader against tarfile")
+    ap.add_argument("--repeat", type=int, default=3, help="--listing: runs of each reader")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
     ap.add_argument("--from-json", type=Path, nargs="+", metavar="FILE",
                     help="no builds: the report of rows --json saved (runs merged, by N)")
@@ -419,6 +460,10 @@ def main() -> None:
         return
     work = a.cache / "work"
     work.mkdir(parents=True, exist_ok=True)
+    if a.listing:
+        source = make_source(a.cache, a.listing, a.per_shard, a.caption_pool)
+        print(listing_report(listing(source, a.repeat), len(list(source.glob("*.tar")))))
+        return
     if a.memory:
         print(memory(a.memory, make_source(a.cache, a.memory, a.per_shard, a.caption_pool),
                      work))

@@ -1,8 +1,9 @@
 """WebDataset tar shards and Parquet files as sources (img2dataset's outputs, Hugging Face
 Parquet exports), streamed: nothing is unpacked to disk.
 
-Listing (driver) reads only what labels and captions need: a tar shard's member headers
-(``tarfile`` seeks past the image bytes) plus its small caption / label members; a Parquet
+Listing (driver) reads only what labels and captions need: a tar shard's 512-byte member
+headers (:mod:`components.data.tar_headers`, seeking past the image bytes; ``tarfile`` for a
+shard that reader declines) plus its small caption / label members; a Parquet
 file's key, caption and label columns, row group by row group — never its image column. Each
 item is an addressable path (:data:`components.data.sources.SHARD_ITEM`) that
 :func:`read_shard_item` opens lazily inside the Ray stages:
@@ -33,8 +34,8 @@ import json
 import os
 import tarfile
 from array import array
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol, TypeVar
 from urllib.parse import quote, unquote
 
 import numpy as np
@@ -55,6 +56,7 @@ from components.data.sources import (
     label_names,
     shard_item,
 )
+from components.data.tar_headers import tar_members
 
 UNREADABLE_SHARD = "unreadable-shard"
 MISSING_IMAGE = "missing-image"
@@ -294,16 +296,39 @@ def _split_member(name: str) -> tuple[str, str]:
     return (f"{folder}/{stem}" if folder else stem), ext.lower()
 
 
-def _member_value(tf: tarfile.TarFile, members: dict[str, tarfile.TarInfo],
+class _Member(Protocol):
+    """A regular-file member of a tar shard: a ``tarfile.TarInfo``, or a
+    :class:`~components.data.tar_headers.TarMember` read from its header."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def offset_data(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+
+M = TypeVar("M", bound=_Member)
+
+
+def _member_ext(choice: str) -> tuple[str, str | None]:
+    """The member extension a ``caption_key`` / ``label_key`` reads (``txt``; ``json`` for
+    ``json:<field>``) and the JSON field (``None``: the member's bytes)."""
+    field = choice[5:] if choice.startswith("json:") else None
+    return ("json" if field is not None else choice.lower()), field
+
+
+def _member_value(read: Callable[[M], bytes | None], members: dict[str, M],
                   choice: str) -> bytes | str | int | None:
     """A member's bytes (``txt``, ``cls``) or a field of the ``.json`` member
-    (``json:<field>``); ``None`` when there is none."""
-    field = choice[5:] if choice.startswith("json:") else None
-    member = members.get("json" if field is not None else choice.lower())
-    f = tf.extractfile(member) if member is not None else None
-    if f is None:
+    (``json:<field>``); ``None`` when there is none (``read``: a member's bytes)."""
+    ext, field = _member_ext(choice)
+    member = members.get(ext)
+    data = read(member) if member is not None else None
+    if data is None:
         return None
-    data = f.read()
     if field is None:
         return data
     try:
@@ -327,16 +352,15 @@ def _tar_label(raw: bytes | str | int | None) -> object:
     return raw
 
 
-def _tar_keys(tf: tarfile.TarFile) -> Iterator[tuple[str, dict[str, tarfile.TarInfo]]]:
-    """``(key, {extension: member})`` of a shard's samples, in order: consecutive regular-file
-    members sharing a key, as WebDataset groups them (a key seen again later, or an extension
-    repeated, starts another sample: a duplicate key)."""
+def _tar_keys(files: Iterable[tuple[str, M]]) -> Iterator[tuple[str, dict[str, M]]]:
+    """``(key, {extension: member})`` of a shard's samples, in order, from its regular-file
+    members ``(name, member)``: consecutive members sharing a key, as WebDataset groups them
+    (a key seen again later, or an extension repeated, starts another sample: a duplicate
+    key)."""
     key: str | None = None
-    members: dict[str, tarfile.TarInfo] = {}
-    for m in tf:
-        if not m.isfile():
-            continue
-        k, ext = _split_member(m.name)
+    members: dict[str, M] = {}
+    for name, m in files:
+        k, ext = _split_member(name)
         if k != key or ext in members:
             if key is not None:
                 yield key, members
@@ -358,11 +382,14 @@ def list_webdataset(path: str, *, classes: Sequence[str] | None = None,
         classes, options.label_key is not None)
 
 
-def webdataset_lister(path: str, *, on_bad_input: str = "skip",
-                      options: ShardOptions) -> _Lister:
+def webdataset_lister(path: str, *, on_bad_input: str = "skip", options: ShardOptions,
+                      read_headers: bool = True) -> _Lister:
     """WebDataset tar shards (img2dataset's output): one item per key with an image member
     (the first of ``options.image_extensions``), its caption and label from the members
-    ``options`` names. Keys are listed in shard order, then member order.
+    ``options`` names. Keys are listed in shard order, then member order. A shard's members
+    are read from their 512-byte headers (:mod:`components.data.tar_headers`; any shard that
+    reader declines, and every shard with ``read_headers=False``, through ``tarfile``: the
+    same listing either way).
 
     Raises:
         SourceError: no shard matched (no items, or a bad item under ``bad_input: error``:
@@ -373,7 +400,7 @@ def webdataset_lister(path: str, *, on_bad_input: str = "skip",
     with lister.reading():
         for shard in shard_files(path, ".tar"):
             try:
-                _list_tar(lister, shard, exts, options)
+                _list_tar(lister, shard, exts, options, read_headers)
             except (OSError, tarfile.TarError, EOFError) as e:
                 lister.skip(shard, UNREADABLE_SHARD,
                             f"not a readable uncompressed tar shard: {e}")
@@ -381,21 +408,44 @@ def webdataset_lister(path: str, *, on_bad_input: str = "skip",
     return lister
 
 
-def _list_tar(lister: _Lister, shard: str, exts: list[str], options: ShardOptions) -> None:
-    """One tar shard's items into ``lister`` (``exts``: the image extensions, lower case)."""
-    with open_shard(shard) as f, tarfile.open(fileobj=f, mode="r:") as tf:
-        for key, members in _tar_keys(tf):
-            image = next((members[e] for e in exts if e in members), None)
-            if image is None:
-                lister.skip(f"{shard}#{key}", MISSING_IMAGE,
-                            f"key {key!r} has no image member (.{', .'.join(exts)}); "
-                            f"it has {sorted(members)}")
-                continue
-            label = (None if options.label_key is None
-                     else _tar_label(_member_value(tf, members, options.label_key)))
-            caption = _member_value(tf, members, options.caption_key)
-            lister.add(f"{shard}#tar:{image.offset_data}:{image.size}", key, label,
-                       None if isinstance(caption, int) else caption, shard)
+def _list_tar(lister: _Lister, shard: str, exts: list[str], options: ShardOptions,
+              read_headers: bool) -> None:
+    """One tar shard's items into ``lister`` (``exts``: the image extensions, lower case):
+    its members from their headers (:func:`~components.data.tar_headers.tar_members`), or
+    through ``tarfile`` where that reader declines the shard or ``read_headers`` is off."""
+    wanted = frozenset(_member_ext(c)[0] for c in (options.caption_key, options.label_key)
+                       if c is not None)
+    with open_shard(shard) as f:
+        members = tar_members(f, wanted) if read_headers else None
+        if members is not None:
+            _add_samples(lister, shard, exts, options,
+                         _tar_keys((m.name, m) for m in members), lambda m: m.data)
+            return
+        f.seek(0)
+        with tarfile.open(fileobj=f, mode="r:") as tf:
+            def read(m: tarfile.TarInfo) -> bytes | None:
+                x = tf.extractfile(m)
+                return None if x is None else x.read()
+
+            _add_samples(lister, shard, exts, options,
+                         _tar_keys((m.name, m) for m in tf if m.isfile()), read)
+
+
+def _add_samples(lister: _Lister, shard: str, exts: list[str], options: ShardOptions,
+                 samples: Iterator[tuple[str, dict[str, M]]],
+                 read: Callable[[M], bytes | None]) -> None:
+    for key, members in samples:
+        image = next((members[e] for e in exts if e in members), None)
+        if image is None:
+            lister.skip(f"{shard}#{key}", MISSING_IMAGE,
+                        f"key {key!r} has no image member (.{', .'.join(exts)}); "
+                        f"it has {sorted(members)}")
+            continue
+        label = (None if options.label_key is None
+                 else _tar_label(_member_value(read, members, options.label_key)))
+        caption = _member_value(read, members, options.caption_key)
+        lister.add(f"{shard}#tar:{image.offset_data}:{image.size}", key, label,
+                   None if isinstance(caption, int) else caption, shard)
 
 
 def image_type_problem(schema: Any, column: str) -> str | None:

@@ -52,3 +52,12 @@ def test_report_slopes_growth_and_extrapolation() -> None:
     hashing = next(line for line in text.splitlines() if line.startswith("| hashing"))
     assert "super-linear" not in hashing and "| 2.00 |" in hashing
     assert "×/doubling 10k→20k" in text and "Driver RSS at 12M items" in text
+
+
+def test_listing_times_both_tar_readers_on_the_same_shards(tmp_path: Path) -> None:
+    source = bench.make_source(tmp_path, 25, per_shard=10, pool_size=40)
+    row = bench.listing(source, repeat=1)
+    assert row["n"] == 25 and row["same"] is True
+    assert row["headers_s"] > 0 and row["tarfile_s"] > 0
+    text = bench.listing_report(row, 3)
+    assert "tarfile" in text and "µs/item" in text and "the same listing: True" in text
