@@ -246,10 +246,12 @@ class _Lister:
         if self.policy == "error":
             # the first problem in listing order: the first duplicate or label problem among
             # the rows read (all before the pending problem, if any), else the pending one
+            # (without source.classes, the classes are the labels of the rows read)
+            first = first_dup
             first_dup_row = int(np.argmax(dup)) if first_dup is not None else len(dup)
             if len(label_rows) and label_rows[0] < first_dup_row:
-                first_dup = self._label_skip(paths, raw, rows, names, int(label_rows[0]))
-            first = first_dup or self.pending
+                first = self._label_skip(paths, raw, rows, names, int(label_rows[0]))
+            first = first or self.pending
             if first is not None:
                 raise SourceError(f"{first.path}: {first.detail} (set bad_input=skip to skip "
                                   "and count such items)")
@@ -310,7 +312,7 @@ class _Member(Protocol):
     def size(self) -> int: ...
 
 
-M = TypeVar("M", bound=_Member)
+_M = TypeVar("_M", bound=_Member)
 
 
 def _member_ext(choice: str) -> tuple[str, str | None]:
@@ -320,7 +322,7 @@ def _member_ext(choice: str) -> tuple[str, str | None]:
     return ("json" if field is not None else choice.lower()), field
 
 
-def _member_value(read: Callable[[M], bytes | None], members: dict[str, M],
+def _member_value(read: Callable[[_M], bytes | None], members: dict[str, _M],
                   choice: str) -> bytes | str | int | None:
     """A member's bytes (``txt``, ``cls``) or a field of the ``.json`` member
     (``json:<field>``); ``None`` when there is none (``read``: a member's bytes)."""
@@ -352,13 +354,13 @@ def _tar_label(raw: bytes | str | int | None) -> object:
     return raw
 
 
-def _tar_keys(files: Iterable[tuple[str, M]]) -> Iterator[tuple[str, dict[str, M]]]:
+def _tar_keys(files: Iterable[tuple[str, _M]]) -> Iterator[tuple[str, dict[str, _M]]]:
     """``(key, {extension: member})`` of a shard's samples, in order, from its regular-file
     members ``(name, member)``: consecutive members sharing a key, as WebDataset groups them
     (a key seen again later, or an extension repeated, starts another sample: a duplicate
     key)."""
     key: str | None = None
-    members: dict[str, M] = {}
+    members: dict[str, _M] = {}
     for name, m in files:
         k, ext = _split_member(name)
         if k != key or ext in members:
@@ -432,8 +434,8 @@ def _list_tar(lister: _Lister, shard: str, exts: list[str], options: ShardOption
 
 
 def _add_samples(lister: _Lister, shard: str, exts: list[str], options: ShardOptions,
-                 samples: Iterator[tuple[str, dict[str, M]]],
-                 read: Callable[[M], bytes | None]) -> None:
+                 samples: Iterator[tuple[str, dict[str, _M]]],
+                 read: Callable[[_M], bytes | None]) -> None:
     for key, members in samples:
         image = next((members[e] for e in exts if e in members), None)
         if image is None:
