@@ -283,6 +283,27 @@ def test_caption_policy(tmp_path: Path) -> None:
     assert sorted(r.sample_id for r in p.rows) == list(range(6))
 
 
+def test_from_label_reuses_a_listed_caption_equal_to_the_template(tmp_path: Path) -> None:
+    """An item without a caption takes its class template; where a listed caption already has
+    that text the item gets its id (one pass over the table, no dict of every caption), else
+    the template is appended once, whoever needs it."""
+    from components.data.build.listing import _caption_texts
+    from components.data.sources import ItemTable
+
+    table = ItemTable(paths=[f"{i}.png" for i in range(5)],
+                      labels=np.array([0, 1, 0, 1, 1], np.int32),
+                      caption_ids=np.array([0, -1, -1, 1, -1], np.int32),
+                      captions=["a photo of a cat", "a dog"],
+                      caption_issues=np.zeros(5, np.int8), official=None, groups=None,
+                      classes=["cat", "dog"], skipped=[])
+    cfg = from_dict(PreprocessConfig, {"output": str(tmp_path), "source": {
+        "kind": "fashion-mnist"}, "captions": {"missing": "from-label"}})
+    out, captions = _caption_texts(cfg, table, [], [])
+    assert captions == ["a photo of a cat", "a dog", "a photo of a dog"]
+    assert out.caption_ids.tolist() == [0, 2, 0, 1, 2]
+    assert table.captions == ["a photo of a cat", "a dog"]  # the listing's table untouched
+
+
 def test_class_texts_and_descriptions(tmp_path: Path) -> None:
     assert cap.class_texts(["a", "b"], ["x {}", "y {}"]) == [["x a", "y a"], ["x b", "y b"]]
     desc = tmp_path / "d.yaml"

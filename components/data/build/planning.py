@@ -139,15 +139,18 @@ def plan(
             f"source {cfg.source.kind} {cfg.source.path or ''} gave no usable items: every "
             f"item was skipped ({len(skipped)}); nothing to write"
         )
-    # the caption table: the kept rows' texts, sorted; each item's id into it (-1: none)
+    # the caption table: the kept rows' texts, sorted (as sorted() orders str); each item's id
+    # into it (-1: none). Sorted as an array of the texts' references: no dict of every text.
     cids = listed.caption_ids
     used = np.unique(cids[rows_idx])
     used = used[used >= 0]
-    table = sorted(listed.captions[c] for c in used.tolist())
-    rank = {t: k for k, t in enumerate(table)}
+    texts = np.empty(len(used), dtype=object)
+    texts[:] = [listed.captions[c] for c in used.tolist()]
+    order = np.argsort(texts, kind="stable")
+    table = texts[order].tolist()
+    del texts
     remap = np.full(len(listed.captions) + 1, -1, dtype=np.int32)  # [-1] stays -1
-    for c in used.tolist():
-        remap[c] = rank[listed.captions[c]]
+    remap[used[order]] = np.arange(len(order), dtype=np.int32)
     official = listed.official
     splits = assign_splits(
         listed.labels[rows_idx],
