@@ -146,11 +146,11 @@ def plan(
     used = used[used >= 0]
     texts = np.empty(len(used), dtype=object)
     texts[:] = [listed.captions[c] for c in used.tolist()]
-    order = np.argsort(texts, kind="stable")
-    table = texts[order].tolist()
+    by_text = np.argsort(texts, kind="stable")
+    table = texts[by_text].tolist()
     del texts
     remap = np.full(len(listed.captions) + 1, -1, dtype=np.int32)  # [-1] stays -1
-    remap[used[order]] = np.arange(len(order), dtype=np.int32)
+    remap[used[by_text]] = np.arange(len(by_text), dtype=np.int32)
     official = listed.official
     splits = assign_splits(
         listed.labels[rows_idx],
