@@ -87,3 +87,14 @@ def test_streamed_digests_equal_the_whole_text_ones_on_a_shard_source(tmp_path: 
     record.write(tmp_path / "again")
     assert (tmp_path / "again" / SOURCE_FILE).read_bytes() == (
         tmp_path / SOURCE_FILE).read_bytes()  # deterministic bytes
+
+
+def test_caption_keys_are_the_16_hex_digits_held_as_8_bytes() -> None:
+    from components.data.build.source_record import CaptionKeys, _caption_key
+
+    texts = ["a cat", "ünïcödé", "", "a dog"]
+    keys = CaptionKeys(texts)
+    assert len(keys) == 4 and keys._raw.nbytes == 32
+    assert [keys[i] for i in range(4)] == [_caption_key(t) for t in texts]
+    assert keys[1:3] == [_caption_key(t) for t in texts[1:3]] and keys[-1] == _caption_key("a dog")
+    assert len(CaptionKeys([])) == 0
