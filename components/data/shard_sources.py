@@ -120,7 +120,8 @@ class _Lister:
         self.file, self.a, self.b = array("i"), array("q"), array("q")
         self.label_ids: dict[object, int] = {}  # raw label -> index (few distinct)
         self.labels = array("i")
-        self.caption_ids: dict[bytes | str | None, int] = {}  # raw caption -> index
+        # raw caption -> index (None once table() has decoded them)
+        self.caption_ids: dict[bytes | str | None, int] | None = {}
         self.captions = array("i")
         self.keys = bytearray()  # 16-byte blake2b of each row's key (zeros: none)
         self.keyed = bytearray()  # 1 where the row has a key
@@ -166,7 +167,9 @@ class _Lister:
         self.a.append(a)
         self.b.append(b)
         self.labels.append(self.label_ids.setdefault(label, len(self.label_ids)))
-        self.captions.append(self.caption_ids.setdefault(caption, len(self.caption_ids)))
+        ids = self.caption_ids
+        assert ids is not None, "add() after table()"
+        self.captions.append(ids.setdefault(caption, len(ids)))
         if key is None:
             self.keys += bytes(16)
             self.keyed.append(0)
@@ -258,18 +261,27 @@ class _Lister:
         skipped += [self._label_skip(paths, raw, rows, names, r) for r in label_rows.tolist()]
         keep = np.flatnonzero((labels >= -1) & ~dup)
         # caption: raw id -> (text id, issue), each distinct raw value decoded once
+        # (the raw values let go as they are decoded, the raw dict before: with web captions,
+        # nearly one per item, the raw and the decoded texts are never all held twice)
         texts: dict[str, int] = {}
-        tid, issue = [], []
-        for raw_caption in self.caption_ids:
-            text, problem = decode_caption(raw_caption)
+        if self.caption_ids is None:
+            raise RuntimeError("_Lister.table() hands its raw captions on once: call it once")
+        raws = list(self.caption_ids)[::-1]  # popped from the end: in raw id order
+        self.caption_ids = None
+        tid, issue = array("i"), array("b")
+        while raws:
+            text, problem = decode_caption(raws.pop())
             tid.append(-1 if text is None else texts.setdefault(text, len(texts)))
             issue.append(CAPTION_ISSUES.index(problem))
+        captions = list(texts)
+        del texts
         cap = np.frombuffer(self.captions, np.int32)[keep]
         table = ItemTable(
             paths=paths.take(keep), labels=labels[keep],
-            caption_ids=np.array(tid, dtype=np.int32)[cap] if tid else cap.copy(),
-            captions=list(texts),
-            caption_issues=np.array(issue, dtype=np.int8)[cap] if issue else cap.astype(np.int8),
+            caption_ids=np.frombuffer(tid, np.int32)[cap] if len(tid) else cap.copy(),
+            captions=captions,
+            caption_issues=(np.frombuffer(issue, np.int8)[cap] if len(issue)
+                            else cap.astype(np.int8)),
             official=None, groups=None, classes=names, skipped=skipped)
         if not len(table) and not skipped:
             raise SourceError(f"source.path={self.source!r} holds no items")
