@@ -106,10 +106,11 @@ def main() -> None:
             check = time.perf_counter() - t0
             cfg = dataclasses.replace(cfg, captions=dataclasses.replace(cfg.captions,
                                                                         backend=backend))
-            cap.load_encoder(cfg.captions.model, backend=backend)  # export + cache outside timing
+            # export + cache outside timing
+            dim = cap.embedding_dim(cap.load_encoder(cfg.captions.model, backend=backend))
             with tempfile.TemporaryDirectory() as tmp:
                 t0 = time.perf_counter()
-                build.embed_captions(cfg, texts, Path(tmp))
+                build.embed_captions(cfg, texts, Path(tmp), dim=dim)
                 took = time.perf_counter() - t0 + check
             got = cap.embed(cap.load_encoder(cfg.captions.model, backend=backend), real)
             cos = (got * ref).sum(1)

@@ -114,6 +114,7 @@ def captions_per_second(n: int, actors: int, tmp: Path) -> float:
     import ray
 
     from components.config import PreprocessConfig, from_dict
+    from components.data import captions as cap
     from components.data.build import embed_captions
 
     adjectives = ["red", "small", "old", "striped", "shiny", "wooden", "happy", "broken",
@@ -125,15 +126,17 @@ def captions_per_second(n: int, actors: int, tmp: Path) -> float:
               "by a window", "in the rain", "at a market", "on a hill"]
     texts = [f"a photo of a {a} {b} {c}" for a, b, c in
              itertools.islice(itertools.product(adjectives, nouns, places), n)]
+    # a resolved backend: embed_captions refuses auto (the driver resolves it per build)
     cfg = from_dict(PreprocessConfig, {"output": str(tmp), "source": {"kind": "fashion-mnist"},
-                                       "captions": {"actors": actors}})
+                                       "captions": {"actors": actors, "backend": "torch"}})
     ray.init(num_cpus=2, object_store_memory=1 << 30, include_dashboard=False,
              log_to_driver=False)
     try:
-        embed_captions(cfg, texts[:64], tmp)  # warm the workers' imports
+        dim = cap.embedding_dim(cap.load_encoder(cfg.captions.model))
+        embed_captions(cfg, texts[:64], tmp, dim=dim)  # warm the workers' imports
         (tmp / "caption_embeddings.npy").unlink()
         t0 = time.perf_counter()
-        embed_captions(cfg, texts, tmp)
+        embed_captions(cfg, texts, tmp, dim=dim)
         wall = time.perf_counter() - t0
     finally:
         ray.shutdown()

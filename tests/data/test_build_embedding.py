@@ -49,11 +49,14 @@ def test_captions_json_is_written_as_json_dumps_wrote_it(tmp_path: Path,
 def test_rows_land_where_they_belong_out_of_order(tmp_path: Path) -> None:
     """The stage returns rows in length order, in batches: each goes to its caption id's row of
     a ``.npy`` file, and a shard reads back only its own."""
+    from components.data.captions import write_rows
+
     want = np.random.default_rng(0).standard_normal((7, 4)).astype(np.float32)
     with open(tmp_path / "t.npy", "wb") as f:
-        rows = embedding._RowWriter(f, 7)
-        for ids in ([5, 0], [3], [6, 1, 4, 2]):
-            rows.write(np.array(ids), want[ids])
+        offset = embedding._table_file(f, 7, 4)
+    assert np.load(tmp_path / "t.npy").shape == (7, 4)  # full size from the start (zeros)
+    for ids in ([5, 0], [3], [6, 1, 4, 2]):  # as caption actors write them, each its own
+        write_rows(str(tmp_path / "t.npy"), offset, np.array(ids), want[ids])
     np.testing.assert_array_equal(np.load(tmp_path / "t.npy"), want)
     table = embedding.CaptionTable(tmp_path / "t.npy", 7, 4)
     np.testing.assert_array_equal(table.take(np.array([4, 4, 0])), want[[4, 4, 0]])

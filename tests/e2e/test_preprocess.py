@@ -311,25 +311,30 @@ def test_a_dead_caption_actor_costs_only_the_captions_it_had_not_returned(
     texts = [f"caption {i}" for i in range(5)]
     runs: list[list[int]] = []
 
-    class Stage:
-        def __init__(self, ids: list[int], dies_after: int | None) -> None:
-            self.ids, self.dies_after = ids, dies_after
+    from components.data.captions import write_rows
+
+    class Stage:  # as the actors do: rows written into the table file, ids handed back
+        def __init__(self, ids: list[int], dies_after: int | None,
+                     rows: tuple[str, int]) -> None:
+            self.ids, self.dies_after, self.rows = ids, dies_after, rows
 
         def iter_batches(self, **_: object):  # type: ignore[no-untyped-def]
             for k, start in enumerate(range(0, len(self.ids), 2)):
                 if k == self.dies_after:
                     raise ray.exceptions.ActorDiedError()
                 ids = np.array(self.ids[start:start + 2])
-                yield {"caption_id": ids, "embedding": np.stack([np.full(3, i) for i in ids])}
+                write_rows(*self.rows, ids, np.stack([np.full(3, i) for i in ids]))
+                yield {"caption_id": ids}
 
-    def stage(cfg: PreprocessConfig, texts_: list[str], ids: list[int]) -> Stage:
+    def stage(cfg: PreprocessConfig, texts_: list[str], ids: list[int],
+              rows: tuple[str, int]) -> Stage:
         runs.append(ids)
-        return Stage(ids, dies_after=1 if len(runs) == 1 else None)
+        return Stage(ids, dies_after=1 if len(runs) == 1 else None, rows=rows)
 
     monkeypatch.setattr(embedding, "_embedding_stage", stage)
     cfg = _cfg(tmp_path, tmp_path / "src")  # its backend as the driver resolves auto:
     cfg = dataclasses.replace(cfg, captions=dataclasses.replace(cfg.captions, backend="torch"))
-    table = embedding.embed_captions(cfg, texts, tmp_path)
+    table = embedding.embed_captions(cfg, texts, tmp_path, dim=3)
     emb = np.load(table.path)  # rows written where they belong, out of order
     assert emb.shape == (5, 3) and (table.rows, table.dim) == (5, 3)
     np.testing.assert_array_equal(emb, np.repeat(np.arange(5.0)[:, None], 3, axis=1))
@@ -342,14 +347,15 @@ def test_a_dead_caption_actor_costs_only_the_captions_it_had_not_returned(
 
     runs.clear()
     (tmp_path / "caption_embeddings.npy").unlink()
-    def always_dies(cfg: PreprocessConfig, texts_: list[str], ids: list[int]) -> Stage:
+    def always_dies(cfg: PreprocessConfig, texts_: list[str], ids: list[int],
+                    rows: tuple[str, int]) -> Stage:
         runs.append(ids)
-        return Stage(ids, dies_after=0)
+        return Stage(ids, dies_after=0, rows=rows)
 
     monkeypatch.setattr(embedding, "_embedding_stage", always_dies)
     with pytest.raises(PreprocessError, match=r"a caption actor died \(ActorDiedError\), 4 "
                                               r"times; 0 of 5 captions were embedded"):
-        embedding.embed_captions(cfg, texts, tmp_path)
+        embedding.embed_captions(cfg, texts, tmp_path, dim=3)
     assert len(runs) == embedding.CAPTION_STAGE_RETRIES + 1
     assert not (tmp_path / "caption_embeddings.npy").exists()
     assert not [p.name for p in tmp_path.iterdir() if ".tmp" in p.name]  # no partial file left

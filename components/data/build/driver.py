@@ -110,7 +110,8 @@ def _build(
                 checks, files = caption_files(cfg, p, out, model)
                 class_files.update(files)
             t0 = time.perf_counter()
-            table = embed_captions(cfg, texts, out) if cfg.captions.enabled and todo else None
+            table = (embed_captions(cfg, texts, out, dim=cap.embedding_dim(model))
+                     if model is not None and todo else None)
             if echo and table is not None:
                 took = time.perf_counter() - t0
                 print(f"simgraph preprocess: {table.rows} caption embeddings in {took:.1f} s "

@@ -13,7 +13,6 @@ import collections
 import dataclasses
 import hashlib
 import json
-import os
 import sys
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -105,37 +104,27 @@ def cached_table(out: Path, key: str | None = None) -> CaptionTable | None:
     return None
 
 
-class _RowWriter:
-    """Rows of a ``[rows, E]`` float32 ``.npy`` file written where they belong, as the
-    embedding stage returns them (out of order), with ``os.pwrite``: nothing held in memory,
-    no mapping (a written mapping's pages count in the driver's RSS)."""
-
-    def __init__(self, f: IO[bytes], rows: int) -> None:
-        self.f, self.rows = f, rows
-        self.dim = 0
-        self.offset = 0
-
-    def write(self, ids: np.ndarray, emb: np.ndarray) -> None:
-        if not self.dim:  # the header, once the width is known
-            self.dim = int(emb.shape[1])
-            np.lib.format.write_array_header_1_0(self.f, {
-                "descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
-                "fortran_order": False, "shape": (self.rows, self.dim)})
-            self.f.flush()
-            self.offset = self.f.tell()
-            self.f.truncate(self.offset + self.rows * self.dim * 4)
-        emb = np.ascontiguousarray(emb, dtype=np.float32)
-        order = np.argsort(ids, kind="stable")
-        fd, width = self.f.fileno(), self.dim * 4
-        for k in order:
-            os.pwrite(fd, emb[k].tobytes(), self.offset + int(ids[k]) * width)
+def _table_file(f: IO[bytes], rows: int, dim: int) -> int:
+    """Start ``f`` as a ``[rows, dim]`` float32 ``.npy`` file at its full size (unwritten rows
+    read as zeros, sparse on disk); returns the header's length: row ``i`` is at ``offset + i *
+    dim * 4``."""
+    np.lib.format.write_array_header_1_0(f, {
+        "descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
+        "fortran_order": False, "shape": (rows, dim)})
+    f.flush()
+    offset = f.tell()
+    f.truncate(offset + rows * dim * 4)
+    return offset
 
 
-def embed_captions(cfg: PreprocessConfig, texts: Sequence[str], out: Path) -> CaptionTable:
+def embed_captions(cfg: PreprocessConfig, texts: Sequence[str], out: Path, *,
+                   dim: int) -> CaptionTable:
     """Embed the unique captions ``texts`` into ``caption_embeddings.npy`` (row ``i`` =
-    ``texts[i]``, float32; with ``caption_embeddings.json`` its cache key): a re-run with the
-    same texts, model and backend reuses it. The rows go to the file as the stage returns them,
-    so the driver never holds the table.
+    ``texts[i]``, ``dim`` float32 values: the model's embedding width; with
+    ``caption_embeddings.json`` its cache key): a re-run with the same texts, model and backend
+    reuses it. The caption actors write their rows into the file themselves
+    (:func:`components.data.captions.write_rows`) and hand back only the caption ids, so the
+    table never passes through the driver or the object store.
 
     Raises:
         PreprocessError: caption actors died more than ``CAPTION_STAGE_RETRIES`` times.
@@ -156,18 +145,17 @@ def embed_captions(cfg: PreprocessConfig, texts: Sequence[str], out: Path) -> Ca
     del lengths
     done = np.zeros(n, dtype=bool)
     target = out / EMBEDDINGS
-    with replacing(target) as tmp, open(tmp, "wb") as f:
-        rows = _RowWriter(f, n)
+    with replacing(target) as tmp:
+        with open(tmp, "wb") as f:
+            offset = _table_file(f, n, dim)
         for attempt in range(CAPTION_STAGE_RETRIES + 1):
             todo = by_length[~done[by_length]]
             if not len(todo):
                 break
             try:
-                for batch in _embedding_stage(cfg, texts, todo).iter_batches(
+                for batch in _embedding_stage(cfg, texts, todo, (str(tmp), offset)).iter_batches(
                         batch_size=None, batch_format="numpy"):
-                    ids = np.asarray(batch["caption_id"], dtype=np.int64)
-                    rows.write(ids, np.asarray(batch["embedding"], np.float32))
-                    done[ids] = True
+                    done[np.asarray(batch["caption_id"], dtype=np.int64)] = True
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as e:
                 what = f"a caption actor died ({type(e).__name__})"
                 if attempt == CAPTION_STAGE_RETRIES:
@@ -177,10 +165,9 @@ def embed_captions(cfg: PreprocessConfig, texts: Sequence[str], out: Path) -> Ca
                         "captions.actors; then run the same command again") from None
                 print(f"simgraph preprocess: {what}; embedding the {n - int(done.sum())} "
                       "captions left on new actors", file=sys.stderr, flush=True)
-        assert done.all() and rows.dim
-        f.flush()
-    write_json(out / EMBEDDINGS_KEY, {"key": key, "shape": [n, rows.dim]})
-    return CaptionTable(target, n, rows.dim)
+        assert done.all()
+    write_json(out / EMBEDDINGS_KEY, {"key": key, "shape": [n, dim]})
+    return CaptionTable(target, n, dim)
 
 
 # Rows per Arrow block handed to the caption actors: the input is built block by block from
@@ -188,9 +175,11 @@ def embed_captions(cfg: PreprocessConfig, texts: Sequence[str], out: Path) -> Ca
 STAGE_BLOCK_ROWS = 65_536
 
 
-def _embedding_stage(cfg: PreprocessConfig, texts: Sequence[str], ids: np.ndarray) -> Any:
+def _embedding_stage(cfg: PreprocessConfig, texts: Sequence[str], ids: np.ndarray,
+                     rows: tuple[str, int]) -> Any:
     """The Ray Data actor pool that embeds ``texts[i]`` for ``i`` in ``ids`` (batched in that
-    order): ``{caption_id, text}`` rows → ``{caption_id, embedding}`` batches.
+    order) into the table file ``rows`` (path, header bytes): ``{caption_id, text}`` rows →
+    ``{caption_id}`` batches of the rows written.
 
     ``max_restarts=0``: Ray Data hands every pool actor its context and the batch function as
     object refs, and Ray's core logs an error-level line for any restartable actor built from
@@ -218,7 +207,8 @@ def _embedding_stage(cfg: PreprocessConfig, texts: Sequence[str], ids: np.ndarra
             cap.CaptionEmbedder,
             fn_constructor_kwargs={"model": cfg.captions.model,
                                    "device": "cuda" if use_gpu else "cpu",
-                                   "backend": cfg.captions.backend},
+                                   "backend": cfg.captions.backend,
+                                   "rows_file": rows[0], "rows_offset": rows[1]},
             batch_size=cfg.captions.batch_size,
             batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=cfg.captions.actors),
