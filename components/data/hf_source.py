@@ -42,14 +42,12 @@ from urllib.parse import quote, unquote
 
 import numpy as np
 
+from components.data.shard_items import MISSING_IMAGE, _stamp, image_cell_bytes
 from components.data.shard_paths import CodedColumn, ShardPaths
 from components.data.shard_sources import (
-    MISSING_IMAGE,
     UNREADABLE_SHARD,
     ShardOptions,
     _Lister,
-    _stamp,
-    image_cell_bytes,
     image_type_problem,
 )
 from components.data.sources import UNKNOWN_LABEL, ItemTable, Listing, SourceError

@@ -563,7 +563,7 @@ def read_item(path: str) -> bytes | np.ndarray:
 
         return read_arrow_item(shard[0], shard[2], shard[3], shard[4])
     if shard is not None:
-        from components.data.shard_sources import read_shard_item
+        from components.data.shard_items import read_shard_item
 
         return read_shard_item(*shard)
     if path.startswith(FASHION_SCHEME):
