@@ -198,7 +198,7 @@ def write_rows(path: str, offset: int, ids: np.ndarray, rows: np.ndarray) -> Non
     ``components/data/build/embedding.py``), in place with ``os.pwrite``: no mapping, nothing
     held."""
     rows = np.ascontiguousarray(rows, dtype=np.float32)
-    width = rows.shape[1] * 4 if rows.ndim == 2 else 0
+    width = rows.shape[1] * 4
     fd = os.open(path, os.O_WRONLY)
     try:
         for k in np.argsort(ids, kind="stable").tolist():

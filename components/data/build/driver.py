@@ -122,7 +122,7 @@ def _build(
                 specs = shard_specs(p, todo)
                 # one shard per task: no shuffle, each task writes what it read
                 map_tasks(write_shard, specs, settings=ShardSettings(
-                    out_dir=str(out), captions=str(table.path) if table is not None else "",
+                    out_dir=str(out), captions=table,
                     digests=digests, image=dataclasses.asdict(cfg.image),
                     caption_dtype=cfg.captions.dtype, bad_input=cfg.bad_input))
                 if echo:

@@ -69,16 +69,16 @@ def caption_cache_key(cfg: PreprocessConfig, texts: Sequence[str]) -> str:
         head["backend"] = cfg.captions.backend
     h = hashlib.sha256(json.dumps(head, sort_keys=True)[:-1].encode())  # up to the last "}"
     h.update(b', "texts": [')
-    for chunk in _chunks(_joined(json.dumps(t) for t in texts)):
+    for chunk in _chunks(_joined((json.dumps(t) for t in texts), ", ")):
         h.update(chunk)
     h.update(b"]}")
     return h.hexdigest()
 
 
-def _joined(items: Iterable[str]) -> Iterator[str]:
-    """``items`` with ``", "`` between them (a JSON list's separator)."""
+def _joined(items: Iterable[str], sep: str) -> Iterator[str]:
+    """``items`` with ``sep`` between them (a JSON list's separator), piece by piece."""
     for k, item in enumerate(items):
-        yield item if k == 0 else ", " + item
+        yield item if k == 0 else sep + item
 
 
 def cached_table(out: Path, key: str | None = None) -> CaptionTable | None:
@@ -289,8 +289,7 @@ def write_caption_texts(target: Path, model: str, limit: int, texts: Sequence[st
             f.write("[]")
             return
         f.write("[\n  ")
-        for k, v in enumerate(values):
-            f.write(v if k == 0 else ",\n  " + v)
+        f.writelines(_joined(values, ",\n  "))
         f.write("\n ]")
 
     with atomic_open(target, "w", encoding="utf-8") as f:

@@ -15,6 +15,7 @@ import numpy as np
 
 from components.data import shards
 from components.data.build.common import PreprocessError, _read_json
+from components.data.build.embedding import CaptionTable
 from components.data.build.planning import Plan
 from components.data.images import ImageError, decode_image
 from components.data.shard_paths import take_paths
@@ -71,7 +72,7 @@ class ShardSettings:
     """What every shard task needs besides its items (stored once, passed to each task)."""
 
     out_dir: str
-    captions: str  # the caption embeddings' file (CaptionTable.path), "" without captions
+    captions: CaptionTable | None  # the caption embeddings' file, None without captions
     digests: dict[str, str]  # shard name -> its plan digest (kept in the sidecar)
     image: dict[str, Any]  # the ImageConfig as a dict
     caption_dtype: str
@@ -114,9 +115,9 @@ def write_group(name: str, group: dict[str, np.ndarray], settings: ShardSettings
             for i in ok
         ]
         captions = None
-        if settings.captions:
-            rows = np.load(settings.captions, mmap_mode="r")[group["caption_id"][ok]]
-            captions = np.asarray(rows, dtype=np.float32).astype(settings.caption_dtype)
+        if settings.captions is not None:
+            captions = settings.captions.take(group["caption_id"][ok]).astype(
+                settings.caption_dtype)
         with replacing(target) as tmp:
             shards.write_shard(
                 tmp, images, group["label"][ok], group["sample_id"][ok], captions,
