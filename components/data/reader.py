@@ -240,7 +240,7 @@ class ViewLoader:
         batched = on_gpu if batched_augment is None else batched_augment
         # Host buffers reused across batches for the CPU path; the batched (GPU path's) ops
         # allocate on their device, as the caching allocator there reuses memory already.
-        self._pooled = not on_gpu and not batched
+        pooled = not on_gpu and not batched
         self.pipeline_ops = pipeline_ops(fields, augment=self.augment, train=train,
                                          views=self.views, device=self.device,
                                          batched_augment=batched,
@@ -272,8 +272,13 @@ class ViewLoader:
         mean = torch.tensor(self.augment.mean, device=self.device).view(1, 3, 1, 1) * 255
         std = torch.tensor(self.augment.std, device=self.device).view(1, 3, 1, 1) * 255
         self._mean, self._std = mean, std
-        self._table: np.ndarray | None = None  # the CPU kernel's [3, 256] (normalise.py)
-        self._pool: Any = None  # host batch buffers, reused once the consumer dropped them
+        from components.data.normalise import HostBatchPool, normalise_table  # numba, as FFCV
+
+        # The CPU kernel's [3, 256] table, and the host buffers batches are written into
+        # (reused once the consumer dropped them): components/data/normalise.py
+        self._table = None if on_gpu else normalise_table(mean.view(3).cpu().numpy(),
+                                                          std.view(3).cpu().numpy())
+        self._pool = HostBatchPool() if pooled else None
         # The batched ops after the loader of each view (None: none), one module per group.
         made: dict[int, torch.nn.Module | None] = {}
         self._post_ops: list[torch.nn.Module | None] = []
@@ -343,13 +348,8 @@ class ViewLoader:
             epoch.join(timeout=0 if epoch.stalled else 5)
 
     def _batches(self, epoch: Iterator[Any]) -> Iterator[Batch]:
-        # numba: imported with FFCV's
-        from components.data.normalise import HostBatchPool, normalise_hwc_into, normalise_table
+        from components.data.normalise import normalise_hwc_into  # numba: with FFCV's
 
-        if self._pool is None:
-            self._pool = HostBatchPool()
-            self._table = normalise_table(self._mean.view(3).cpu().numpy(),
-                                          self._std.view(3).cpu().numpy())
         for out in epoch:
             got = dict(zip(self._names, out, strict=True))
             blocks: list[torch.Tensor] = []
@@ -365,7 +365,7 @@ class ViewLoader:
                         x = op(x)
                     if block is None:  # a tensor per batch no one else holds: the consumer's
                         shape = (x.shape[0], n, *x.shape[1:])
-                        block = (self._pool.take(shape) if self._pooled else
+                        block = (self._pool.take(shape) if self._pool is not None else
                                  torch.empty(shape, dtype=torch.float32, device=x.device))
                     # (x.float() - mean) / std written in place: the same float32 values,
                     # without three temporaries per view and a stack (each a fresh mmap)
