@@ -76,8 +76,13 @@ def _chunks(pieces: Iterable[str], size: int = 1 << 16) -> Iterator[bytes]:
         yield "".join(buf).encode()
 
 
+def _caption_digest(text: str) -> bytes:
+    """The 8 bytes a caption's key is: the first of its UTF-8 text's sha256."""
+    return hashlib.sha256(text.encode()).digest()[:8]
+
+
 def _caption_key(text: str | None) -> str | None:
-    return None if text is None else hashlib.sha256(text.encode()).hexdigest()[:16]
+    return None if text is None else _caption_digest(text).hex()
 
 
 class CaptionKeys(Sequence[str]):
@@ -88,7 +93,7 @@ class CaptionKeys(Sequence[str]):
     def __init__(self, texts: Iterable[str]) -> None:
         raw = bytearray()  # grown in place: no list of every digest first (as join makes)
         for t in texts:
-            raw += hashlib.sha256(t.encode()).digest()[:8]
+            raw += _caption_digest(t)
         self._raw = np.frombuffer(raw, np.uint8).reshape(-1, 8)
 
     def __len__(self) -> int:
