@@ -11,6 +11,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from components.runs.checkpoint import is_complete
@@ -98,6 +99,27 @@ def test_submit_sweep_over_both_nodes(cluster: LoopbackCluster, shared: Path) ->
         done = latest_complete(trial)
         assert done is not None and done[0] == 2
     assert (sweep_dir / "best.yaml").exists()
+
+
+def test_submitted_preprocess_into_a_folder_only_the_head_sees(
+        cluster: LoopbackCluster, shared: Path) -> None:
+    """A dataset built where the second node has a folder of its own at the same path (its
+    own disk, as a URI output's local build dir is): the build's tasks and caption actors run
+    where the build dir is, not on a node whose writes the driver would never see (before:
+    "shard … did not complete" on every re-run, or caption rows left as zeros)."""
+    out = cluster.private / "demo"
+    p = cluster.run([str(BIN / "simgraph"), "submit", "--address", DASHBOARD, "--base-dir",
+                     str(shared), "--", "preprocess", "pipelines/configs/data/demo.yaml",
+                     f"output={out}", "source.max_per_class=12", "shard_size=20"], timeout=600)
+    assert "SUCCEEDED" in p.stdout, p.stdout[-3000:]
+    assert "simgraph preprocess: building on 1 of 2 nodes (1 CPUs)" in p.stdout, p.stdout
+    assert f"{out} is not there" in p.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert {k: v["samples"] for k, v in manifest["splits"].items()} == {
+        "train": 110, "val": 10, "test": 120}
+    table = np.load(out / "caption_embeddings.npy")  # every row written, by the actors
+    assert table.shape == (10, 384)
+    np.testing.assert_allclose(np.linalg.norm(table, axis=1), 1.0, atol=1e-4)
 
 
 def test_submitted_run_spreads_over_the_nodes_and_resumes_when_a_killed_raylet_returns(

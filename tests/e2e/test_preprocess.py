@@ -327,7 +327,7 @@ def test_a_dead_caption_actor_costs_only_the_captions_it_had_not_returned(
                 yield {"caption_id": ids}
 
     def stage(cfg: PreprocessConfig, texts_: list[str], ids: list[int],
-              rows: tuple[str, int]) -> Stage:
+              rows: tuple[str, int], placement: object) -> Stage:
         runs.append(ids)
         return Stage(ids, dies_after=1 if len(runs) == 1 else None, rows=rows)
 
@@ -348,7 +348,7 @@ def test_a_dead_caption_actor_costs_only_the_captions_it_had_not_returned(
     runs.clear()
     (tmp_path / "caption_embeddings.npy").unlink()
     def always_dies(cfg: PreprocessConfig, texts_: list[str], ids: list[int],
-                    rows: tuple[str, int]) -> Stage:
+                    rows: tuple[str, int], placement: object) -> Stage:
         runs.append(ids)
         return Stage(ids, dies_after=0, rows=rows)
 

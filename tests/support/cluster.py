@@ -47,6 +47,10 @@ class LoopbackCluster:
         self.ns = f"simgraph-{os.getpid()}-{next(_count)}"
         # Short: Ray's Unix socket paths live under it (107-byte limit).
         self.tmp = Path(tempfile.mkdtemp(prefix="sgc-"))
+        # A folder only the head (and this process) sees: every added node has its own empty
+        # tmpfs there (a mount namespace of its own), as a separate machine has its own disk.
+        self.private = self.tmp / "private"
+        self.private.mkdir()
         self.token = self.tmp / "token"
         self.token.write_text(secrets.token_hex(32))
         self.cpus, self.store = cpus_per_node, object_store_mb * 1_000_000
@@ -86,9 +90,14 @@ class LoopbackCluster:
         sharing one would share (and garbage-collect) each other's unpacked working dirs."""
         before = {n["node_id"] for n in self.nodes()}
         self.nodes_added += 1
-        self.ray("start", f"--address=127.0.0.1:{PORT}", "--node-ip-address=127.0.0.1",
-                 f"--temp-dir={self.tmp / f'ray-node{self.nodes_added}'}",
-                 f"--num-cpus={self.cpus}", f"--object-store-memory={self.store}")
+        # `ray start` leaves the raylet (and the workers it forks) in unshare's namespace
+        self.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                  'mount -t tmpfs tmpfs "$0" && exec "$@"', str(self.private),
+                  str(BIN / "ray"), "start", f"--address=127.0.0.1:{PORT}",
+                  "--node-ip-address=127.0.0.1",
+                  f"--temp-dir={self.tmp / f'ray-node{self.nodes_added}'}",
+                  f"--num-cpus={self.cpus}", f"--object-store-memory={self.store}"],
+                 timeout=180)
         self.wait(lambda: len({n["node_id"] for n in self.nodes()} - before) == 1, 60,
                   "the new node to register")
 

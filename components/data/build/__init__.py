@@ -21,7 +21,9 @@ Reads top to bottom as the data flow in docs/design.md, one module of this packa
 clock (``timing.py``: :class:`BuildTimes`, the manifest's ``build_seconds``).
 ``transaction.py`` holds :func:`run`: the output's lock, resume or refusal, the
 ``--overwrite`` staging dir and its swap, the recovery of an interrupted swap, URI outputs.
-``tasks.py`` is the Ray task helper the image stages share (:func:`map_tasks`); ``common.py``
+``tasks.py`` is the Ray task helper the image stages share (:func:`map_tasks`), run on the
+nodes ``placement.py`` finds seeing the build dir and the source (all, on a shared
+filesystem); ``common.py``
 what every stage shares (:class:`PreprocessError`, the digest, reading a JSON file).
 
 Every image stage runs as plain Ray tasks of hundreds of items or more, all queued at once

@@ -30,6 +30,7 @@ from components.data.build.hashing import dedupe_enabled, hash_with_ray
 from components.data.build.listing import Listed
 from components.data.build.manifest import _assemble, _cleanup, summary
 from components.data.build.merging import merge_splits
+from components.data.build.placement import decide
 from components.data.build.planning import plan
 from components.data.build.source_record import SourceRecord
 from components.data.build.tasks import map_tasks
@@ -51,7 +52,6 @@ def _build(
     the caller: the content cache, the shard digests and ``source.json.gz`` all read it).
     ``times``: the build's clock, holding the caller's stages (listing, source record); each
     stage here is added and the whole goes into the manifest's ``build_seconds``."""
-    import ray
 
     times = times if times is not None else BuildTimes()
 
@@ -62,11 +62,13 @@ def _build(
     with contextlib.ExitStack() as session:
         with times.stage("ray"):
             session.enter_context(ray_session(cfg.num_cpus))
+            # which nodes see the build dir and the source (a cluster's; placement.py)
+            placement = decide(out, listed.paths, echo)
         content = None
         if len(listed) and dedupe_enabled(cfg):
             t0 = time.perf_counter()
             with times.stage("hashing"):
-                content = hash_with_ray(cfg, listed.paths, out, record.stat_at)
+                content = hash_with_ray(cfg, listed.paths, out, record.stat_at, placement)
             if echo:
                 print(f"simgraph preprocess: hashed {len(listed)} items "
                       f"in {time.perf_counter() - t0:.1f} s")
@@ -98,7 +100,7 @@ def _build(
                                          backend=reference_or(cfg.captions.backend))
                 if cfg.captions.backend == AUTO and todo:
                     choice = choose(cfg.captions.model, texts, model,
-                                    gpu=ray.cluster_resources().get("GPU", 0) > 0)
+                                    gpu=placement.gpus() > 0)
                     cfg = dataclasses.replace(cfg, captions=dataclasses.replace(
                         cfg.captions, backend=choice.backend))
                     if echo:
@@ -110,7 +112,8 @@ def _build(
                 checks, files = caption_files(cfg, p, out, model)
                 class_files.update(files)
             t0 = time.perf_counter()
-            table = (embed_captions(cfg, texts, out, dim=cap.embedding_dim(model))
+            table = (embed_captions(cfg, texts, out, dim=cap.embedding_dim(model),
+                                   placement=placement)
                      if model is not None and todo else None)
             if echo and table is not None:
                 took = time.perf_counter() - t0
@@ -121,7 +124,7 @@ def _build(
             if todo:
                 specs = shard_specs(p, todo)
                 # one shard per task: no shuffle, each task writes what it read
-                map_tasks(write_shard, specs, settings=ShardSettings(
+                map_tasks(write_shard, specs, placement=placement, settings=ShardSettings(
                     out_dir=str(out), captions=table,
                     digests=digests, image=dataclasses.asdict(cfg.image),
                     caption_dtype=cfg.captions.dtype, bad_input=cfg.bad_input))
@@ -140,7 +143,7 @@ def _build(
                 sides[name] = side
         t0 = time.perf_counter()
         with times.stage("merge"):
-            merged = merge_splits(out, sides)
+            merged = merge_splits(out, sides, placement)
         if echo:
             print(f"simgraph preprocess: merged {len(sides)} shards into "
                   f"{len(merged)} split files in {time.perf_counter() - t0:.1f} s", flush=True)

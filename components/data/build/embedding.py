@@ -24,6 +24,7 @@ import numpy as np
 from components.config import PreprocessConfig
 from components.data import captions as cap
 from components.data.build.common import LISTED_MAX, PreprocessError, _read_json
+from components.data.build.placement import ANYWHERE, Placement
 from components.data.build.planning import Plan
 from components.data.build.source_record import _chunks
 from components.data.caption_backend import AUTO, reference_or
@@ -118,7 +119,7 @@ def _table_file(f: IO[bytes], rows: int, dim: int) -> int:
 
 
 def embed_captions(cfg: PreprocessConfig, texts: Sequence[str], out: Path, *,
-                   dim: int) -> CaptionTable:
+                   dim: int, placement: Placement = ANYWHERE) -> CaptionTable:
     """Embed the unique captions ``texts`` into ``caption_embeddings.npy`` (row ``i`` =
     ``texts[i]``, ``dim`` float32 values: the model's embedding width; with
     ``caption_embeddings.json`` its cache key): a re-run with the same texts, model and backend
@@ -153,7 +154,8 @@ def embed_captions(cfg: PreprocessConfig, texts: Sequence[str], out: Path, *,
             if not len(todo):
                 break
             try:
-                for batch in _embedding_stage(cfg, texts, todo, (str(tmp), offset)).iter_batches(
+                for batch in _embedding_stage(cfg, texts, todo, (str(tmp), offset),
+                                                  placement).iter_batches(
                         batch_size=None, batch_format="numpy"):
                     done[np.asarray(batch["caption_id"], dtype=np.int64)] = True
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as e:
@@ -176,7 +178,7 @@ STAGE_BLOCK_ROWS = 65_536
 
 
 def _embedding_stage(cfg: PreprocessConfig, texts: Sequence[str], ids: np.ndarray,
-                     rows: tuple[str, int]) -> Any:
+                     rows: tuple[str, int], placement: Placement = ANYWHERE) -> Any:
     """The Ray Data actor pool that embeds ``texts[i]`` for ``i`` in ``ids`` (batched in that
     order) into the table file ``rows`` (path, header bytes): ``{caption_id, text}`` rows →
     ``{caption_id}`` batches of the rows written.
@@ -191,7 +193,7 @@ def _embedding_stage(cfg: PreprocessConfig, texts: Sequence[str], ids: np.ndarra
     from ray.util.annotations import RayDeprecationWarning
 
     # The ONNX backends run on CPU (the same encoder as the driver's class embeddings).
-    use_gpu = cfg.captions.backend == "torch" and ray.cluster_resources().get("GPU", 0) > 0
+    use_gpu = cfg.captions.backend == "torch" and placement.gpus() > 0
     ids = np.asarray(ids, dtype=np.int64)
     blocks = [pa.table({"caption_id": ids[s:s + STAGE_BLOCK_ROWS],
                         "text": pa.array([texts[i] for i in ids[s:s + STAGE_BLOCK_ROWS]],
@@ -215,6 +217,7 @@ def _embedding_stage(cfg: PreprocessConfig, texts: Sequence[str], ids: np.ndarra
             num_gpus=1 if use_gpu else 0,
             num_cpus=1,
             max_restarts=0,
+            **placement.actor_options(use_gpu),
         )
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from components.config import PreprocessConfig
 from components.data import integrity
+from components.data.build.placement import ANYWHERE, Placement
 from components.data.build.source_record import Stat, _chunks, item_stat
 from components.data.build.tasks import _task_count, iter_tasks
 from components.data.images import ImageError, decode_image
@@ -146,7 +147,8 @@ def _content_key(cfg: PreprocessConfig, paths: Sequence[str],
 
 
 def hash_with_ray(cfg: PreprocessConfig, paths: Sequence[str], out: Path,
-                  stat: Callable[[int], Stat] | None = None) -> Content:
+                  stat: Callable[[int], Stat] | None = None,
+                  placement: Placement = ANYWHERE) -> Content:
     """The content pass as Ray tasks of about ``ITEMS_PER_TASK`` items (:func:`iter_tasks`);
     cached in ``content.npz`` (keyed by the items' paths and
     :func:`~components.io.files.stat_key`: size, mtime_ns, inode, ctime_ns; ``stat`` as in
@@ -162,11 +164,11 @@ def hash_with_ray(cfg: PreprocessConfig, paths: Sequence[str], out: Path,
                                bytes_sha256=z["bytes_sha256"].astype(DIGEST),
                                pixels_sha256=z["pixels_sha256"].astype(DIGEST),
                                phash=z["phash"].copy(), thumbs=npz_member(cache, "thumbs"))
-    bounds = np.linspace(0, len(paths), _task_count(len(paths)) + 1).astype(int)
+    bounds = np.linspace(0, len(paths), _task_count(len(paths), placement) + 1).astype(int)
     # each task's paths as columns with its own few shard prefixes (no str per item here)
     batches = [{"idx": np.arange(a, b), "path": take_paths(paths, np.arange(a, b), True)}
                for a, b in itertools.pairwise(bounds) if b > a]
-    parts = iter_tasks(hash_batch, batches, max_side=cfg.image.max_side,
+    parts = iter_tasks(hash_batch, batches, placement=placement, max_side=cfg.image.max_side,
                        min_side=cfg.image.min_side)
     return collect(parts, len(paths), cache, key)
 

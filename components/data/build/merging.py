@@ -9,6 +9,7 @@ from typing import Any
 
 from components.data import shards
 from components.data.build.common import PreprocessError
+from components.data.build.placement import ANYWHERE, Placement
 from components.data.build.tasks import map_tasks
 from components.data.splits import SPLITS
 from components.io.files import sha256_file
@@ -30,7 +31,8 @@ def _split_shards(sides: dict[str, dict[str, Any]], split: str) -> list[str]:
     return sorted(n for n, side in sides.items() if side["split"] == split and side["samples"])
 
 
-def merge_splits(out: Path, sides: dict[str, dict[str, Any]]) -> dict[str, str | None]:
+def merge_splits(out: Path, sides: dict[str, dict[str, Any]],
+                 placement: Placement = ANYWHERE) -> dict[str, str | None]:
     """Merge each split's non-empty shards into ``<split>.beton`` (one Ray task per split);
     ``{split: sha256 of the file, or None when the split is empty (file removed)}``."""
 
@@ -45,6 +47,6 @@ def merge_splits(out: Path, sides: dict[str, dict[str, Any]]) -> dict[str, str |
         else:
             (out / f"{split}.beton").unlink(missing_ok=True)
             merged[split] = None
-    merged.update({r["split"]: digest for r, digest in zip(rows, map_tasks(merge_split, rows),
-                                                           strict=True)})
+    digests = map_tasks(merge_split, rows, placement=placement)
+    merged.update({r["split"]: d for r, d in zip(rows, digests, strict=True)})
     return merged
