@@ -175,13 +175,52 @@ def config(source: Path, out: Path, num_cpus: int) -> dict[str, Any]:
     }
 
 
+def _status_kib(names: tuple[str, ...]) -> dict[str, int]:
+    """Fields of ``/proc/self/status`` in KiB."""
+    with open("/proc/self/status") as f:
+        return {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in f)
+                if k in names}
+
+
+class RssSampler:
+    """Peaks of the driver's anonymous RSS (its heap: what it must have) and file-backed RSS
+    (mapped files: clean page-cache pages the kernel can take back), sampled every 20 ms by a
+    thread: ``ru_maxrss`` is only their sum's peak."""
+
+    FIELDS = ("RssAnon", "RssFile", "RssShmem")
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peak = dict.fromkeys(self.FIELDS, 0)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            for k, v in _status_kib(self.FIELDS).items():
+                self.peak[k] = max(self.peak[k], v)
+            if self.stop.wait(0.02):
+                return
+
+    def close(self) -> dict[str, int]:
+        self.stop.set()
+        self.thread.join()
+        self._run()  # one last sample
+        return {f"peak_{k[3:].lower()}_bytes": v * 1024 for k, v in self.peak.items()}
+
+
 def child(cfg_file: str) -> int:
-    """``simgraph preprocess CFG`` in this process, then its peak RSS on the last line."""
+    """``simgraph preprocess CFG`` in this process, then its peak RSS (and the peaks of its
+    anonymous and file-backed parts, :class:`RssSampler`) on the last line."""
     from pipelines.cli import main
 
+    sampler = RssSampler()
     rc = main(["preprocess", cfg_file])
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    print(RSS_TAG + json.dumps({"rc": rc, "maxrss_bytes": kib * 1024}), flush=True)
+    print(RSS_TAG + json.dumps({"rc": rc, "maxrss_bytes": kib * 1024, **sampler.close()}),
+          flush=True)
     return rc
 
 
@@ -208,6 +247,7 @@ def build(n: int, source: Path, work: Path, num_cpus: int, keep: bool) -> dict[s
     manifest = json.loads((out / "manifest.json").read_text())
     row = {
         "n": n, "wall": wall, "rss": tagged[-1]["maxrss_bytes"],
+        "anon": tagged[-1].get("peak_anon_bytes"), "file": tagged[-1].get("peak_file_bytes"),
         "kept": sum(s["samples"] for s in manifest["splits"].values()),
         "skipped": manifest["skipped"]["total"],
         "near_pairs": (manifest.get("near_duplicates") or {}).get("pairs"),
@@ -220,7 +260,8 @@ def build(n: int, source: Path, work: Path, num_cpus: int, keep: bool) -> dict[s
     if not keep:
         shutil.rmtree(out, ignore_errors=True)
     print(f"N={n}: {wall:.1f} s, {n / wall:.0f} images/s, driver peak RSS "
-          f"{row['rss'] / 2**20:.0f} MiB", flush=True)
+          f"{row['rss'] / 2**20:.0f} MiB (anonymous {row['anon'] / 2**20:.0f}, file-backed "
+          f"{row['file'] / 2**20:.0f})", flush=True)
     return row
 
 
@@ -238,22 +279,34 @@ def growth(t1: float, t2: float, n1: int, n2: int) -> float:
     return float((t2 / t1) ** (1 / math.log2(n2 / n1)))
 
 
-def slopes(rows: list[dict[str, Any]]) -> list[float | None]:
-    """Driver RSS bytes per item between each N and the one before it."""
-    return [None] + [(b["rss"] - a["rss"]) / (b["n"] - a["n"])
+def slopes(rows: list[dict[str, Any]], key: str = "rss") -> list[float | None]:
+    """Driver RSS bytes per item between each N and the one before it (``key``: the peak RSS,
+    ``anon`` its anonymous part's peak; ``None`` where a row has no such measure)."""
+    return [None] + [None if a.get(key) is None or b.get(key) is None
+                     else (b[key] - a[key]) / (b["n"] - a["n"])
                      for a, b in zip(rows, rows[1:], strict=False)]
+
+
+def _mib(v: float | None) -> str:
+    return "—" if v is None else f"{v / 2**20:,.0f}"
+
+
+def _per_item(v: float | None) -> str:
+    return "—" if v is None else f"{v:,.0f}"
 
 
 def report(rows: list[dict[str, Any]]) -> str:
     kib = 1024
     out = ["| N | kept | wall s | images/s | driver peak RSS MiB | RSS slope B/item | "
+           "peak anonymous MiB | anonymous slope B/item | peak file-backed MiB | "
            "manifest.json KiB | source.json.gz KiB | content.npz KiB | unique captions |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r, s in zip(rows, slopes(rows), strict=True):
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r, s, sa in zip(rows, slopes(rows), slopes(rows, "anon"), strict=True):
         f = r["files"]
         out.append(
             f"| {r['n']:,} | {r['kept']:,} | {r['wall']:.1f} | {r['n'] / r['wall']:.0f} | "
-            f"{r['rss'] / 2**20:.0f} | {'—' if s is None else f'{s:,.0f}'} | "
+            f"{r['rss'] / 2**20:.0f} | {_per_item(s)} | {_mib(r.get('anon'))} | "
+            f"{_per_item(sa)} | {_mib(r.get('file'))} | "
             + " | ".join(f"{f.get(k, 0) / kib:,.0f}" for k in OUT_FILES)
             + f" | {r['captions']} |")
     stages = list(rows[0]["stages"])
@@ -283,6 +336,13 @@ def report(rows: list[dict[str, Any]]) -> str:
         at = last["rss"] + s * (CC12M - last["n"])
         out.append(f"Driver RSS at 12M items from the last slope ({s:,.0f} B/item): "
                    f"{at / 2**30:,.1f} GiB (goal: ≤ 4 GiB).")
+    sa = slopes(rows, "anon")[-1]
+    if sa is not None:
+        last = rows[-1]
+        at = last["anon"] + sa * (CC12M - last["n"])
+        out.append(f"Its anonymous part (the heap; file-backed pages are the kernel's to take "
+                   f"back) at 12M from the last slope ({sa:,.0f} B/item): "
+                   f"{at / 2**30:,.1f} GiB.")
     if len(rows) >= 3:
         import numpy as np
 

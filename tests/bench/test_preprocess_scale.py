@@ -39,6 +39,7 @@ def test_generated_shards_are_a_webdataset_source_shared_between_sizes(tmp_path:
 def test_report_slopes_growth_and_extrapolation() -> None:
     def row(n: int, rss_mib: float, near: float) -> dict[str, object]:
         return {"n": n, "wall": n / 500, "rss": rss_mib * 2**20, "kept": n, "captions": 2000,
+                "anon": (rss_mib - 500) * 2**20, "file": 500 * 2**20,
                 "files": {"manifest.json": 4096},
                 "stages": {"hashing": n / 2000, "near_duplicates": near}}
 
@@ -52,6 +53,27 @@ def test_report_slopes_growth_and_extrapolation() -> None:
     hashing = next(line for line in text.splitlines() if line.startswith("| hashing"))
     assert "super-linear" not in hashing and "| 2.00 |" in hashing
     assert "×/doubling 10k→20k" in text and "Driver RSS at 12M items" in text
+    assert bench.slopes(rows, "anon")[1:] == bench.slopes(rows)[1:]
+    last = 530 * 2**20 + 20 * 2**20 / 20_000 * (12_000_000 - 40_000)
+    assert f"at 12M from the last slope (1,049 B/item): {last / 2**30:,.1f} GiB." in text
+    assert "| 10,000 | 10,000 | 20.0 | 500 | 1000 | — | 500 | — | 500 | 4 |" in text
+    old = [{k: v for k, v in r.items() if k not in ("anon", "file")} for r in rows]
+    assert "| — | — | — |" in bench.report(old)  # rows saved before the sampler
+
+
+def test_the_rss_sampler_sees_the_heap_grow() -> None:
+    import numpy as np
+
+    sampler = bench.RssSampler()
+    block = np.ones(64 * 2**20, dtype=np.uint8)  # 64 MiB of anonymous pages, touched
+    import time
+
+    time.sleep(0.1)
+    peaks = sampler.close()
+    del block
+    assert peaks["peak_anon_bytes"] >= 64 * 2**20
+    assert peaks["peak_file_bytes"] > 0 and set(peaks) == {
+        "peak_anon_bytes", "peak_file_bytes", "peak_shmem_bytes"}
 
 
 def test_listing_times_both_tar_readers_on_the_same_shards(tmp_path: Path) -> None:
