@@ -209,6 +209,25 @@ def run_viewloader(beton: Path, n: int, *, colour: bool, batched: bool,
     return _loop(loader, n, lambda b: [b.images[:, v] for v in range(VIEWS)])
 
 
+def run_device_crops(beton: Path, n: int, *, loader_side: bool) -> dict[str, float]:
+    """The GPU path's reader with its crops made after the loader (``device_crops``).
+    ``loader_side``: only what the CPU does on a GPU node — FFCV's thread decoding each image
+    into its slot and drawing its views' crops and flips — counted as the views those slots
+    become (the crops are the GPU's); otherwise the whole reader with the crops made on this
+    CPU (what it would cost without a GPU)."""
+    from components.config import AugmentConfig
+    from components.data.reader import ViewLoader
+
+    aug = AugmentConfig(resolution=RES, jitter_p=0.0, grayscale_p=0.0)
+    loader = ViewLoader(beton, batch_size=BATCH, views=VIEWS, augment=aug, train=True,
+                        num_workers=1, with_captions=False, batched_augment=True,
+                        device_crops=True)
+    if not loader_side:
+        return _loop(loader, n, lambda b: [b.images[:, v] for v in range(VIEWS)])
+    at = list(loader.loader.pipeline_specs).index("image")
+    return _loop(loader.loader, n, lambda out: [out[at]] * VIEWS)
+
+
 # --------------------------------------------------------------------------------------------
 # Per-stage breakdown, outside the loader.
 
@@ -456,6 +475,10 @@ def main() -> None:
                 beton, a.batches, colour=False, batched=False, decode_per_view=True),
             "viewloader_batched": lambda: run_viewloader(beton, a.batches, colour=True,
                                                          batched=True),
+            "device_crops_loader": lambda: run_device_crops(beton, a.batches,
+                                                            loader_side=True),
+            "device_crops_here": lambda: run_device_crops(beton, a.batches,
+                                                          loader_side=False),
         }
         for key, fn in runs.items():
             if key not in a.skip:
@@ -472,6 +495,9 @@ def main() -> None:
         "viewloader_nocolour_per_view": "simgraph ViewLoader, no colour ops, one decode per "
                                         "view (before)",
         "viewloader_batched": "simgraph ViewLoader, batched colour ops (CPU)",
+        "device_crops_loader": "simgraph ViewLoader, crops on the device: the loader's CPU "
+                               "side (decode into slots + draws; the GPU path's per-core cost)",
+        "device_crops_here": "simgraph ViewLoader, crops on the device, that device this CPU",
     }
     kb = sum(len(b) for b in blobs) / len(blobs) / 1024
     print(f"\n{a.images} JPEGs q90, max side {a.side} ({kb:.1f} KiB each, made + written in "

@@ -12,7 +12,10 @@
   solarization as batched torch ops; on CUDA the crop and flip run in FFCV and the rest as
   batched torch ops on the device after ``ToDevice``. Views of one augmentation with nothing
   but the crop in FFCV (CUDA, or no jitter / grayscale) share one pipeline that decodes each
-  image once for all of them (:func:`~components.data.view_ops.view_slots`).
+  image once for all of them (:func:`~components.data.view_ops.view_slots`). On CUDA the
+  training crops themselves are made on the device: FFCV decodes and draws each view's crop
+  and flip, the GPU resizes (``device_crops``,
+  :mod:`~components.data.augment.device_crop`).
 * **View groups** (multi-crop, ``data.view_groups``): each view takes its group's crop size,
   crop scale and op probabilities, in FFCV and in the batched ops alike.
 * **Output.** :class:`Batch` with ``images`` ``[B, V, 3, H, W]`` float32 normalised (never
@@ -168,6 +171,10 @@ class ViewLoader:
             made: ``False`` in reused host buffers (the CPU path), ``True`` as new tensors on
             ``device`` (the GPU path's, whose caching allocator reuses device memory).
         stall_timeout: seconds to wait for one batch before failing (:func:`stall_timeout_s`).
+        device_crops: training views' crops made on ``device`` after the loader, FFCV only
+            decoding and drawing them (:mod:`~components.data.augment.device_crop`; bilinear
+            views with batched colour ops): the GPU path's default; ``True`` on CPU runs it
+            there (tests).
 
     Raises:
         ReaderSettingError: a CUDA device without an index, a bad ``stall_timeout``.
@@ -195,6 +202,7 @@ class ViewLoader:
         max_batches: int | None = None,
         batched_augment: bool | None = None,
         stall_timeout: float | None = None,
+        device_crops: bool | None = None,
     ) -> None:
         from ffcv.reader import Reader
 
@@ -241,12 +249,22 @@ class ViewLoader:
         # Host buffers reused across batches for the CPU path; the batched (GPU path's) ops
         # allocate on their device, as the caching allocator there reuses memory already.
         pooled = not on_gpu and not batched
+        device_crops = on_gpu if device_crops is None else device_crops
+        if device_crops and not batched:
+            raise ReaderSettingError("device_crops=True needs the batched colour ops "
+                                     "(batched_augment=True; the default on CUDA)")
         self.pipeline_ops = pipeline_ops(fields, augment=self.augment, train=train,
                                          views=self.views, device=self.device,
                                          batched_augment=batched,
                                          with_captions=self.has_captions,
-                                         view_augments=self.view_augments)
+                                         view_augments=self.view_augments,
+                                         device_crops=device_crops)
         self._view_slots = view_slots(self.pipeline_ops)  # (output, index in it) per view
+        from components.data.augment.device_crop import DecodeForDeviceCrops
+
+        # outputs of slots [B, S] whose views are cropped after the loader: key -> decoder
+        self._device_crops = {k: ops[0] for k, ops in self.pipeline_ops.items()
+                              if isinstance(ops[0], DecodeForDeviceCrops)}
         pipelines: dict[str, Any] = {
             k: (ops if k == "image" or not k.startswith("image") else field_spec("image", ops))
             for k, ops in self.pipeline_ops.items()
@@ -348,18 +366,24 @@ class ViewLoader:
             epoch.join(timeout=0 if epoch.stalled else 5)
 
     def _batches(self, epoch: Iterator[Any]) -> Iterator[Batch]:
+        from components.data.augment.device_crop import crop_views
         from components.data.normalise import normalise_hwc_into  # numba: with FFCV's
 
         for out in epoch:
             got = dict(zip(self._names, out, strict=True))
+            for key, dec in self._device_crops.items():  # [B, S] -> [B, V, 3, H, W] uint8
+                got[key] = crop_views(got[key], views=dec.views, size=dec.output_size,
+                                      max_hw=dec.max_hw)
             blocks: list[torch.Tensor] = []
             for first, n in self._blocks:
                 block: torch.Tensor | None = None
                 for j in range(n):
                     v = first + j
                     key, k = self._view_slots[v]
-                    # [B, 3, H, W] uint8, a view over FFCV's [B, (V,) H, W, 3] buffer
-                    x = got[key] if k is None else got[key][:, k].permute(0, 3, 1, 2)
+                    # [B, 3, H, W] uint8, a view over FFCV's [B, (V,) H, W, 3] buffer (or
+                    # over the device crops' [B, V, 3, H, W])
+                    x = (got[key] if k is None else got[key][:, k] if key in self._device_crops
+                         else got[key][:, k].permute(0, 3, 1, 2))
                     op = self._post_ops[v]
                     if op is not None:
                         x = op(x)
@@ -401,7 +425,8 @@ class ViewLoader:
 def train_views(cfg: PretrainConfig, info: Any, rank: int, world: int, device: Any,
                 with_captions: bool, batched_augment: bool | None = None) -> ViewLoader:
     """The training ``ViewLoader`` of one rank: what every worker reads (``simgraph preview``
-    draws its batches from this same function). ``batched_augment``: see ``ViewLoader``."""
+    draws its batches from this same function). ``batched_augment``: see ``ViewLoader``; the
+    GPU path's (``True``) makes its crops on the device too (``device_crops``)."""
     d = cfg.data
     return ViewLoader(
         info.split_file("train"), batch_size=d.batch_size, views=d.views, augment=d.augment,
@@ -409,5 +434,5 @@ def train_views(cfg: PretrainConfig, info: Any, rank: int, world: int, device: A
         rank=rank, world_size=world, device=device,
         num_workers=d.num_workers, drop_last=True, os_cache=d.os_cache,
         with_captions=with_captions, max_batches=cfg.train.steps_per_epoch,
-        batched_augment=batched_augment,
+        batched_augment=batched_augment, device_crops=batched_augment,
     )

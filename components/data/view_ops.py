@@ -16,7 +16,7 @@ from components.config import AugmentConfig
 def pipeline_ops(
     fields: Sequence[str], *, augment: AugmentConfig, train: bool, views: int,
     device: torch.device, batched_augment: bool, with_captions: bool,
-    view_augments: Sequence[AugmentConfig] | None = None,
+    view_augments: Sequence[AugmentConfig] | None = None, device_crops: bool = False,
 ) -> dict[str, list[Any]]:
     """The FFCV operations of every output, decoder first: ``label``, ``sample_id``,
     ``caption`` (when read), ``image`` and ``image_{v}`` (extra pipelines of the stored
@@ -30,6 +30,10 @@ def pipeline_ops(
     cropped from **one decode** per image
     (:class:`~components.data.augment.resize.BilinearRandomResizedCropViews`); otherwise each
     view is an output ``[B, 3, H, W]`` of its own. :func:`view_slots` says which is which.
+    ``device_crops`` (with ``batched_augment``): such runs, of one view or more, are instead
+    decoded into slots ``[B, S]`` for the crops to be made on ``device`` after the loader
+    (:mod:`~components.data.augment.device_crop`: the loader decodes and draws, the device
+    crops).
 
     For a CUDA ``device`` every output ends on the device: ``ToDevice`` copies the batch, and
     every op after it allocates there. ``ToTorchImage`` comes after ``ToDevice`` as a view
@@ -43,6 +47,9 @@ def pipeline_ops(
     from ffcv.fields.decoders import IntDecoder, NDArrayDecoder
     from ffcv.transforms import Squeeze, ToDevice, ToTensor, ToTorchImage
 
+    if device_crops and not batched_augment:
+        raise ValueError("device_crops needs batched_augment: FFCV's per-sample colour ops "
+                         "come after a crop, which is then made after the loader")
     on_gpu = device.type == "cuda"
     to_dev = [ToDevice(device, non_blocking=True)] if on_gpu else []
     # [B, 1] -> [B]: only the per-sample dim. A bare Squeeze() also dropped B when a batch held
@@ -64,7 +71,11 @@ def pipeline_ops(
         run = 1  # consecutive views of one augmentation: one decode for all of them
         while v + run < n and per_view[v + run] == a:
             run += 1
-        if run > 1 and _crops_only(a, train, batched_augment):
+        if device_crops and _crops_only(a, train, batched_augment):
+            # [B, S] slots: each image decoded once, its views' crop and flip draws
+            out[key] = [_device_crop_decode(a, run), ToTensor(), *to_dev]
+            v += run
+        elif run > 1 and _crops_only(a, train, batched_augment):
             # [B, run, H, W, 3]: the reader takes view k as [:, k] (no ToTorchImage: 4-d only)
             out[key] = [_multi_view_crop(a, run), ToTensor(), *to_dev]
             v += run
@@ -79,13 +90,14 @@ def view_slots(ops: dict[str, list[Any]]) -> list[tuple[str, int | None]]:
     """Where each view is among :func:`pipeline_ops`'s outputs, in view order: ``(key,
     None)`` for a ``[B, 3, H, W]`` output of one view, ``(key, k)`` for view ``k`` of a
     ``[B, V, H, W, 3]`` output decoded once for ``V`` views."""
+    from components.data.augment.device_crop import DecodeForDeviceCrops
     from components.data.augment.resize import BilinearRandomResizedCropViews
 
     slots: list[tuple[str, int | None]] = []
     for key, key_ops in ops.items():
         if not key.startswith("image"):
             continue
-        if isinstance(key_ops[0], BilinearRandomResizedCropViews):
+        if isinstance(key_ops[0], (BilinearRandomResizedCropViews, DecodeForDeviceCrops)):
             slots.extend((key, k) for k in range(key_ops[0].views))
         else:
             slots.append((key, None))
@@ -97,6 +109,14 @@ def _crops_only(a: AugmentConfig, train: bool, batched: bool) -> bool:
     per-sample colour op after it — so several views can be cropped from one decode."""
     return train and a.interpolation == "bilinear" and (
         batched or max(a.jitter_p, a.grayscale_p) == 0)
+
+
+def _device_crop_decode(a: AugmentConfig, views: int) -> Any:
+    from components.data.augment.device_crop import DecodeForDeviceCrops
+
+    return DecodeForDeviceCrops((a.resolution, a.resolution), views,
+                                scale=(a.scale[0], a.scale[1]), ratio=(a.ratio[0], a.ratio[1]),
+                                flip_p=a.flip_p)
 
 
 def _multi_view_crop(a: AugmentConfig, views: int) -> Any:

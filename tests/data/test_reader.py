@@ -227,6 +227,35 @@ def test_views_are_reproducible_across_loaders(beton: tuple) -> None:
     assert not torch.equal(a[:, 0], a[:, 1])  # views differ from each other
 
 
+@pytest.mark.parametrize("groups", [False, True], ids=["two-views", "view-groups"])
+def test_device_crops_give_the_cpu_crops_views(beton: tuple, groups: bool) -> None:
+    """The GPU path's crops made after the loader (``device_crops``, here on the CPU) are the
+    views the crops in FFCV give from the same seed — the same draws, resized within one grey
+    level — for two views of one size and for view groups of two sizes (a group of one)."""
+    from components.config import ViewGroup
+
+    path, _, _ = beton
+    base = AugmentConfig(resolution=16, jitter_p=0.0, grayscale_p=0.0, flip_p=0.5,
+                         mean=[0.0] * 3, std=[1.0] * 3)
+    kw: dict[str, object] = {"views": 2} if not groups else {"view_groups": [
+        (2, base), (1, ViewGroup(count=1, resolution=8, scale=[0.2, 0.5]).augment(base))]}
+
+    def read(device_crops: bool) -> list[torch.Tensor]:
+        loader = ViewLoader(path, batch_size=6, augment=base, num_workers=1, seed=3,
+                            batched_augment=True, device_crops=device_crops, **kw)
+        assert bool(loader._device_crops) == device_crops
+        return [_pixels(x) for b in loader
+                for x in (b.images.blocks if groups else (b.images,))]  # type: ignore[union-attr]
+
+    got, want = read(True), read(False)
+    assert [x.shape for x in got] == [x.shape for x in want]
+    assert all((g - w).abs().max() <= 1 for g, w in zip(got, want, strict=True))
+    # not vacuous: each view its own crop, so another view's pixels are far off
+    assert (got[0][:, 0] - want[0][:, 1]).abs().max() > 50
+    with pytest.raises(ValueError, match="device_crops=True needs the batched colour ops"):
+        ViewLoader(path, batch_size=6, augment=base, num_workers=1, device_crops=True)
+
+
 # ------------------------------------------------------------------ view groups (multi-crop)
 
 

@@ -86,6 +86,33 @@ def test_reader_pipelines_end_on_the_cuda_device(train: bool) -> None:
             assert state.dtype in (torch.uint8, np.dtype("uint8"))
 
 
+def test_device_crop_slots_end_on_the_cuda_device() -> None:
+    """The GPU path's default (``device_crops``): each run of views of one augmentation — one
+    view or several, per view group — is one ``[B, S]`` uint8 slot output on the device (the
+    decoded images and their draws), cropped there after the loader."""
+    from ffcv.pipeline.state import State
+
+    from components.data.augment.device_crop import DecodeForDeviceCrops, slot_bytes
+
+    big, small = AugmentConfig(resolution=RES), AugmentConfig(resolution=8, scale=[0.05, 0.2])
+    got = pipeline_ops(["image", "label", "sample_id"], augment=big, train=True, views=4,
+                       device=CUDA, batched_augment=True, with_captions=False,
+                       view_augments=[big, big, big, small], device_crops=True)
+    groups = {"image": (3, RES), "image_3": (1, 8)}
+    assert sorted(k for k in got if k.startswith("image")) == sorted(groups)
+    for key, (views, side) in groups.items():
+        op = got[key][0]
+        assert isinstance(op, DecodeForDeviceCrops)
+        assert (op.views, op.output_size) == (views, (side, side))
+        slot = (slot_bytes(40, 30, views),)  # a file whose largest image is 40 x 30
+        state, wrong = _walk(got[key], State(jit_mode=True, device=torch.device("cpu"),
+                                             shape=slot, dtype=np.dtype("uint8")), CUDA)
+        assert wrong == [] and state.device == CUDA and tuple(state.shape) == slot, key
+    with pytest.raises(ValueError, match="device_crops needs batched_augment"):
+        pipeline_ops(["image"], augment=big, train=True, views=2, device=CUDA,
+                     batched_augment=False, with_captions=False, device_crops=True)
+
+
 def test_view_group_pipelines_end_on_the_cuda_device_at_their_sizes() -> None:
     """Multi-crop on the GPU path: each group's views are cropped from one decode at the
     group's size and end on the device (2 × 12 px + 3 × 8 px views)."""
