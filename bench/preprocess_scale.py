@@ -193,6 +193,7 @@ class RssSampler:
         import threading
 
         self.peak = dict.fromkeys(self.FIELDS, 0)
+        self.window = 0  # the anonymous peak since the last mark (KiB)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -201,8 +202,16 @@ class RssSampler:
         while True:
             for k, v in _status_kib(self.FIELDS).items():
                 self.peak[k] = max(self.peak[k], v)
+                if k == "RssAnon":
+                    self.window = max(self.window, v)
             if self.stop.wait(0.02):
                 return
+
+    def mark(self) -> int:
+        """The anonymous peak since the last mark, in bytes; a new window starts."""
+        now = _status_kib(("RssAnon",))["RssAnon"]
+        peak, self.window = max(self.window, now), now
+        return peak * 1024
 
     def close(self) -> dict[str, int]:
         self.stop.set()
@@ -214,13 +223,35 @@ class RssSampler:
 def child(cfg_file: str) -> int:
     """``simgraph preprocess CFG`` in this process, then its peak RSS (and the peaks of its
     anonymous and file-backed parts, :class:`RssSampler`) on the last line."""
+    from components.data.build.timing import BuildTimes
     from pipelines.cli import main
 
     sampler = RssSampler()
+    stages: dict[str, int] = {}  # the anonymous peak while each build stage ran
+    running: list[str] = []  # stages open now (nested: near_duplicates inside planning)
+    timed = BuildTimes.stage
+
+    def settle() -> None:  # the window since the last mark belongs to every open stage
+        peak = sampler.mark()
+        for name in running:
+            stages[name] = max(stages.get(name, 0), peak)
+
+    @contextlib.contextmanager
+    def stage(self: BuildTimes, name: str) -> Iterator[None]:
+        settle()
+        running.append(name)
+        try:
+            with timed(self, name):
+                yield
+        finally:
+            settle()
+            running.remove(name)
+
+    BuildTimes.stage = stage  # type: ignore[method-assign]
     rc = main(["preprocess", cfg_file])
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    print(RSS_TAG + json.dumps({"rc": rc, "maxrss_bytes": kib * 1024, **sampler.close()}),
-          flush=True)
+    print(RSS_TAG + json.dumps({"rc": rc, "maxrss_bytes": kib * 1024, **sampler.close(),
+                                "stage_anon_peaks": stages}), flush=True)
     return rc
 
 
@@ -248,6 +279,7 @@ def build(n: int, source: Path, work: Path, num_cpus: int, keep: bool) -> dict[s
     row = {
         "n": n, "wall": wall, "rss": tagged[-1]["maxrss_bytes"],
         "anon": tagged[-1].get("peak_anon_bytes"), "file": tagged[-1].get("peak_file_bytes"),
+        "stage_anon": tagged[-1].get("stage_anon_peaks"),
         "kept": sum(s["samples"] for s in manifest["splits"].values()),
         "skipped": manifest["skipped"]["total"],
         "near_pairs": (manifest.get("near_duplicates") or {}).get("pairs"),
@@ -327,6 +359,15 @@ def report(rows: list[dict[str, Any]]) -> str:
             flag = " **super-linear**" if g > 2.2 and sec(b) >= 0.5 else ""
             cells.append("—" if math.isnan(g) else f"{g:.2f}{flag}")
         out.append(f"| {st} | " + " | ".join(cells) + " |")
+    if all(r.get("stage_anon") for r in rows):
+        out += ["", f"| stage: anonymous RSS peak while it ran (MiB) | {head} | "
+                + " | ".join(f"slope {_n(a['n'])}→{_n(b['n'])} B/item" for a, b in pairs)
+                + " |", "|---|" + "---:|" * (len(rows) + len(pairs))]
+        for st in stages:
+            cells = [_mib(r["stage_anon"].get(st)) for r in rows]
+            cells += [_per_item((b["stage_anon"].get(st, 0) - a["stage_anon"].get(st, 0))
+                                / (b["n"] - a["n"])) for a, b in pairs]
+            out.append(f"| {st} | " + " | ".join(cells) + " |")
     out.append("")
     out.append("other: the process's wall time outside the stages (Python start-up and "
                "imports, the config, the lock, the swap checks).")

@@ -55,15 +55,15 @@ SHARD_COLUMNS = ("sample_id", "path", "label", "caption_id")
 
 def shard_specs(p: Plan, todo: list[int]) -> list[dict[str, Any]]:
     """One row per shard still to write (``todo``: indices into ``p.shard_names``), holding
-    its rows' columns as lists; largest first so the last tasks to start are the short ones."""
+    its rows' columns as views of the plan's arrays (lists of Python ints were ~80 B an item,
+    every shard's alive until its task was done; a view is serialised as its own rows) and its
+    paths' columns; largest first so the last tasks to start are the short ones."""
     specs = []
     for k in todo:
         rows = p.shard(k)
-        ids = p.sample_ids[rows].tolist()
-        specs.append({"shard": p.shard_names[k], "sample_id": ids,
+        specs.append({"shard": p.shard_names[k], "sample_id": p.sample_ids[rows],
                       "path": take_paths(p.paths, p.sample_ids[rows], compact=True),
-                      "label": p.labels[rows].tolist(),
-                      "caption_id": p.caption_ids[rows].tolist()})
+                      "label": p.labels[rows], "caption_id": p.caption_ids[rows]})
     return sorted(specs, key=lambda sp: (-len(sp["path"]), sp["shard"]))
 
 
