@@ -144,6 +144,11 @@ def set_jit(enabled: bool) -> None:
     Compiler.set_enabled(enabled)
 
 
+# The largest batch of device-crop slots (uint8, one per image the size of the file's widest)
+# a loader hands FFCV and copies to the device: 256 images of 512 x 512 are 192 MiB.
+DEVICE_CROP_BATCH_BYTES = 512 * 2**20
+
+
 class ViewLoader:
     """FFCV loader for one split and one rank; see the module docstring.
 
@@ -174,7 +179,8 @@ class ViewLoader:
         device_crops: training views' crops made on ``device`` after the loader, FFCV only
             decoding and drawing them (:mod:`~components.data.augment.device_crop`; bilinear
             views with batched colour ops): the GPU path's default; ``True`` on CPU runs it
-            there (tests).
+            there (tests). Not for a file whose batch of slots would pass
+            :data:`DEVICE_CROP_BATCH_BYTES` (its crops stay in FFCV).
 
     Raises:
         ReaderSettingError: a CUDA device without an index, a bad ``stall_timeout``.
@@ -232,7 +238,8 @@ class ViewLoader:
         self.view_augments = [a for n, a in groups for _ in range(n)]
         drop_last = train if drop_last is None else drop_last
         try:
-            handlers = Reader(str(path)).handlers
+            reader = Reader(str(path))
+            handlers = reader.handlers
         except (ValueError, OSError, IndexError, KeyError) as e:  # FFCV's header/table reads
             raise DatasetError(
                 f"{path} cannot be read as an FFCV file ({type(e).__name__}: {e}): it is "
@@ -253,6 +260,16 @@ class ViewLoader:
         if device_crops and not batched:
             raise ReaderSettingError("device_crops=True needs the batched colour ops "
                                      "(batched_augment=True; the default on CUDA)")
+        if device_crops and train and "image" in fields:
+            # a slot per image is the file's widest image: past DEVICE_CROP_BATCH_BYTES a
+            # batch (a dataset stored at a large max_side) keeps its crops in FFCV instead
+            meta = reader.metadata[f"f{fields.index('image')}"]
+            if len(meta):
+                from components.data.augment.device_crop import slot_bytes
+
+                per_image = slot_bytes(int(meta["height"].max()), int(meta["width"].max()),
+                                       self.views)
+                device_crops = batch_size * per_image <= DEVICE_CROP_BATCH_BYTES
         self.pipeline_ops = pipeline_ops(fields, augment=self.augment, train=train,
                                          views=self.views, device=self.device,
                                          batched_augment=batched,

@@ -256,6 +256,25 @@ def test_device_crops_give_the_cpu_crops_views(beton: tuple, groups: bool) -> No
         ViewLoader(path, batch_size=6, augment=base, num_workers=1, device_crops=True)
 
 
+def test_device_crops_stay_in_ffcv_when_a_batch_of_slots_is_too_large(
+        beton: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slot is the file's widest image: a batch of them past ``DEVICE_CROP_BATCH_BYTES``
+    (images stored at a large ``max_side``) keeps the crops in FFCV, not gigabytes of slots."""
+    from components.data import reader
+    from components.data.augment.device_crop import slot_bytes
+
+    path, _, _ = beton
+    aug = AugmentConfig(resolution=8, jitter_p=0.0, grayscale_p=0.0)
+
+    def opened(batch: int) -> ViewLoader:
+        return ViewLoader(path, batch_size=batch, augment=aug, views=2, num_workers=1,
+                          batched_augment=True, device_crops=True)
+
+    monkeypatch.setattr(reader, "DEVICE_CROP_BATCH_BYTES", 6 * slot_bytes(12, 12, 2))
+    assert opened(6)._device_crops and not opened(7)._device_crops
+    assert next(iter(opened(7))).images.shape == (7, 2, 3, 8, 8)
+
+
 # ------------------------------------------------------------------ view groups (multi-crop)
 
 
