@@ -23,8 +23,10 @@ It prints Markdown to paste into ``docs/benchmarks.md`` (and writes it to
   warnings, set-up included) and the measured rate as a fraction of the paper estimate;
   medians of epochs 2..;
 * checks: FFCV → CUDA (a batch of the recipe's own ``train_views`` on ``cuda:0`` is on the
-  GPU), NCCL (every rank's process-group backend, one GPU per rank), AMP (autocast gives the
-  dtype chosen for this GPU, and the torch build has kernels for it);
+  GPU), device crops (the GPU path's crops made on the GPU give FFCV's views from the same
+  seed within one grey level, and ``crop_views``' milliseconds per batch of 2 × 224-px views
+  from 256-px slots), NCCL (every rank's process-group backend, one GPU per rank), AMP
+  (autocast gives the dtype chosen for this GPU, and the torch build has kernels for it);
 * the paper estimate: FLOPs per image of the model :func:`components.training.step.build_model`
   builds (``FlopCounterMode`` on CPU; train ≈ 3 × forward, all views) × images per epoch ÷
   (``--fraction`` of the GPU's peak dense bf16/fp16 tensor TFLOPS, from :data:`PEAKS` by
@@ -273,6 +275,58 @@ def check_ffcv_cuda(cfg: PretrainConfig, dataset: Path) -> Check:
     return Check("FFCV → CUDA", ok, detail)
 
 
+def check_device_crops(dataset: Path, device: Any, batch: int = 64, side: int = 224,
+                       stored: int = 256, repeats: int = 10, compare: int = 32) -> Check:
+    """The GPU path's crops made on ``device`` (``device_crops``, the default on CUDA) give the
+    views the crops in FFCV give from the same seed (within one grey level; colour ops off so
+    the pixels compare; a first batch of ``compare`` images), and what ``crop_views`` costs per
+    batch of ``batch`` × 2 views of ``side`` px from ``stored``-px slots (median of
+    ``repeats``, device-synchronised)."""
+    import torch
+
+    from components.config import AugmentConfig
+    from components.data.augment.device_crop import crop_views, pixel_bytes, slot_bytes
+    from components.data.reader import DatasetInfo, ViewLoader
+
+    plain = AugmentConfig(resolution=16, jitter_p=0.0, grayscale_p=0.0, blur_p=0.0,
+                          solarize_p=0.0, flip_p=0.5, mean=[0.0] * 3, std=[1.0] * 3)
+
+    def first(device_crops: bool) -> Any:
+        loader = ViewLoader(DatasetInfo.load(dataset).split_file("train"), batch_size=compare,
+                            views=2, augment=plain, num_workers=1, seed=7, device=device,
+                            with_captions=False, batched_augment=True,
+                            device_crops=device_crops)
+        batches = iter(loader)
+        try:
+            return (next(batches).images * 255).round().cpu()
+        finally:
+            batches.close()
+
+    got, want = first(True), first(False)
+    worst = float((got - want).abs().max())
+    gen = torch.Generator().manual_seed(0)
+    slots = torch.randint(0, 256, (batch, slot_bytes(stored, stored, 2)), dtype=torch.uint8,
+                          generator=gen)
+    view = [stored // 32, stored // 32, stored * 7 // 10, stored * 4 // 5, 1]  # a crop, flipped
+    boxes = torch.tensor([stored, stored] + view * 2, dtype=torch.int32)  # h, w; 2 views
+    slots[:, pixel_bytes(stored, stored):] = boxes.view(torch.uint8)
+    slots = slots.to(device)
+    times = []
+    for _ in range(repeats + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        crop_views(slots, views=2, size=(side, side), max_hw=(stored, stored))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+    ms = statistics.median(times[1:]) * 1000
+    return Check("device crops", worst <= 1.0,
+                 f"views within {worst:g} grey levels of FFCV's crops (same seed, "
+                 f"{list(got.shape)}); `crop_views` {ms:.2f} ms per {batch} × 2 views of "
+                 f"{side} px from {stored}-px slots on {device}")
+
+
 def check_amp(amp: str, cc: tuple[int, int]) -> Check:
     """Autocast as the training step enters it gives ``amp``'s dtype on ``cuda:0``, and the
     build has kernels for this GPU."""
@@ -486,6 +540,12 @@ def run_on_gpus(args: argparse.Namespace, cfg: PretrainConfig) -> int:
         checks.insert(0, check_ffcv_cuda(base, dataset))
     except Exception as e:  # noqa: BLE001 - reported as a failed check, the runs still go
         checks.insert(0, Check("FFCV → CUDA", False, _cell(f"{type(e).__name__}: {e}")))
+    _say("device crops: the GPU path's crops against FFCV's, and their cost ...")
+    try:
+        checks.insert(1, check_device_crops(dataset, torch.device("cuda", 0),
+                                            batch=cfg.data.batch_size))
+    except Exception as e:  # noqa: BLE001 - reported as a failed check, the runs still go
+        checks.insert(1, Check("device crops", False, _cell(f"{type(e).__name__}: {e}")))
     runs: list[Measured] = []
     t0 = time.perf_counter()
     _ray_init()

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench.gpu_acceptance import CONFIG, find_gpu
+from bench.gpu_acceptance import CONFIG, check_device_crops, find_gpu
 from components.config import PretrainConfig, load_config
 from components.training.step import build_model
 
@@ -89,3 +89,18 @@ def test_gpu_names() -> None:
         found = find_gpu(device)
         assert found is not None and found.name == spec, device
     assert find_gpu("NVIDIA GeForce RTX 4090") is None
+
+
+def test_the_device_crop_check_runs_where_there_is_no_gpu(tmp_path: Path) -> None:
+    """The acceptance run's device-crop check, on the CPU (its code, not a GPU's numbers):
+    the crops after the loader give FFCV's views from the same seed, and a timing."""
+    from components.data.reader import set_jit
+    from tests.support.datasets import synthetic_dataset
+
+    synthetic_dataset(tmp_path / "data", size=16)
+    set_jit(False)
+    check = check_device_crops(tmp_path / "data", torch.device("cpu"), batch=4, side=24,
+                               stored=32, repeats=2, compare=8)
+    assert check.ok is True, check.detail
+    assert check.detail.startswith("views within ") and "[8, 2, 3, 16, 16]" in check.detail
+    assert "per 4 × 2 views of 24 px from 32-px slots on cpu" in check.detail
