@@ -71,13 +71,17 @@ def probe_texts(texts: Sequence[str], n: int = PROBE) -> list[str]:
     spread over the rest in their order."""
     if len(texts) <= n:
         return list(texts)
-    by_length = sorted(range(len(texts)), key=lambda i: (-len(texts[i]), i))
-    longest = by_length[:LONGEST]
-    taken = set(longest)
-    rest = [i for i in range(len(texts)) if i not in taken]
-    step = len(rest) / (n - len(longest))
-    spread = [rest[int(j * step)] for j in range(n - len(longest))]
-    return [texts[i] for i in [*longest, *spread]]
+    # as arrays (a build's every unique caption: no tuple or int object per text)
+    lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    longest = np.argsort(-lengths, kind="stable")[:LONGEST]  # ties: the earlier text first
+    del lengths
+    rest = np.ones(len(texts), dtype=bool)
+    rest[longest] = False
+    left = np.flatnonzero(rest)
+    del rest
+    step = len(left) / (n - len(longest))
+    spread = left[[int(j * step) for j in range(n - len(longest))]]
+    return [texts[i] for i in [*longest.tolist(), *spread.tolist()]]
 
 
 def choose(model: str, texts: Sequence[str], reference: Any, gpu: bool = False,

@@ -106,3 +106,25 @@ def test_auto_has_the_identity_of_the_old_default() -> None:
         "kind": "folder", "path": "/tmp/src"}}).captions.backend == "auto"
     assert digest() == digest(backend="torch") == digest(backend="auto")
     assert digest(backend="onnx-int8") != digest()
+
+
+def test_probe_texts_as_arrays_picks_what_the_sort_of_tuples_picked() -> None:
+    """The probe's texts (the longest, then an even spread) are chosen on arrays — no tuple
+    per caption at CC12M's 12M — and are the ones the sort of ``(-len, index)`` gave."""
+    from components.data.caption_backend import LONGEST, PROBE, probe_texts
+
+    def reference(texts: list[str], n: int) -> list[str]:
+        if len(texts) <= n:
+            return list(texts)
+        by_length = sorted(range(len(texts)), key=lambda i: (-len(texts[i]), i))
+        longest = by_length[:LONGEST]
+        rest = [i for i in range(len(texts)) if i not in set(longest)]
+        step = len(rest) / (n - len(longest))
+        spread = [rest[int(j * step)] for j in range(n - len(longest))]
+        return [texts[i] for i in [*longest, *spread]]
+
+    rng = np.random.default_rng(0)
+    for size in (5, PROBE, PROBE + 1, 3 * PROBE + 7, 5000):
+        texts = ["x" * int(k) + str(i) for i, k in enumerate(rng.integers(0, 30, size))]
+        for n in (PROBE, LONGEST + 3):
+            assert probe_texts(texts, n) == reference(texts, n), (size, n)
