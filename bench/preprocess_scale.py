@@ -410,6 +410,7 @@ def memory(n: int, source: Path, work: Path) -> str:
 
     # planning's first use would import it inside its traced step: a fixed ~13 MB that read
     # as ~330 B/item at 40k
+    import pyarrow.compute  # noqa: F401  (the caption table's; imported by Ray in a real build)
     import scipy.sparse.csgraph  # noqa: F401
 
     from components.config import PreprocessConfig, from_dict

@@ -39,6 +39,7 @@ from urllib.parse import quote
 import numpy as np
 
 from components.config.preprocess import IMAGE_EXTENSIONS, SourceConfig
+from components.data.caption_texts import CaptionTexts, unique_texts
 from components.data.shard_files import open_shard, shard_files
 from components.data.shard_items import MISSING_IMAGE
 from components.data.shard_paths import ShardPaths
@@ -258,25 +259,37 @@ class _Lister:
                                   "and count such items)")
         skipped += [self._label_skip(paths, raw, rows, names, r) for r in label_rows.tolist()]
         keep = np.flatnonzero((labels >= -1) & ~dup)
-        # caption: raw id -> (text id, issue), each distinct raw value decoded once
-        # (the raw values let go as they are decoded, the raw dict before: with web captions,
-        # nearly one per item, the raw and the decoded texts are never all held twice)
-        texts: dict[str, int] = {}
+        # caption: raw id -> (text id, issue), each distinct raw value decoded once into one
+        # UTF-8 buffer (the raw values let go as they are decoded, the raw dict before: with
+        # web captions, nearly one per item, the raw and the decoded texts are never all held
+        # twice, and no str per caption is kept: CaptionTexts), then deduplicated by Arrow
+        # (two raw values may decode to one text), ids in order of first appearance
         if self.caption_ids is None:
             raise RuntimeError("_Lister.table() hands its raw captions on once: call it once")
         raws = list(self.caption_ids)[::-1]  # popped from the end: in raw id order
         self.caption_ids = None
-        tid, issue = array("i"), array("b")
+        pos, issue = array("i"), array("b")  # per raw id: its decoded text's place, or -1
+        data, ends = bytearray(), array("q", [0])
         while raws:
             text, problem = decode_caption(raws.pop())
-            tid.append(-1 if text is None else texts.setdefault(text, len(texts)))
+            if text is None:
+                pos.append(-1)
+            else:
+                pos.append(len(ends) - 1)
+                data += text.encode("utf-8", "surrogatepass")
+                ends.append(len(data))
             issue.append(CAPTION_ISSUES.index(problem))
-        captions = list(texts)
-        del texts
+        decoded = CaptionTexts(np.frombuffer(data, np.uint8), np.frombuffer(ends, np.int64))
+        del data, ends
+        captions, of_decoded = unique_texts(decoded)
+        del decoded
+        at = np.frombuffer(pos, np.int32)
+        tid = np.where(at >= 0, of_decoded[np.maximum(at, 0)] if len(of_decoded) else -1,
+                       -1).astype(np.int32)
         cap = np.frombuffer(self.captions, np.int32)[keep]
         table = ItemTable(
             paths=paths.take(keep), labels=labels[keep],
-            caption_ids=np.frombuffer(tid, np.int32)[cap] if len(tid) else cap.copy(),
+            caption_ids=tid[cap] if len(tid) else cap.copy(),
             captions=captions,
             caption_issues=(np.frombuffer(issue, np.int8)[cap] if len(issue)
                             else cap.astype(np.int8)),

@@ -109,7 +109,7 @@ class ItemTable:
     paths: Sequence[str]  # [n]: a list of str, or ShardPaths
     labels: np.ndarray  # [n] int32; -1 = unlabelled
     caption_ids: np.ndarray  # [n] int32 into captions; -1 = no caption
-    captions: list[str]  # the unique caption texts
+    captions: Sequence[str]  # the unique caption texts (a shard source's: CaptionTexts)
     caption_issues: np.ndarray  # [n] int8: index into CAPTION_ISSUES
     official: Sequence[str | None] | None  # [n] official split (a list, or a CodedColumn),
     # or None when no item has one

@@ -14,6 +14,7 @@ import numpy as np
 
 from components.config import PreprocessConfig
 from components.data.build.common import PreprocessError
+from components.data.caption_texts import CaptionTexts
 from components.data.shard_sources import ShardOptions
 from components.data.sources import (
     CAPTION_ISSUES,
@@ -50,7 +51,7 @@ class Listed:
     paths: Sequence[str]  # [n]
     labels: np.ndarray  # [n] int32
     caption_ids: np.ndarray  # [n] int32 into captions, -1 = no caption
-    captions: list[str]
+    captions: Sequence[str]  # a list, or CaptionTexts (a shard source's: no str per caption)
     official: Sequence[str | None] | None  # [n], None when the source defines no split
     groups: list[str | None] | None  # [n], None without split.group_by
     classes: list[str]
@@ -68,7 +69,7 @@ class Listed:
 
 def _caption_texts(
     cfg: PreprocessConfig, table: ItemTable, skipped: list[Skip], notes: list[dict[str, Any]],
-) -> tuple[ItemTable, list[str]]:
+) -> tuple[ItemTable, Sequence[str]]:
     """Apply ``captions.missing``; returns the kept items, their ``caption_ids`` pointing
     into the returned caption table (the class template appended for ``from-label``).
 
@@ -78,7 +79,8 @@ def _caption_texts(
     """
     if not cfg.captions.enabled:
         return dataclasses.replace(table, caption_ids=np.full(len(table), -1, np.int32)), []
-    captions = table.captions  # copied only if a class template is added
+    captions = table.captions
+    added: list[str] = []  # class template texts no listed caption has, appended at the end
     missing = np.flatnonzero(table.caption_ids < 0)
     index = _template_ids(cfg, table, missing)
     ids = table.caption_ids.copy()
@@ -98,11 +100,9 @@ def _caption_texts(
             )
         if policy == "from-label" and label >= 0:
             text = cfg.captions.templates[0].format(table.classes[label])
-            ids[i] = index.setdefault(text, len(captions))
-            if ids[i] == len(captions):
-                if captions is table.captions:
-                    captions = list(captions)
-                captions.append(text)
+            ids[i] = index.setdefault(text, len(captions) + len(added))
+            if ids[i] == len(captions) + len(added):
+                added.append(text)
             if issue:
                 notes.append({"path": path, "reason": issue,
                               "detail": f"{problem}; used the class template",
@@ -114,6 +114,9 @@ def _caption_texts(
             skipped.append(Skip(path=path, reason=issue or MISSING_CAPTION, detail=why))
             keep[i] = False
     table = dataclasses.replace(table, caption_ids=ids)
+    if added:  # a new table: the listed one is not changed
+        captions = (captions.plus(added) if isinstance(captions, CaptionTexts)
+                    else [*captions, *added])
     return (table if keep.all() else table.take(np.flatnonzero(keep))), captions
 
 

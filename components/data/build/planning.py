@@ -22,6 +22,7 @@ from components.data.build.common import LISTED_MAX, PreprocessError
 from components.data.build.hashing import Content, dedupe_enabled, hash_local
 from components.data.build.listing import Listed, list_items
 from components.data.build.timing import BuildTimes
+from components.data.caption_texts import CaptionTexts
 from components.data.shards import FORMAT
 from components.data.sources import Skip
 from components.data.splits import SPLITS, assign_splits
@@ -57,7 +58,8 @@ class Plan:
     shard_bounds: np.ndarray  # [shards + 1] int64
     paths: Sequence[str]  # the listed items' paths (by sample id)
     classes: list[str]
-    texts: list[str]  # the caption table (unique texts, sorted)
+    texts: Sequence[str]  # the caption table (unique texts, sorted; CaptionTexts for a shard
+    # source's: an index into the listing's)
     skipped: list[Skip]
     caption_notes: list[dict[str, Any]]
     near_duplicates: dict[str, Any] | None
@@ -144,13 +146,21 @@ def plan(
     cids = listed.caption_ids
     used = np.unique(cids[rows_idx])
     used = used[used >= 0]
-    texts = np.empty(len(used), dtype=object)
-    texts[:] = [listed.captions[c] for c in used.tolist()]
-    by_text = np.argsort(texts, kind="stable")
-    table = texts[by_text].tolist()
-    del texts
+    table: Sequence[str]
+    if isinstance(listed.captions, CaptionTexts) and listed.captions.rows is None:
+        # sorted by Arrow: an index into the listing's buffer, no str per caption
+        sorted_table = listed.captions.sorted_subset(used)
+        assert sorted_table.rows is not None
+        table, sorted_ids = sorted_table, sorted_table.rows
+    else:
+        texts = np.empty(len(used), dtype=object)
+        texts[:] = [listed.captions[c] for c in used.tolist()]
+        by_text = np.argsort(texts, kind="stable")
+        table = texts[by_text].tolist()
+        del texts
+        sorted_ids = used[by_text]
     remap = np.full(len(listed.captions) + 1, -1, dtype=np.int32)  # [-1] stays -1
-    remap[used[by_text]] = np.arange(len(by_text), dtype=np.int32)
+    remap[sorted_ids] = np.arange(len(sorted_ids), dtype=np.int32)
     official = listed.official
     splits = assign_splits(
         listed.labels[rows_idx],

@@ -1,0 +1,130 @@
+"""A build's caption table held compactly: :class:`CaptionTexts`, the unique texts as one UTF-8
+buffer and offsets (an Arrow ``large_string`` array's layout), not a Python str per caption.
+
+With web captions nearly every item has its own (CC12M: ~12M), and a str is ~50 B of header
+on top of its text, plus a list slot: ~110 B a caption, held from the listing to the end of
+the build, and a second table of references for the plan's sorted order. Here a caption is its
+UTF-8 bytes and 8 B of offset; the plan's sorted table is an index into the listing's
+(:meth:`CaptionTexts.sorted_subset`: 8 B a caption), sorted by Arrow (UTF-8 byte order is
+code-point order: the order ``sorted()`` gives the strs). Reading one gives a str; every
+consumer that indexes, slices or iterates a ``Sequence[str]`` reads it unchanged.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, overload
+
+import numpy as np
+
+
+class CaptionTexts(Sequence[str]):
+    """``n`` texts: ``data[offsets[k]:offsets[k + 1]]`` is base text ``k`` (UTF-8), and item
+    ``i`` is base text ``rows[i]`` (``rows`` None: item ``i`` is base text ``i``).
+
+    Equal to any sequence of the same strs, in order (as a list would be)."""
+
+    __slots__ = ("data", "offsets", "rows")
+
+    def __init__(self, data: np.ndarray, offsets: np.ndarray,
+                 rows: np.ndarray | None = None) -> None:
+        self.data = data  # [bytes] uint8
+        self.offsets = offsets  # [base + 1] int64
+        self.rows = rows  # [n] int64, or None
+
+    @classmethod
+    def of(cls, texts: Iterable[str]) -> CaptionTexts:
+        """The texts, in order (built without holding them: one buffer grown as they come)."""
+        data, ends = bytearray(), array("q", [0])
+        for t in texts:
+            data += t.encode("utf-8", "surrogatepass")
+            ends.append(len(data))
+        return cls(np.frombuffer(bytes(data), np.uint8) if data else np.zeros(0, np.uint8),
+                   np.frombuffer(ends, np.int64).copy())
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1 if self.rows is None else len(self.rows)
+
+    def _base(self, k: int) -> str:
+        a, b = int(self.offsets[k]), int(self.offsets[k + 1])
+        return self.data[a:b].tobytes().decode("utf-8", "surrogatepass")
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        n = len(self)
+        k = int(i) + n if int(i) < 0 else int(i)
+        if not 0 <= k < n:
+            raise IndexError(f"caption {i} of {n}")
+        return self._base(k if self.rows is None else int(self.rows[k]))
+
+    def __iter__(self) -> Iterator[str]:
+        for k in range(len(self)):
+            yield self[k]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str | bytes):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other,
+                                                                         strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking, compared by value
+
+    def __repr__(self) -> str:
+        head = ", ".join(repr(t) for t in self[:3])
+        return f"CaptionTexts([{head}{', ...' if len(self) > 3 else ''}], n={len(self)})"
+
+    def arrow(self) -> Any:
+        """The base texts as an Arrow ``large_string`` array (no copy of the text bytes)."""
+        import pyarrow as pa
+
+        base = len(self.offsets) - 1
+        return pa.LargeStringArray.from_buffers(
+            base, pa.py_buffer(self.offsets), pa.py_buffer(self.data))
+
+    def sorted_subset(self, items: np.ndarray) -> CaptionTexts:
+        """Items ``items`` (distinct item numbers, of a base table: no rows of its own) sorted as
+        ``sorted()`` sorts their strs — an index into this table, its text bytes shared."""
+        import pyarrow.compute as pc
+
+        if self.rows is not None:
+            raise ValueError("sorted_subset takes a base table (no rows of its own)")
+        items = np.asarray(items, dtype=np.int64)
+        order = np.asarray(pc.sort_indices(self.arrow().take(items)), dtype=np.int64)
+        return CaptionTexts(self.data, self.offsets, items[order])
+
+    def plus(self, extra: Sequence[str]) -> CaptionTexts:
+        """These texts and then ``extra`` (a new base table: ``extra`` is a few class
+        templates)."""
+        if not extra:
+            return self
+        more = CaptionTexts.of(extra)
+        base = self if self.rows is None else CaptionTexts.of(self)
+        return CaptionTexts(np.concatenate([base.data, more.data]),
+                            np.concatenate([base.offsets, base.offsets[-1] + more.offsets[1:]]))
+
+
+def unique_texts(texts: CaptionTexts) -> tuple[CaptionTexts, np.ndarray]:
+    """``(unique, ids)``: the distinct texts of a base table in order of first appearance and
+    each item's row in them (int32) — Arrow's dictionary encoding, no dict of every text."""
+    import pyarrow as pa
+
+    if texts.rows is not None:
+        raise ValueError("unique_texts takes a base table (no rows of its own)")
+    if not len(texts):
+        return texts, np.zeros(0, np.int32)
+    enc = texts.arrow().dictionary_encode()
+    uniq = enc.dictionary.cast(pa.large_string())
+    bufs = uniq.buffers()  # validity, offsets, data
+    off = np.frombuffer(bufs[1], np.int64)[uniq.offset:uniq.offset + len(uniq) + 1]
+    data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+    start = int(off[0])
+    return (CaptionTexts(data[start:int(off[-1])].copy(), off - start),
+            np.asarray(enc.indices, dtype=np.int32))

@@ -1,0 +1,58 @@
+"""The compact caption table (``components/data/caption_texts.py``): reads as the list of strs
+it holds, sorts as ``sorted()`` sorts strs (Arrow on UTF-8 bytes: code-point order), and
+deduplicates in order of first appearance as a dict would."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from components.data.caption_texts import CaptionTexts, unique_texts
+
+TEXTS = ["a dog", "", "Ünïcode café", "a", "ab", "Z", "日本語のキャプション", "emoji 🐕 dog",
+         "a dog on grass", "zebra", "\u00e9", "e\u0301", "tab\tinside", "a dog"]
+
+
+def test_it_reads_as_the_list_it_holds() -> None:
+    t = CaptionTexts.of(TEXTS)
+    assert len(t) == len(TEXTS) and list(t) == TEXTS and t == TEXTS and TEXTS == t
+    assert t[2] == "Ünïcode café" and t[-1] == "a dog" and t[1:4] == TEXTS[1:4]
+    assert t[::5] == TEXTS[::5]
+    with pytest.raises(IndexError, match="caption 14 of 14"):
+        t[14]
+    assert t != TEXTS[:-1] and t != [*TEXTS[:-1], "x"]
+    assert CaptionTexts.of([]) == [] and len(CaptionTexts.of([])) == 0
+    assert "n=14" in repr(t)
+
+
+def test_sorted_subset_sorts_as_sorted_strs_and_shares_the_bytes() -> None:
+    base, _ = unique_texts(CaptionTexts.of(TEXTS))
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        items = np.sort(rng.choice(len(base), size=int(rng.integers(1, len(base) + 1)),
+                                   replace=False))
+        got = base.sorted_subset(items)
+        assert list(got) == sorted(base[int(i)] for i in items)
+        assert got.data is base.data and sorted(got.rows.tolist()) == items.tolist()
+    with pytest.raises(ValueError, match="base table"):
+        got.sorted_subset(np.arange(2))
+
+
+def test_unique_texts_in_order_of_first_appearance_as_a_dict_gives() -> None:
+    rng = np.random.default_rng(1)
+    texts = [TEXTS[int(k)] for k in rng.integers(0, len(TEXTS), 300)]
+    index: dict[str, int] = {}
+    want_ids = [index.setdefault(t, len(index)) for t in texts]
+    uniq, ids = unique_texts(CaptionTexts.of(texts))
+    assert list(uniq) == list(index) and ids.dtype == np.int32 and ids.tolist() == want_ids
+    empty, none = unique_texts(CaptionTexts.of([]))
+    assert len(empty) == 0 and none.tolist() == []
+
+
+def test_plus_appends_templates_to_a_new_table() -> None:
+    t = CaptionTexts.of(TEXTS[:3])
+    more = t.plus(["a photo of a dog", "Ünï"])
+    assert list(more) == [*TEXTS[:3], "a photo of a dog", "Ünï"] and list(t) == TEXTS[:3]
+    assert t.plus([]) is t
+    sub = unique_texts(CaptionTexts.of(TEXTS))[0].sorted_subset(np.arange(3))
+    assert list(sub.plus(["x"])) == [*sorted(TEXTS[:3]), "x"]
