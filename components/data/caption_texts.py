@@ -58,16 +58,32 @@ class CaptionTexts(Sequence[str]):
 
     def __getitem__(self, i: int | slice) -> str | list[str]:
         if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
+            a, b, step = i.indices(len(self))
+            if step != 1:
+                return [self[k] for k in range(a, b, step)]
+            return self._chunk(a, b)
         n = len(self)
         k = int(i) + n if int(i) < 0 else int(i)
         if not 0 <= k < n:
             raise IndexError(f"caption {i} of {n}")
         return self._base(k if self.rows is None else int(self.rows[k]))
 
+    def _chunk(self, a: int, b: int) -> list[str]:
+        """Items ``a:b`` as strs, converted by Arrow (not one decode call per text)."""
+        if b <= a:
+            return []
+        base = self.arrow()
+        part = (base.slice(a, b - a) if self.rows is None
+                else base.take(self.rows[a:b]))
+        try:
+            return list(part.to_pylist())
+        except UnicodeDecodeError:  # a lone surrogate (a JSON caption's "\ud800"): one by one
+            return [self[k] for k in range(a, b)]
+
     def __iter__(self) -> Iterator[str]:
-        for k in range(len(self)):
-            yield self[k]
+        step = 1 << 16  # texts converted at a time
+        for a in range(0, len(self), step):
+            yield from self._chunk(a, min(a + step, len(self)))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, str | bytes):

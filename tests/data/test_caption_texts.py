@@ -23,6 +23,8 @@ def test_it_reads_as_the_list_it_holds() -> None:
     assert t != TEXTS[:-1] and t != [*TEXTS[:-1], "x"]
     assert CaptionTexts.of([]) == [] and len(CaptionTexts.of([])) == 0
     assert "n=14" in repr(t)
+    odd = ["ok", "a lone surrogate \ud800 from a JSON caption", "fine"]  # not valid UTF-8
+    assert list(CaptionTexts.of(odd)) == odd and CaptionTexts.of(odd)[1] == odd[1]
 
 
 def test_sorted_subset_sorts_as_sorted_strs_and_shares_the_bytes() -> None:
