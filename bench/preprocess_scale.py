@@ -368,6 +368,16 @@ def report(rows: list[dict[str, Any]]) -> str:
             cells += [_per_item((b["stage_anon"].get(st, 0) - a["stage_anon"].get(st, 0))
                                 / (b["n"] - a["n"])) for a, b in pairs]
             out.append(f"| {st} | " + " | ".join(cells) + " |")
+        a, b = rows[-2], rows[-1]
+        at = {st: b["stage_anon"].get(st, 0) + (b["stage_anon"].get(st, 0)
+                                                  - a["stage_anon"].get(st, 0))
+              / (b["n"] - a["n"]) * (CC12M - b["n"]) for st in stages}
+        top = max(at, key=lambda st: at[st])
+        out.append("")
+        out.append(f"Each stage's anonymous peak extrapolated to 12M along its own line, the "
+                   f"largest: {top}, {at[top] / 2**30:,.1f} GiB (the whole build's peak at "
+                   "12M is at least this: a stage that grows faster overtakes the one that "
+                   "peaks at these N).")
     out.append("")
     out.append("other: the process's wall time outside the stages (Python start-up and "
                "imports, the config, the lock, the swap checks).")

@@ -113,7 +113,10 @@ class CaptionTexts(Sequence[str]):
         if self.rows is not None:
             raise ValueError("sorted_subset takes a base table (no rows of its own)")
         items = np.asarray(items, dtype=np.int64)
-        order = np.asarray(pc.sort_indices(self.arrow().take(items)), dtype=np.int64)
+        pool = _pool()
+        subset = pc.take(self.arrow(), items, memory_pool=pool)
+        order = np.asarray(pc.sort_indices(subset, memory_pool=pool), dtype=np.int64)
+        del subset
         return CaptionTexts(self.data, self.offsets, items[order])
 
     def plus(self, extra: Sequence[str]) -> CaptionTexts:
@@ -127,20 +130,58 @@ class CaptionTexts(Sequence[str]):
                             np.concatenate([base.offsets, base.offsets[-1] + more.offsets[1:]]))
 
 
-def unique_texts(texts: CaptionTexts) -> tuple[CaptionTexts, np.ndarray]:
+def _pool() -> Any:
+    """Arrow's allocator for the table's work: the system's, whose large blocks go back to the
+    OS when freed (Arrow's default mimalloc keeps them: the driver's RSS kept every transient
+    of the deduplication and the sort)."""
+    import pyarrow as pa
+
+    return pa.system_memory_pool()
+
+
+def unique_texts(texts: CaptionTexts, digests: np.ndarray | None = None
+                 ) -> tuple[CaptionTexts, np.ndarray]:
     """``(unique, ids)``: the distinct texts of a base table in order of first appearance and
-    each item's row in them (int32) — Arrow's dictionary encoding, no dict of every text."""
+    each item's row in them (int32), as a dict of the texts would give. ``digests``: ``[n, 2]``
+    uint64 (a 16-byte hash of each text's UTF-8 bytes; any, flat, reshaped) — deduplicated on
+    them by a sort, and when every text is distinct (web captions) the table itself is the
+    unique one, not a copy; without them, by Arrow's dictionary encoding.
+    """
     import pyarrow as pa
 
     if texts.rows is not None:
         raise ValueError("unique_texts takes a base table (no rows of its own)")
-    if not len(texts):
+    n = len(texts)
+    if not n:
         return texts, np.zeros(0, np.int32)
-    enc = texts.arrow().dictionary_encode()
-    uniq = enc.dictionary.cast(pa.large_string())
-    bufs = uniq.buffers()  # validity, offsets, data
+    if digests is not None:
+        keys = np.asarray(digests, dtype=np.uint64).reshape(n, 2)
+        order = np.lexsort((keys[:, 1], keys[:, 0]))  # stable: a key's first item first
+        k = keys[order]
+        starts = np.r_[True, np.any(k[1:] != k[:-1], axis=1)]
+        del k
+        rep = np.empty(n, np.int64)  # each item's first item of its text
+        rep[order] = order[starts][np.cumsum(starts) - 1]
+        del order, starts
+        first = rep == np.arange(n)
+        ids = (np.cumsum(first) - 1)[rep].astype(np.int32)
+        if first.all():
+            return texts, ids
+        lengths = np.diff(texts.offsets)
+        keep = np.repeat(first, lengths)  # [bytes] bool: the first items' bytes
+        return (CaptionTexts(texts.data[keep], np.r_[0, np.cumsum(lengths[first])]), ids)
+    import pyarrow.compute as pc
+
+    enc = pc.dictionary_encode(texts.arrow(), memory_pool=_pool())
+    uniq = enc.dictionary
+    if uniq.type != pa.large_string():
+        uniq = pc.cast(uniq, pa.large_string(), memory_pool=_pool())
+    ids = np.asarray(enc.indices, dtype=np.int32)
+    del enc
+    bufs = uniq.buffers()  # validity, offsets, data: the unique texts' bytes, not copied
     off = np.frombuffer(bufs[1], np.int64)[uniq.offset:uniq.offset + len(uniq) + 1]
     data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
-    start = int(off[0])
-    return (CaptionTexts(data[start:int(off[-1])].copy(), off - start),
-            np.asarray(enc.indices, dtype=np.int32))
+    if int(off[0]):
+        data = data[int(off[0]):]
+        off = off - off[0]
+    return CaptionTexts(data[:int(off[-1])], off), ids

@@ -269,20 +269,22 @@ class _Lister:
         raws = list(self.caption_ids)[::-1]  # popped from the end: in raw id order
         self.caption_ids = None
         pos, issue = array("i"), array("b")  # per raw id: its decoded text's place, or -1
-        data, ends = bytearray(), array("q", [0])
+        data, ends, digests = bytearray(), array("q", [0]), bytearray()
         while raws:
             text, problem = decode_caption(raws.pop())
             if text is None:
                 pos.append(-1)
             else:
                 pos.append(len(ends) - 1)
-                data += text.encode("utf-8", "surrogatepass")
+                utf8 = text.encode("utf-8", "surrogatepass")
+                data += utf8
                 ends.append(len(data))
+                digests += hashlib.blake2b(utf8, digest_size=16).digest()
             issue.append(CAPTION_ISSUES.index(problem))
         decoded = CaptionTexts(np.frombuffer(data, np.uint8), np.frombuffer(ends, np.int64))
         del data, ends
-        captions, of_decoded = unique_texts(decoded)
-        del decoded
+        captions, of_decoded = unique_texts(decoded, np.frombuffer(digests, np.uint64))
+        del decoded, digests
         at = np.frombuffer(pos, np.int32)
         tid = np.where(at >= 0, of_decoded[np.maximum(at, 0)] if len(of_decoded) else -1,
                        -1).astype(np.int32)

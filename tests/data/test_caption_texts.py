@@ -47,6 +47,17 @@ def test_unique_texts_in_order_of_first_appearance_as_a_dict_gives() -> None:
     want_ids = [index.setdefault(t, len(index)) for t in texts]
     uniq, ids = unique_texts(CaptionTexts.of(texts))
     assert list(uniq) == list(index) and ids.dtype == np.int32 and ids.tolist() == want_ids
+    import hashlib
+
+    table = CaptionTexts.of(texts)
+    digests = np.frombuffer(b"".join(hashlib.blake2b(t.encode(), digest_size=16).digest()
+                                     for t in texts), np.uint64)
+    uniq, ids = unique_texts(table, digests)  # on the digests: the same answer
+    assert list(uniq) == list(index) and ids.tolist() == want_ids
+    distinct = CaptionTexts.of(list(index))
+    same, ids = unique_texts(distinct, np.frombuffer(b"".join(
+        hashlib.blake2b(t.encode(), digest_size=16).digest() for t in index), np.uint64))
+    assert same is distinct and ids.tolist() == list(range(len(index)))  # no copy
     empty, none = unique_texts(CaptionTexts.of([]))
     assert len(empty) == 0 and none.tolist() == []
 
