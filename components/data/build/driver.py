@@ -74,6 +74,7 @@ def _build(
                       f"in {time.perf_counter() - t0:.1f} s")
         with times.stage("planning"):
             p = plan(cfg, listed, content, times)
+            del content  # ~90 B an item (digests, pHashes, skip reasons), not needed past the plan
             classes, texts = p.classes, p.texts
             digests = {}
             for k, name in enumerate(p.shard_names):
