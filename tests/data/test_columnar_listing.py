@@ -12,6 +12,7 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from components.data.build.listing import list_items
 from components.data.build.planning import plan
@@ -125,6 +126,19 @@ def test_grouped_splits_on_arrays_equal_the_per_group_lists() -> None:
         want = splits._assign_grouped_lists(labels, [None] * n, val, test, trial,
                                             groups.tolist())
         assert splits.assign_splits(labels, [None] * n, val, test, trial, groups) == want
+        # as codes (the plan's form: no official splits given as None)
+        codes = splits.assign_split_codes(labels, None, val, test, trial, groups)
+        assert codes.dtype == np.int8 and [splits.SPLITS[c] for c in codes.tolist()] == want
+        official = [None if k % 3 else "test" for k in range(n)]  # and the per-item paths
+        for grouped in (None, groups):
+            names = splits.assign_splits(labels, official, val, test, trial, grouped)
+            got = splits.assign_split_codes(labels, official, val, test, trial, grouped)
+            assert [splits.SPLITS[c] for c in got.tolist()] == names
+            free = splits.assign_split_codes(labels, None, val, test, trial, grouped)
+            assert [splits.SPLITS[c] for c in free.tolist()] == splits.assign_splits(
+                labels, [None] * n, val, test, trial, grouped)
+    with pytest.raises(ValueError, match=r"split.val=0.6 and split.test=0.5"):
+        splits.assign_split_codes([0], None, 0.6, 0.5, 0, np.zeros(1, int))
 
 
 def test_exact_duplicates_of_a_digest_array_equal_the_dict_walk() -> None:

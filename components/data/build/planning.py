@@ -25,7 +25,7 @@ from components.data.build.timing import BuildTimes
 from components.data.caption_texts import CaptionTexts
 from components.data.shards import FORMAT
 from components.data.sources import Skip
-from components.data.splits import SPLITS, assign_splits
+from components.data.splits import SPLITS, assign_split_codes
 from components.io.files import sha256_file
 
 DUPLICATE_OF = "duplicate-of"
@@ -162,15 +162,13 @@ def plan(
     remap = np.full(len(listed.captions) + 1, -1, dtype=np.int32)  # [-1] stays -1
     remap[sorted_ids] = np.arange(len(sorted_ids), dtype=np.int32)
     official = listed.official
-    splits = assign_splits(
+    # each kept item's index into SPLITS (no str or list per item without official splits)
+    split_code = assign_split_codes(
         listed.labels[rows_idx],
-        [None] * len(rows_idx) if official is None else [official[i] for i in rows_idx.tolist()],
+        None if official is None else [official[i] for i in rows_idx.tolist()],
         cfg.split.val, cfg.split.test, cfg.split.seed,
         None if groups is None else groups[rows_idx],
     )
-    code_of = {sp: k for k, sp in enumerate(SPLITS)}
-    split_code = np.array([code_of[sp] for sp in splits], dtype=np.int8)
-    del splits
     order, names, bounds = [], [], [0]
     for code, split in enumerate(SPLITS):
         members = rows_idx[split_code == code]
