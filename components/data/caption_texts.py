@@ -12,6 +12,8 @@ consumer that indexes, slices or iterates a ``Sequence[str]`` reads it unchanged
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, overload
@@ -139,49 +141,29 @@ def _pool() -> Any:
     return pa.system_memory_pool()
 
 
-def unique_texts(texts: CaptionTexts, digests: np.ndarray | None = None
-                 ) -> tuple[CaptionTexts, np.ndarray]:
+def unique_texts(texts: CaptionTexts, digests: Any = None) -> tuple[CaptionTexts, np.ndarray]:
     """``(unique, ids)``: the distinct texts of a base table in order of first appearance and
-    each item's row in them (int32), as a dict of the texts would give. ``digests``: ``[n, 2]``
-    uint64 (a 16-byte hash of each text's UTF-8 bytes; any, flat, reshaped) — deduplicated on
-    them by a sort, and when every text is distinct (web captions) the table itself is the
-    unique one, not a copy; without them, by Arrow's dictionary encoding.
+    each item's row in them (int32), as a dict of the texts would give — deduplicated on a
+    16-byte blake2b of each text's UTF-8 bytes (``digests``: those, concatenated in order, when
+    the caller made them while building the table; else made here) by
+    :func:`~components.data.integrity.exact_duplicates`' sort. When every text is distinct (web
+    captions) the table itself is the unique one, not a copy.
     """
-    import pyarrow as pa
+    from components.data.integrity import exact_duplicates
 
     if texts.rows is not None:
         raise ValueError("unique_texts takes a base table (no rows of its own)")
     n = len(texts)
-    if not n:
-        return texts, np.zeros(0, np.int32)
-    if digests is not None:
-        keys = np.asarray(digests, dtype=np.uint64).reshape(n, 2)
-        order = np.lexsort((keys[:, 1], keys[:, 0]))  # stable: a key's first item first
-        k = keys[order]
-        starts = np.r_[True, np.any(k[1:] != k[:-1], axis=1)]
-        del k
-        rep = np.empty(n, np.int64)  # each item's first item of its text
-        rep[order] = order[starts][np.cumsum(starts) - 1]
-        del order, starts
-        first = rep == np.arange(n)
-        ids = (np.cumsum(first) - 1)[rep].astype(np.int32)
-        if first.all():
-            return texts, ids
-        lengths = np.diff(texts.offsets)
-        keep = np.repeat(first, lengths)  # [bytes] bool: the first items' bytes
-        return (CaptionTexts(texts.data[keep], np.r_[0, np.cumsum(lengths[first])]), ids)
-    import pyarrow.compute as pc
-
-    enc = pc.dictionary_encode(texts.arrow(), memory_pool=_pool())
-    uniq = enc.dictionary
-    if uniq.type != pa.large_string():
-        uniq = pc.cast(uniq, pa.large_string(), memory_pool=_pool())
-    ids = np.asarray(enc.indices, dtype=np.int32)
-    del enc
-    bufs = uniq.buffers()  # validity, offsets, data: the unique texts' bytes, not copied
-    off = np.frombuffer(bufs[1], np.int64)[uniq.offset:uniq.offset + len(uniq) + 1]
-    data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
-    if int(off[0]):
-        data = data[int(off[0]):]
-        off = off - off[0]
-    return CaptionTexts(data[:int(off[-1])], off), ids
+    if digests is None:
+        digests = b"".join(hashlib.blake2b(texts.data[a:b].tobytes(), digest_size=16).digest()
+                           for a, b in itertools.pairwise(texts.offsets.tolist()))
+    dropped = exact_duplicates(np.frombuffer(digests, "S16"))  # {later copy: first}
+    if not dropped:
+        return texts, np.arange(n, dtype=np.int32)
+    rep = np.arange(n)  # each item's first item of its text
+    rep[np.fromiter(dropped, np.int64)] = np.fromiter(dropped.values(), np.int64)
+    first = rep == np.arange(n)
+    ids = (np.cumsum(first) - 1)[rep].astype(np.int32)
+    lengths = np.diff(texts.offsets)
+    keep = np.repeat(first, lengths)  # [bytes] bool: the first items' bytes
+    return CaptionTexts(texts.data[keep], np.r_[0, np.cumsum(lengths[first])]), ids

@@ -262,8 +262,8 @@ class _Lister:
         # caption: raw id -> (text id, issue), each distinct raw value decoded once into one
         # UTF-8 buffer (the raw values let go as they are decoded, the raw dict before: with
         # web captions, nearly one per item, the raw and the decoded texts are never all held
-        # twice, and no str per caption is kept: CaptionTexts), then deduplicated by Arrow
-        # (two raw values may decode to one text), ids in order of first appearance
+        # twice, and no str per caption is kept: CaptionTexts), then deduplicated on their
+        # digests (two raw values may decode to one text), ids in order of first appearance
         if self.caption_ids is None:
             raise RuntimeError("_Lister.table() hands its raw captions on once: call it once")
         raws = list(self.caption_ids)[::-1]  # popped from the end: in raw id order
@@ -283,7 +283,7 @@ class _Lister:
             issue.append(CAPTION_ISSUES.index(problem))
         decoded = CaptionTexts(np.frombuffer(data, np.uint8), np.frombuffer(ends, np.int64))
         del data, ends
-        captions, of_decoded = unique_texts(decoded, np.frombuffer(digests, np.uint64))
+        captions, of_decoded = unique_texts(decoded, digests)
         del decoded, digests
         at = np.frombuffer(pos, np.int32)
         tid = np.where(at >= 0, of_decoded[np.maximum(at, 0)] if len(of_decoded) else -1,

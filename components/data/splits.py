@@ -9,6 +9,13 @@ import numpy as np
 SPLITS = ("train", "val", "test")
 
 
+def _check_fractions(val: float, test: float) -> None:
+    if not 0 <= val < 1 or not 0 <= test < 1 or val + test >= 1:
+        raise ValueError(
+            f"split.val={val} and split.test={test} must be in [0, 1) and sum to less than 1"
+        )
+
+
 def assign_splits(
     labels: Sequence[int] | np.ndarray,
     official: Sequence[str | None],
@@ -30,10 +37,7 @@ def assign_splits(
     closer to its target. With only singleton groups this is exactly the ungrouped assignment.
     Free members of a group that also holds official items follow its first official member.
     """
-    if not 0 <= val < 1 or not 0 <= test < 1 or val + test >= 1:
-        raise ValueError(
-            f"split.val={val} and split.test={test} must be in [0, 1) and sum to less than 1"
-        )
+    _check_fractions(val, test)
     if groups is not None:
         return _assign_grouped(labels, official, val, test, seed, groups)
     n = len(labels)
@@ -75,9 +79,7 @@ def assign_split_codes(
     ``official`` ``None``: no item has one. Grouped items without official splits are assigned
     on arrays throughout (no str or list per item: a build's plan at CC12M's 12M items)."""
     if official is None and groups is not None:
-        if not 0 <= val < 1 or not 0 <= test < 1 or val + test >= 1:
-            raise ValueError(f"split.val={val} and split.test={test} must be in [0, 1) and "
-                             "sum to less than 1")
+        _check_fractions(val, test)
         return _grouped_free_codes(labels, val, test, seed, groups)
     n = len(labels)
     names = assign_splits(labels, [None] * n if official is None else official, val, test,

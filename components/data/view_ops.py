@@ -88,8 +88,9 @@ def pipeline_ops(
 
 def view_slots(ops: dict[str, list[Any]]) -> list[tuple[str, int | None]]:
     """Where each view is among :func:`pipeline_ops`'s outputs, in view order: ``(key,
-    None)`` for a ``[B, 3, H, W]`` output of one view, ``(key, k)`` for view ``k`` of a
-    ``[B, V, H, W, 3]`` output decoded once for ``V`` views."""
+    None)`` for a ``[B, 3, H, W]`` output of one view, ``(key, k)`` for view ``k`` of an
+    output decoded once for ``V`` views (``[B, V, H, W, 3]``, or the device crops' slots that
+    become ``[B, V, 3, H, W]`` after the loader)."""
     from components.data.augment.device_crop import DecodeForDeviceCrops
     from components.data.augment.resize import BilinearRandomResizedCropViews
 

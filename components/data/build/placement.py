@@ -17,6 +17,7 @@ A node that joins after the probe (an autoscaler) is not used while the build is
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import secrets
 from collections.abc import Sequence
@@ -44,10 +45,6 @@ class Placement:
 
     nodes: tuple[Node, ...] = ()
 
-    @property
-    def pinned(self) -> bool:
-        return bool(self.nodes)
-
     def cpus(self) -> float:
         """CPUs the build's tasks can spread over (the cluster's, when not pinned)."""
         import ray
@@ -68,8 +65,13 @@ class Placement:
         each node taking tasks in proportion to its CPUs; ``{}`` when not pinned."""
         if not self.nodes:
             return {}
-        slots = [n for n in self.nodes for _ in range(max(1, int(n.cpus)))]
+        slots = self._slots
         return {"scheduling_strategy": _affinity(slots[k % len(slots)].node_id)}
+
+    @functools.cached_property
+    def _slots(self) -> list[Node]:
+        """Each node once per CPU (at least once): the round-robin of :meth:`task_options`."""
+        return [n for n in self.nodes for _ in range(max(1, int(n.cpus)))]
 
     def actor_options(self, gpu: bool) -> dict[str, Any]:
         """Ray options for the caption actors: all on one node (the one with the most GPUs
