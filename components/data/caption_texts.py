@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, overload
 
 import numpy as np
@@ -132,6 +132,68 @@ class CaptionTexts(Sequence[str]):
                             np.concatenate([base.offsets, base.offsets[-1] + more.offsets[1:]]))
 
 
+class CaptionReader:
+    """A listing's captions as they are read, one raw value (bytes, str or None) an item:
+    each is decoded (``decode``: raw -> ``(text, issue)``) when it is not among the last
+    :attr:`RECENT` distinct raw values (a dict of those, emptied when full), and its text
+    appended to one UTF-8 buffer with a 16-byte blake2b digest. A source of web captions,
+    nearly one per item, so never holds a dict of them all (~200 B a caption: a bytes object,
+    an int and a slot each) — only its texts' bytes, 8 B of offset and 16 of digest; a source
+    with few captions decodes each once. :meth:`finish` deduplicates the texts
+    (:func:`unique_texts`: two raw values may decode to one text, and a caption seen again
+    after the dict was emptied is an entry again)."""
+
+    RECENT = 1 << 16
+
+    def __init__(self, decode: Callable[[Any], tuple[str | None, str | None]],
+                 issues: Sequence[str | None]) -> None:
+        self._decode, self._issues = decode, list(issues)
+        self._recent: dict[Any, int] | None = {}  # raw value -> its entry (None: finished)
+        self._data, self._ends, self._digests = bytearray(), array("q", [0]), bytearray()
+        self._text = array("i")  # per entry: its text's place in the buffer, -1: none
+        self._issue = array("b")  # per entry: its index into ``issues``
+
+    def add(self, raw: Any) -> int:
+        """The entry of ``raw``: the recent one equal to it, or a new one."""
+        recent = self._recent
+        if recent is None:
+            raise RuntimeError("CaptionReader.add() after finish()")
+        entry = recent.get(raw)
+        if entry is not None:
+            return entry
+        if len(recent) >= self.RECENT:
+            recent.clear()
+        entry = recent[raw] = len(self._text)
+        text, issue = self._decode(raw)
+        if text is None:
+            self._text.append(-1)
+        else:
+            self._text.append(len(self._ends) - 1)
+            utf8 = text.encode("utf-8", "surrogatepass")
+            self._data += utf8
+            self._ends.append(len(self._data))
+            self._digests += hashlib.blake2b(utf8, digest_size=16).digest()
+        self._issue.append(self._issues.index(issue))
+        return entry
+
+    def finish(self) -> tuple[CaptionTexts, np.ndarray, np.ndarray]:
+        """``(texts, text_of, issue_of)``: the distinct texts in order of first appearance,
+        each entry's row in them (int32, -1: no text) and its issue's index (int8). Once: the
+        buffers are handed on."""
+        if self._recent is None:
+            raise RuntimeError("CaptionReader.finish() hands its texts on once: call it once")
+        self._recent = None
+        decoded = CaptionTexts(np.frombuffer(self._data, np.uint8),
+                               np.frombuffer(self._ends, np.int64))
+        texts, of_decoded = unique_texts(decoded, self._digests)
+        del decoded
+        self._data, self._ends, self._digests = bytearray(), array("q"), bytearray()
+        at = np.frombuffer(self._text, np.int32)
+        text_of = (np.where(at >= 0, of_decoded[np.maximum(at, 0)], -1).astype(np.int32)
+                   if len(of_decoded) else np.full(len(at), -1, np.int32))
+        return texts, text_of, np.frombuffer(self._issue, np.int8).copy()
+
+
 def _pool() -> Any:
     """Arrow's allocator for the table's work: the system's, whose large blocks go back to the
     OS when freed (Arrow's default mimalloc keeps them: the driver's RSS kept every transient
@@ -149,7 +211,7 @@ def unique_texts(texts: CaptionTexts, digests: Any = None) -> tuple[CaptionTexts
     :func:`~components.data.integrity.exact_duplicates`' sort. When every text is distinct (web
     captions) the table itself is the unique one, not a copy.
     """
-    from components.data.integrity import exact_duplicates
+    from components.data.integrity import duplicate_rows
 
     if texts.rows is not None:
         raise ValueError("unique_texts takes a base table (no rows of its own)")
@@ -157,11 +219,11 @@ def unique_texts(texts: CaptionTexts, digests: Any = None) -> tuple[CaptionTexts
     if digests is None:
         digests = b"".join(hashlib.blake2b(texts.data[a:b].tobytes(), digest_size=16).digest()
                            for a, b in itertools.pairwise(texts.offsets.tolist()))
-    dropped = exact_duplicates(np.frombuffer(digests, "S16"))  # {later copy: first}
-    if not dropped:
+    dropped, kept = duplicate_rows(np.frombuffer(digests, "S16"))  # later copies, their first
+    if not len(dropped):
         return texts, np.arange(n, dtype=np.int32)
     rep = np.arange(n)  # each item's first item of its text
-    rep[np.fromiter(dropped, np.int64)] = np.fromiter(dropped.values(), np.int64)
+    rep[dropped] = kept
     first = rep == np.arange(n)
     ids = (np.cumsum(first) - 1)[rep].astype(np.int32)
     lengths = np.diff(texts.offsets)

@@ -52,7 +52,7 @@ import hashlib
 import itertools
 import math
 import mmap
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -132,24 +132,18 @@ def hamming(a: int, b: int) -> int:
     return (a ^ b).bit_count()
 
 
-def exact_duplicates(pixel_digests: Sequence[str | bytes] | np.ndarray) -> dict[int, int]:
-    """``{dropped index: kept index}``: every item whose pixels equal an earlier item's
-    (digests as hex strings or raw bytes; or a numpy array of them, e.g. ``[n]`` ``S32``:
-    sorted instead of a dict entry per item)."""
-    if isinstance(pixel_digests, np.ndarray):
-        if len(pixel_digests) < 2:
-            return {}
-        order = np.argsort(pixel_digests, kind="stable")  # equal digests in index order
-        s = pixel_digests[order]
-        same = np.flatnonzero(s[1:] == s[:-1]) + 1
-        if not len(same):
-            return {}
-        starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
-        kept = order[starts[np.searchsorted(starts, same, side="right") - 1]]
-        return dict(zip(order[same].tolist(), kept.tolist(), strict=True))
+def exact_duplicates(digests: Sequence[str | bytes] | np.ndarray, *,
+                     rows: np.ndarray | None = None, chunk: int = 1 << 16) -> dict[int, int]:
+    """``{dropped index: kept index}``: every item whose digest equals an earlier item's, kept
+    the first (digests as hex strings or raw bytes; or a numpy array of them, e.g. ``[n]``
+    ``S32``: :func:`duplicate_rows`, sorted instead of a dict entry per item)."""
+    if isinstance(digests, np.ndarray):
+        dropped, kept = duplicate_rows(digests, rows=rows, chunk=chunk)
+        return dict(zip(dropped.tolist(), kept.tolist(), strict=True))
+    items = list(digests) if rows is None else [digests[i] for i in rows.tolist()]
     first: dict[str | bytes, int] = {}
     out: dict[int, int] = {}
-    for i, digest in enumerate(pixel_digests):
+    for i, digest in enumerate(items):
         if digest in first:
             out[i] = first[digest]
         else:
@@ -157,17 +151,90 @@ def exact_duplicates(pixel_digests: Sequence[str | bytes] | np.ndarray) -> dict[
     return out
 
 
+def duplicate_rows(digests: np.ndarray, *, rows: np.ndarray | None = None,
+                   chunk: int = 1 << 16) -> tuple[np.ndarray, np.ndarray]:
+    """``(dropped, kept)`` int64, ``dropped`` ascending: every item of the digest array
+    ``digests`` (e.g. ``[n]`` ``S32``) equal to an earlier one, and that first copy.
+
+    The array is read ``chunk`` rows at a time, and only each digest's first 8 bytes are sorted
+    (24 B an item at the peak, not a copy of every digest): the full digests are compared only
+    where those agree. ``rows``: the items are ``digests[rows]`` (indices returned are
+    positions in ``rows``), read without copying them all out. An array mapped from a file
+    (``content.npz``'s, as a build holds them) gives back each chunk's pages after it
+    (``MADV_DONTNEED``), as :func:`thumb_diff` does."""
+    none = np.zeros(0, dtype=np.int64)
+    m = len(digests) if rows is None else len(rows)
+    if m < 2:
+        return none, none
+    width, mapped = digests.dtype.itemsize, _mapping(digests)
+    lead = np.zeros((m, 8), dtype=np.uint8)  # each digest's first 8 bytes (zero-padded)
+    for s in range(0, m, chunk):
+        part = np.ascontiguousarray(digests[s : s + chunk] if rows is None
+                                    else digests[rows[s : s + chunk]])
+        raw = np.frombuffer(part.tobytes(), np.uint8).reshape(len(part), width)
+        lead[s : s + len(part), : min(width, 8)] = raw[:, :8]
+        if mapped is not None:
+            mapped.madvise(mmap.MADV_DONTNEED)
+    key = lead.view(np.uint64).reshape(m)
+    del lead
+    order = np.argsort(key, kind="stable")
+    sk = key[order]
+    same = sk[1:] == sk[:-1]
+    del key, sk
+    if not same.any():
+        return none, none
+    shared = np.zeros(m, dtype=bool)  # sorted positions whose lead another item has
+    shared[1:] = same
+    shared[:-1] |= same
+    cand = np.sort(order[shared])  # positions, ascending: the first copy stays first
+    del order, shared, same
+    full = np.asarray(digests[cand] if rows is None else digests[rows[cand]])
+    # the candidates by one stable sort of their whole digests (equal ones in index order)
+    order = np.argsort(full, kind="stable")
+    sd = full[order]
+    dup = np.flatnonzero(sd[1:] == sd[:-1]) + 1
+    starts = np.flatnonzero(np.r_[True, sd[1:] != sd[:-1]])
+    first = order[starts[np.searchsorted(starts, dup, side="right") - 1]]
+    by = np.argsort(order[dup], kind="stable")
+    return cand[order[dup]][by], cand[first][by]
+
+
 def group_roots(n: int, pairs: np.ndarray) -> np.ndarray:
     """``[n]`` int64: the root of every item ``0..n-1`` when the ``pairs`` ``[m, 2]`` are
     joined transitively: the smallest index of its connected component (itself when alone).
-    """
+    Work beyond the answer is on the items in pairs only (a build's n is millions, its pairs
+    few)."""
+    root = np.arange(n, dtype=np.int64)
+    nodes, local = _pair_nodes(pairs)
+    if len(nodes):
+        root[nodes] = nodes[_component_roots(len(nodes), local)]
+    return root
+
+
+def pair_groups(pairs: np.ndarray) -> list[list[int]]:
+    """The groups the ``pairs`` join (sorted index lists, by their first member): what
+    ``groups_from_roots(group_roots(n, pairs))`` gives, on the items in pairs only."""
+    nodes, local = _pair_nodes(pairs)
+    return [nodes[g].tolist() for g in groups_from_roots(_component_roots(len(nodes), local))]
+
+
+def _pair_nodes(pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(nodes, local)``: the items in ``pairs``, ascending, and the pairs as indices into
+    them (``[m, 2]``)."""
+    p = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    nodes, local = np.unique(p, return_inverse=True)
+    return nodes, local.reshape(-1, 2)
+
+
+def _component_roots(n: int, pairs: np.ndarray) -> np.ndarray:
+    """:func:`group_roots` of ``n`` items, by scipy's connected components."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    p = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
-    graph = coo_matrix((np.ones(len(p), dtype=np.int8), (p[:, 0], p[:, 1])), shape=(n, n))
+    graph = coo_matrix((np.ones(len(pairs), dtype=np.int8), (pairs[:, 0], pairs[:, 1])),
+                       shape=(n, n))
     _, label = connected_components(graph, directed=False)
     # the first index carrying each label is the smallest member of that component
     _, first = np.unique(label, return_index=True)
@@ -284,7 +351,7 @@ def choose_blocks(hashes: np.ndarray, threshold: int) -> int:
 
 
 def near_pairs(hashes: np.ndarray, threshold: int, *, blocks: int | None = None,
-               block: int = 2048) -> np.ndarray:
+               block: int = 2048, chunk: int = 1 << 16) -> np.ndarray:
     """All pairs ``(i, j)``, ``i < j``, whose hashes differ in at most ``threshold`` bits.
 
     ``hashes``: ``[n]`` uint64. Returns ``[p, 2]`` int64, sorted, each pair once: exactly
@@ -295,7 +362,9 @@ def near_pairs(hashes: np.ndarray, threshold: int, *, blocks: int | None = None,
     first key on which it agrees (the k lowest blocks where the two hashes are equal), so no
     pair is produced twice. Buckets of up to :data:`BIG` items are compared all at once, one
     offset in the sorted order at a time; a larger bucket (clumpy hashes) on its own,
-    ``block`` × ``block`` hashes at a time: memory stays bounded by n and the pairs found.
+    ``block`` × ``block`` hashes at a time. The buckets of one key are compared ``chunk``
+    sorted positions at a time (never cutting a bucket): besides the pairs found, memory is
+    the hashes, the key's sort order (~30 B an item while it is made) and a chunk's work.
     ``threshold`` ≥ 64 gives every pair; below 0, none.
     """
     h = np.asarray(hashes, dtype=np.uint64).reshape(-1)
@@ -345,51 +414,78 @@ def near_pairs(hashes: np.ndarray, threshold: int, *, blocks: int | None = None,
             key = _key(h, spans, subset)
         order = _sort_order(key, width)
         skey = key[order]
-        same = skey[1:] == skey[:-1]
-        if not same.any():
-            continue
-        # the sorted positions in buckets of two or more, and each bucket's extent
-        shared = np.zeros(n, dtype=bool)
-        shared[:-1] = same
-        shared[1:] |= same
-        pos = np.flatnonzero(shared)
-        starts = np.ones(len(pos), dtype=bool)
-        starts[1:] = ~same[pos[1:] - 1]
-        begin = np.flatnonzero(starts)
-        size = np.diff(np.append(begin, len(pos)))
-        bucket = np.cumsum(starts) - 1
-        ids = order[pos]
-        hs = h[ids]
-        # small buckets: offset d pairs each member with the one d places after it
-        rest = size[bucket] - 1 - (np.arange(len(pos)) - begin[bucket])
-        rest[size[bucket] > BIG] = 0
-        act = np.flatnonzero(rest >= 1)
-        d = 1
-        left = rest[act]
-        while len(act):
-            other = act + d
-            x = hs[act] ^ hs[other]
-            near = np.flatnonzero(np.bitwise_count(x) <= t)
-            if len(near):
-                keep(ids[act[near]], ids[other[near]], x[near], first)
-            d += 1
-            more = left >= d
-            act, left = act[more], left[more]
-        # big buckets: one at a time, block by block
-        for s0, sz in zip(begin[size > BIG].tolist(), size[size > BIG].tolist(), strict=True):
-            mid, mh = ids[s0 : s0 + sz], hs[s0 : s0 + sz]
-            for s in range(0, sz, block):
-                for u in range(s, sz, block):
-                    x = mh[s : s + block, None] ^ mh[None, u : u + block]
-                    near = np.bitwise_count(x) <= t
-                    if u == s:
-                        near = np.triu(near, 1)
-                    ii, jj = np.nonzero(near)
-                    keep(mid[s + ii], mid[u + jj], x[ii, jj], first)
+        del key
+        for lo, hi in _bucket_chunks(skey, chunk):
+            _chunk_pairs(h, t, order[lo:hi], skey[lo:hi], first, keep, block)
+        del order, skey
     if not found:
         return np.zeros((0, 2), dtype=np.int64)
     codes = np.sort(np.concatenate(found))
     return np.stack([codes // n, codes % n], axis=1)
+
+
+def _bucket_chunks(skey: np.ndarray, chunk: int) -> Iterator[tuple[int, int]]:
+    """``(lo, hi)`` ranges of about ``chunk`` sorted positions covering ``skey`` (sorted keys),
+    each ending where a key does (a bucket is never cut)."""
+    n, lo = len(skey), 0
+    while lo < n:
+        hi = min(lo + chunk, n)
+        while 0 < hi < n and skey[hi] == skey[hi - 1]:  # inside a bucket: to its end
+            window = skey[hi : hi + BIG]
+            change = np.flatnonzero(window != skey[hi - 1])
+            hi = hi + int(change[0]) if len(change) else hi + len(window)
+        yield lo, hi
+        lo = hi
+
+
+def _chunk_pairs(h: np.ndarray, t: int, ids_sorted: np.ndarray, skey: np.ndarray,
+                 first: list[np.uint64],
+                 keep: Callable[[np.ndarray, np.ndarray, np.ndarray, list[np.uint64]], None],
+                 block: int) -> None:
+    """:func:`near_pairs`' comparisons within the buckets of one chunk of sorted positions
+    (``ids_sorted``: the items there, ``skey``: their keys): pairs within ``t`` bits go to
+    ``keep``."""
+    same = skey[1:] == skey[:-1]
+    if not same.any():
+        return
+    # the sorted positions in buckets of two or more, and each bucket's extent
+    shared = np.zeros(len(skey), dtype=bool)
+    shared[:-1] = same
+    shared[1:] |= same
+    pos = np.flatnonzero(shared)
+    starts = np.ones(len(pos), dtype=bool)
+    starts[1:] = ~same[pos[1:] - 1]
+    begin = np.flatnonzero(starts)
+    size = np.diff(np.append(begin, len(pos)))
+    bucket = np.cumsum(starts) - 1
+    ids = ids_sorted[pos]
+    hs = h[ids]
+    # small buckets: offset d pairs each member with the one d places after it
+    rest = size[bucket] - 1 - (np.arange(len(pos)) - begin[bucket])
+    rest[size[bucket] > BIG] = 0
+    act = np.flatnonzero(rest >= 1)
+    d = 1
+    left = rest[act]
+    while len(act):
+        other = act + d
+        x = hs[act] ^ hs[other]
+        near = np.flatnonzero(np.bitwise_count(x) <= t)
+        if len(near):
+            keep(ids[act[near]], ids[other[near]], x[near], first)
+        d += 1
+        more = left >= d
+        act, left = act[more], left[more]
+    # big buckets: one at a time, block by block
+    for s0, sz in zip(begin[size > BIG].tolist(), size[size > BIG].tolist(), strict=True):
+        mid, mh = ids[s0 : s0 + sz], hs[s0 : s0 + sz]
+        for s in range(0, sz, block):
+            for u in range(s, sz, block):
+                x = mh[s : s + block, None] ^ mh[None, u : u + block]
+                near = np.bitwise_count(x) <= t
+                if u == s:
+                    near = np.triu(near, 1)
+                ii, jj = np.nonzero(near)
+                keep(mid[s + ii], mid[u + jj], x[ii, jj], first)
 
 
 def _mapping(a: Any) -> mmap.mmap | None:

@@ -39,7 +39,7 @@ from urllib.parse import quote
 import numpy as np
 
 from components.config.preprocess import IMAGE_EXTENSIONS, SourceConfig
-from components.data.caption_texts import CaptionTexts, unique_texts
+from components.data.caption_texts import CaptionReader
 from components.data.shard_files import open_shard, shard_files
 from components.data.shard_items import MISSING_IMAGE
 from components.data.shard_paths import ShardPaths
@@ -119,9 +119,8 @@ class _Lister:
         self.file, self.a, self.b = array("i"), array("q"), array("q")
         self.label_ids: dict[object, int] = {}  # raw label -> index (few distinct)
         self.labels = array("i")
-        # raw caption -> index (None once table() has decoded them)
-        self.caption_ids: dict[bytes | str | None, int] | None = {}
-        self.captions = array("i")
+        self.caption_reader = CaptionReader(decode_caption, CAPTION_ISSUES)
+        self.captions = array("i")  # per row: its caption entry in caption_reader
         self.keys = bytearray()  # 16-byte blake2b of each row's key (zeros: none)
         self.keyed = bytearray()  # 1 where the row has a key
         self.key_text = bytearray()  # the keyed rows' keys, UTF-8, each ended by a NUL
@@ -166,9 +165,7 @@ class _Lister:
         self.a.append(a)
         self.b.append(b)
         self.labels.append(self.label_ids.setdefault(label, len(self.label_ids)))
-        ids = self.caption_ids
-        assert ids is not None, "add() after table()"
-        self.captions.append(ids.setdefault(caption, len(ids)))
+        self.captions.append(self.caption_reader.add(caption))
         if key is None:
             self.keys += bytes(16)
             self.keyed.append(0)
@@ -259,42 +256,15 @@ class _Lister:
                                   "and count such items)")
         skipped += [self._label_skip(paths, raw, rows, names, r) for r in label_rows.tolist()]
         keep = np.flatnonzero((labels >= -1) & ~dup)
-        # caption: raw id -> (text id, issue), each distinct raw value decoded once into one
-        # UTF-8 buffer (the raw values let go as they are decoded, the raw dict before: with
-        # web captions, nearly one per item, the raw and the decoded texts are never all held
-        # twice, and no str per caption is kept: CaptionTexts), then deduplicated on their
-        # digests (two raw values may decode to one text), ids in order of first appearance
-        if self.caption_ids is None:
-            raise RuntimeError("_Lister.table() hands its raw captions on once: call it once")
-        raws = list(self.caption_ids)[::-1]  # popped from the end: in raw id order
-        self.caption_ids = None
-        pos, issue = array("i"), array("b")  # per raw id: its decoded text's place, or -1
-        data, ends, digests = bytearray(), array("q", [0]), bytearray()
-        while raws:
-            text, problem = decode_caption(raws.pop())
-            if text is None:
-                pos.append(-1)
-            else:
-                pos.append(len(ends) - 1)
-                utf8 = text.encode("utf-8", "surrogatepass")
-                data += utf8
-                ends.append(len(data))
-                digests += hashlib.blake2b(utf8, digest_size=16).digest()
-            issue.append(CAPTION_ISSUES.index(problem))
-        decoded = CaptionTexts(np.frombuffer(data, np.uint8), np.frombuffer(ends, np.int64))
-        del data, ends
-        captions, of_decoded = unique_texts(decoded, digests)
-        del decoded, digests
-        at = np.frombuffer(pos, np.int32)
-        tid = np.where(at >= 0, of_decoded[np.maximum(at, 0)] if len(of_decoded) else -1,
-                       -1).astype(np.int32)
+        # each row's caption entry -> its text and issue (CaptionReader: no str per caption,
+        # no dict of every raw value)
+        captions, tid, issue = self.caption_reader.finish()
         cap = np.frombuffer(self.captions, np.int32)[keep]
         table = ItemTable(
             paths=paths.take(keep), labels=labels[keep],
             caption_ids=tid[cap] if len(tid) else cap.copy(),
             captions=captions,
-            caption_issues=(np.frombuffer(issue, np.int8)[cap] if len(issue)
-                            else cap.astype(np.int8)),
+            caption_issues=issue[cap] if len(issue) else cap.astype(np.int8),
             official=None, groups=None, classes=names, skipped=skipped)
         if not len(table) and not skipped:
             raise SourceError(f"source.path={self.source!r} holds no items")

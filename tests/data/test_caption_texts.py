@@ -69,3 +69,36 @@ def test_plus_appends_templates_to_a_new_table() -> None:
     assert t.plus([]) is t
     sub = unique_texts(CaptionTexts.of(TEXTS))[0].sorted_subset(np.arange(3))
     assert list(sub.plus(["x"])) == [*sorted(TEXTS[:3]), "x"]
+
+
+@pytest.mark.parametrize("recent", [1, 3, 1 << 16])
+def test_the_reader_gives_every_item_its_decoded_caption_whatever_it_remembers(
+    recent: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CaptionReader decodes a raw value again once its dict of recent ones was emptied (web
+    captions: no dict of them all); the table it finishes with is the same — distinct texts in
+    order of first appearance, each item's text and issue as ``decode_caption`` gives them."""
+    from components.data.caption_texts import CaptionReader
+    from components.data.sources import CAPTION_ISSUES, decode_caption
+
+    monkeypatch.setattr(CaptionReader, "RECENT", recent)
+    raws: list[bytes | str | None] = [
+        b"a dog\nsecond line", "a dog", None, b"\xff\xfe bad", b"  ", "caf\u00e9",
+        b"caf\xc3\xa9", b"\xef\xbb\xbfa dog", None, b"zebra", "a dog", b"\xff\xfe bad",
+        "lone \ud800 surrogate", b"zebra", "caf\u00e9"]
+    reader = CaptionReader(decode_caption, CAPTION_ISSUES)
+    entries = [reader.add(r) for r in raws]
+    texts, text_of, issue_of = reader.finish()
+    want = [decode_caption(r) for r in raws]
+    distinct = list(dict.fromkeys(t for t, _ in want if t is not None))
+    assert list(texts) == distinct == ["a dog", "café", "zebra", "lone \ud800 surrogate"]
+    got = [(None if text_of[e] < 0 else texts[int(text_of[e])],
+            CAPTION_ISSUES[int(issue_of[e])]) for e in entries]
+    assert got == want
+    assert text_of.dtype == np.int32 and issue_of.dtype == np.int8
+    if recent == 1 << 16:  # remembered: each distinct raw value is one entry
+        assert max(entries) + 1 == len(set(raws))
+    with pytest.raises(RuntimeError, match="once"):
+        reader.finish()
+    with pytest.raises(RuntimeError, match="after finish"):
+        reader.add(b"more")

@@ -150,7 +150,35 @@ def test_exact_duplicates_of_a_digest_array_equal_the_dict_walk() -> None:
     want = integrity.exact_duplicates(digests)
     assert len(want) > 400
     assert integrity.exact_duplicates(np.array(digests, dtype="S32")) == want
+    assert integrity.exact_duplicates(np.array(digests, dtype="S32"), chunk=7) == want
     assert integrity.exact_duplicates(np.array(digests[:1], dtype="S32")) == {}
+
+
+def test_exact_duplicates_compare_whole_digests_where_their_first_bytes_agree(
+    tmp_path: Path,
+) -> None:
+    """The sort is on each digest's first 8 bytes: digests that share them and differ after
+    are not duplicates; ``rows`` picks items without copying them out; a mapped array (as a
+    build holds content.npz's) gives the same answer."""
+    from components.data import integrity
+
+    rng = np.random.default_rng(1)
+    head = rng.bytes(8)
+    pool = [head + rng.bytes(24) for _ in range(6)] + [rng.bytes(32) for _ in range(30)]
+    pool += [b"\x07" * 3 + b"\x00" * 29, b"\x07" * 3 + b"\x00" * 28 + b"\x01"]  # NUL-padded
+    digests = [pool[int(i)] for i in rng.integers(0, len(pool), 700)]
+    arr = np.array(digests, dtype="S32")
+    assert integrity.exact_duplicates(arr, chunk=64) == integrity.exact_duplicates(digests)
+    rows = np.sort(rng.choice(700, 300, replace=False))
+    want = integrity.exact_duplicates([digests[i] for i in rows.tolist()])
+    assert integrity.exact_duplicates(arr, rows=rows, chunk=50) == want
+    assert integrity.exact_duplicates(digests, rows=rows) == want
+    np.save(tmp_path / "d.npy", arr)
+    mapped = np.load(tmp_path / "d.npy", mmap_mode="r")
+    assert integrity.exact_duplicates(mapped, rows=rows, chunk=50) == want
+    # distinct digests that share their first 8 bytes only
+    assert integrity.exact_duplicates(np.array(pool[:6], dtype="S32")) == {}
+    assert integrity.exact_duplicates(np.array([b"ab", b"abc", b"ab"], dtype="S3")) == {2: 0}
 
 
 def test_groups_from_roots_on_arrays_equal_the_dict_of_lists() -> None:
@@ -165,12 +193,16 @@ def test_groups_from_roots_on_arrays_equal_the_dict_of_lists() -> None:
             want.setdefault(r, []).append(i)
         assert integrity.groups_from_roots(root) == [g for _, g in sorted(want.items())
                                                      if len(g) > 1]
+        # on the paired items only (pairs with an item twice: a self-loop, a group of one)
+        assert integrity.pair_groups(pairs) == integrity.groups_from_roots(root)
+        assert integrity.pair_groups(pairs) == [g for _, g in sorted(want.items())
+                                                if len(g) > 1]
 
 
 def test_collected_content_is_the_parts_columns_with_thumbnails_mapped_from_the_cache(
     tmp_path: Path,
 ) -> None:
-    from components.data.build.hashing import DIGEST, collect, npz_member
+    from components.data.build.hashing import DIGEST, Content, collect, npz_member
 
     rng = np.random.default_rng(2)
     n = 2500
@@ -185,13 +217,21 @@ def test_collected_content_is_the_parts_columns_with_thumbnails_mapped_from_the_
     parts = [{k: v[a:b] for k, v in cols.items()} for a, b in itertools.pairwise(bounds)]
     cache = tmp_path / "content.npz"
     got = collect(reversed(parts), n, cache, "k")  # any order
-    assert isinstance(got.thumbs, np.memmap) and (got.thumbs == cols["thumb"]).all()
-    assert (got.phash == cols["phash"]).all() and (got.pixels_sha256 == cols["pixels_sha256"]).all()
-    assert got.reason[7] == "corrupt-image" and got.reason.count("") == n - 1
-    assert got.detail[7] == "cannot identify image file"
+    for k, col in (("thumbs", "thumb"), ("bytes_sha256", "bytes_sha256"),
+                   ("pixels_sha256", "pixels_sha256")):  # mapped from the file, not held
+        assert isinstance(getattr(got, k), np.memmap) and (getattr(got, k) == cols[col]).all()
+    assert (got.phash == cols["phash"]).all()
+    assert list(got.failures()) == [(7, "corrupt-image", "cannot identify image file")]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["content.npz"]  # no scratch left
     with np.load(cache, allow_pickle=False) as z:  # the layout np.savez writes
-        assert str(z["key"]) == "k" and z["detail"].dtype == np.dtype("<U26")
-        assert (z["thumbs"] == cols["thumb"]).all() and list(z["reason"][:8]) == [""] * 7 + [
-            "corrupt-image"]
+        assert str(z["key"]) == "k" and z["failed_detail"].dtype == np.dtype("<U26")
+        assert (z["thumbs"] == cols["thumb"]).all() and list(z["failed"]) == [7]
+        assert (z["pixels_sha256"] == cols["pixels_sha256"]).all()
+        assert list(z["failed_reason"]) == ["corrupt-image"]
     assert (npz_member(cache, "phash") == cols["phash"]).all()
+    again = Content.read(cache)
+    assert list(again.failures()) == list(got.failures())
+    assert (again.bytes_sha256 == cols["bytes_sha256"]).all() and isinstance(
+        again.bytes_sha256, np.memmap)
+    # the tasks' columns in this process (hash_local) give the same failures
+    assert list(Content.from_columns(cols).failures()) == list(got.failures())

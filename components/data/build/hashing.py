@@ -76,15 +76,22 @@ def _shared_strs(values: Iterable[Any]) -> list[str]:
 
 @dataclasses.dataclass(kw_only=True)
 class Content:
-    """Per listed item: its decode failure (``reason`` non-empty) or its hashes (see
-    :mod:`components.data.integrity`)."""
+    """Per listed item: its hashes (see :mod:`components.data.integrity`), and the items that
+    could not be decoded. Collected by a build (:func:`collect`, or read back from
+    ``content.npz``), the digests and thumbnails are that file's pages, memory-mapped: the
+    driver holds the pHashes (8 B an item) and the failures."""
 
-    reason: list[str]
-    detail: list[str]
-    bytes_sha256: np.ndarray  # [n] DIGEST: sha256 of the file's bytes
+    failed: np.ndarray  # [k] int64, ascending: the items that could not be decoded
+    reason: list[str]  # [k] each failure's skip reason
+    detail: list[str]  # [k] its message
+    bytes_sha256: np.ndarray  # [n] DIGEST: sha256 of the file's bytes (b"": failed)
     pixels_sha256: np.ndarray  # [n] DIGEST: sha256 of the stored pixels (shape + bytes)
     phash: np.ndarray  # [n] uint64
     thumbs: np.ndarray  # [n, 256] uint8
+
+    def failures(self) -> Iterator[tuple[int, str, str]]:
+        """``(item, reason, detail)`` of each item that could not be decoded, in item order."""
+        return zip(self.failed.tolist(), self.reason, self.detail, strict=True)
 
     @classmethod
     def from_columns(cls, cols: dict[str, Any]) -> Content:
@@ -95,14 +102,27 @@ class Content:
         thumbs = np.asarray(cols["thumb"])
         if thumbs.dtype == object:  # bytes per item (an older task's form)
             thumbs = np.frombuffer(b"".join(thumbs), np.uint8)
+        reason = np.asarray(cols["reason"])[order]
+        failed = np.flatnonzero(reason != "")
         return cls(
-            reason=_shared_strs(np.asarray(cols["reason"])[order]),
-            detail=_shared_strs(np.asarray(cols["detail"])[order]),
+            failed=failed.astype(np.int64),
+            reason=_shared_strs(reason[failed]),
+            detail=_shared_strs(np.asarray(cols["detail"])[order][failed]),
             bytes_sha256=np.asarray(cols["bytes_sha256"], dtype=DIGEST)[order],
             pixels_sha256=np.asarray(cols["pixels_sha256"], dtype=DIGEST)[order],
             phash=np.asarray(cols["phash"], dtype=np.uint64)[order],
             thumbs=thumbs.reshape(len(idx), integrity.THUMB**2)[order],
         )
+
+    @classmethod
+    def read(cls, cache: Path) -> Content:
+        """The content stored in ``cache`` (``content.npz``): digests and thumbnails mapped."""
+        with np.load(cache, allow_pickle=False) as z:
+            failed = z["failed"].astype(np.int64)
+            reason, detail = _shared_strs(z["failed_reason"]), _shared_strs(z["failed_detail"])
+            phash = z["phash"].astype(np.uint64)
+        return cls(failed=failed, reason=reason, detail=detail, phash=phash,
+                   **{k: npz_member(cache, k) for k in MAPPED})
 
 
 def hash_local(cfg: PreprocessConfig, paths: Sequence[str]) -> Content:
@@ -115,7 +135,7 @@ def _stat_of(paths: Sequence[str], cache: dict[str, Stat], i: int) -> Stat:
     return item_stat(paths[i], cache)
 
 
-HASH_VERSION = "sha256+phash64+thumb16/2"  # /2: raw digests
+HASH_VERSION = "sha256+phash64+thumb16/3"  # /2: raw digests; /3: failures sparse
 
 
 def _content_key(cfg: PreprocessConfig, paths: Sequence[str],
@@ -152,18 +172,15 @@ def hash_with_ray(cfg: PreprocessConfig, paths: Sequence[str], out: Path,
     """The content pass as Ray tasks of about ``ITEMS_PER_TASK`` items (:func:`iter_tasks`);
     cached in ``content.npz`` (keyed by the items' paths and
     :func:`~components.io.files.stat_key`: size, mtime_ns, inode, ctime_ns; ``stat`` as in
-    :func:`_content_key`), so a resumed run does not hash again. The thumbnails (256 B an
-    item, the most of it) are read from that file, memory-mapped, not held (:func:`collect`)."""
+    :func:`_content_key`), so a resumed run does not hash again. The thumbnails and digests
+    (320 B an item) are read from that file, memory-mapped, not held (:func:`collect`)."""
     cache = out / CONTENT_FILE
     key = _content_key(cfg, paths, stat)
     if cache.exists():
         with np.load(cache, allow_pickle=False) as z:
-            if str(z["key"]) == key:
-                return Content(reason=_shared_strs(z["reason"]),
-                               detail=_shared_strs(z["detail"]),
-                               bytes_sha256=z["bytes_sha256"].astype(DIGEST),
-                               pixels_sha256=z["pixels_sha256"].astype(DIGEST),
-                               phash=z["phash"].copy(), thumbs=npz_member(cache, "thumbs"))
+            same = "key" in z.files and str(z["key"]) == key
+        if same:
+            return Content.read(cache)
     bounds = np.linspace(0, len(paths), _task_count(len(paths), placement) + 1).astype(int)
     # each task's paths as columns with its own few shard prefixes (no str per item here)
     batches = [{"idx": np.arange(a, b), "path": take_paths(paths, np.arange(a, b), True)}
@@ -176,65 +193,88 @@ def hash_with_ray(cfg: PreprocessConfig, paths: Sequence[str], out: Path,
 CONTENT_FILE = "content.npz"
 
 
+# content.npz's per-item columns of fixed width that a build reads from the file (mapped), not
+# the heap: [n, 256] uint8 thumbnails (the near-duplicate check touches its candidates' pages),
+# [n] DIGEST digests (the exact-duplicate check streams them)
+MAPPED = ("bytes_sha256", "pixels_sha256", "thumbs")
+
+
 def collect(parts: Iterable[dict[str, Any]], n: int, cache: Path, key: str) -> Content:
     """The content of ``n`` items from the content tasks' ``parts`` (:func:`hash_batch`'s
-    columns, any order), each stored as it arrives and let go: the thumbnails written to a
-    scratch file beside ``cache`` (``pwrite``, not mapped: their pages are not the driver's),
-    the rest into arrays. ``cache`` (``content.npz``, the layout ``np.savez`` writes, keyed by
-    ``key``) is written from them column by column (:func:`_save_npz`), and the thumbnails are
-    then mapped from it read-only (:func:`npz_member`; the near-duplicate check touches only
-    its candidate pairs' pages): the driver holds ~90 B an item, not the 256-B thumbnails."""
+    columns, any order), each stored as it arrives and let go: the thumbnails and digests
+    written to scratch files beside ``cache`` (``pwrite``, not mapped: their pages are not the
+    driver's), the pHashes into an array, the failures (few) into lists. ``cache``
+    (``content.npz``, the layout ``np.savez`` writes, keyed by ``key``) is written from them
+    column by column (:func:`_save_npz`), and :data:`MAPPED` columns are then mapped from it
+    read-only (:func:`npz_member`): the driver holds ~8 B an item, not 320."""
     side = integrity.THUMB**2
-    scratch = cache.with_name(cache.name + ".thumbs")
-    fd = os.open(scratch, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    widths = {"thumbs": side, "bytes_sha256": DIGEST.itemsize, "pixels_sha256": DIGEST.itemsize}
+    scratch = {k: cache.with_name(f"{cache.name}.{k}") for k in MAPPED}
+    fds: dict[str, int] = {}
     try:
-        os.ftruncate(fd, n * side)
+        for k, path in scratch.items():
+            fds[k] = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.ftruncate(fds[k], n * widths[k])
         phash = np.zeros(n, dtype=np.uint64)
-        digests = {k: np.zeros(n, dtype=DIGEST) for k in ("bytes_sha256", "pixels_sha256")}
-        reason, detail = [""] * n, [""] * n
+        failed: dict[int, tuple[str, str]] = {}
         shared: dict[str, str] = {}
         for part in parts:
             idx = np.asarray(part["idx"], dtype=np.int64)
             phash[idx] = part["phash"]
-            for k, col in digests.items():
-                col[idx] = part[k]
-            rows = np.ascontiguousarray(part["thumb"], dtype=np.uint8).reshape(len(idx), side)
-            # written, not mapped: the pages do not count in the driver's RSS
-            if len(idx) and bool(np.all(np.diff(idx) == 1)):
-                os.pwrite(fd, rows.data.cast("B"), int(idx[0]) * side)
-            else:
-                for i, row in zip(idx.tolist(), rows, strict=True):
-                    os.pwrite(fd, row.data.cast("B"), i * side)
+            for k, col in (("thumbs", part["thumb"]), ("bytes_sha256", part["bytes_sha256"]),
+                           ("pixels_sha256", part["pixels_sha256"])):
+                dtype = np.uint8 if k == "thumbs" else DIGEST
+                _pwrite_rows(fds[k], np.ascontiguousarray(col, dtype=dtype), idx, widths[k])
             for j in np.flatnonzero(np.asarray(part["reason"]) != "").tolist():
-                i = int(idx[j])
-                reason[i] = shared.setdefault(str(part["reason"][j]), str(part["reason"][j]))
-                detail[i] = shared.setdefault(str(part["detail"][j]), str(part["detail"][j]))
-            del part, rows
+                r, d = str(part["reason"][j]), str(part["detail"][j])
+                failed[int(idx[j])] = (shared.setdefault(r, r), shared.setdefault(d, d))
+            del part
+        at = sorted(failed)
         with replacing(cache) as tmp:
-            _save_npz(tmp, {"key": np.array(key), "reason": reason, "detail": detail,
-                            **digests, "phash": phash, "thumbs": _FileRows(fd, n, side)})
+            _save_npz(tmp, {
+                "key": np.array(key),
+                "failed": np.array(at, dtype=np.int64),
+                "failed_reason": [failed[i][0] for i in at],
+                "failed_detail": [failed[i][1] for i in at],
+                "phash": phash,
+                "bytes_sha256": _FileRows(fds["bytes_sha256"], (n,), DIGEST),
+                "pixels_sha256": _FileRows(fds["pixels_sha256"], (n,), DIGEST),
+                "thumbs": _FileRows(fds["thumbs"], (n, side), np.dtype(np.uint8))})
     finally:
-        os.close(fd)
-        scratch.unlink(missing_ok=True)
-    return Content(reason=reason, detail=detail, phash=phash, thumbs=npz_member(cache, "thumbs"),
-                   **digests)
+        for fd in fds.values():
+            os.close(fd)
+        for path in scratch.values():
+            path.unlink(missing_ok=True)
+    return Content(failed=np.array(at, dtype=np.int64), reason=[failed[i][0] for i in at],
+                   detail=[failed[i][1] for i in at], phash=phash,
+                   **{k: npz_member(cache, k) for k in MAPPED})
+
+
+def _pwrite_rows(fd: int, rows: np.ndarray, idx: np.ndarray, width: int) -> None:
+    """Write ``rows`` (``width`` bytes each) at rows ``idx`` of the file ``fd``: written, not
+    mapped, so the pages do not count in the driver's RSS."""
+    if len(idx) and bool(np.all(np.diff(idx) == 1)):
+        os.pwrite(fd, rows.data.cast("B"), int(idx[0]) * width)
+        return
+    for i, row in zip(idx.tolist(), rows, strict=True):
+        os.pwrite(fd, np.ascontiguousarray(row).tobytes(), i * width)
 
 
 class _FileRows:
-    """``[n, side]`` uint8 rows of an open file, read (not mapped) a slice at a time: what
-    :func:`_save_npz` copies into ``content.npz``."""
+    """An array of ``shape`` and ``dtype`` stored in an open file, read (not mapped) a slice
+    of rows at a time: what :func:`_save_npz` copies into ``content.npz``."""
 
-    def __init__(self, fd: int, n: int, side: int) -> None:
-        self.fd, self.n, self.side = fd, n, side
-        self.dtype, self.shape = np.dtype(np.uint8), (n, side)
+    def __init__(self, fd: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
+        self.fd, self.shape, self.dtype = fd, shape, dtype
+        self.row = dtype.itemsize * int(np.prod(shape[1:]))
 
     def __len__(self) -> int:
-        return self.n
+        return self.shape[0]
 
     def __getitem__(self, rows: slice) -> np.ndarray:
-        a, b, _ = rows.indices(self.n)
-        data = os.pread(self.fd, (b - a) * self.side, a * self.side)
-        return np.frombuffer(data, np.uint8).reshape(-1, self.side)
+        a, b, _ = rows.indices(self.shape[0])
+        data = os.pread(self.fd, (b - a) * self.row, a * self.row)
+        return np.frombuffer(data, self.dtype).reshape(-1, *self.shape[1:])
 
 
 def _save_npz(path: Path, arrays: dict[str, np.ndarray | list[str] | _FileRows]) -> None:
@@ -246,6 +286,7 @@ def _save_npz(path: Path, arrays: dict[str, np.ndarray | list[str] | _FileRows])
     chunk = 1 << 20  # bytes (two chunks may be alive at once: ~2 MiB)
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         for name, values in arrays.items():
+            shape: tuple[int, ...]
             if isinstance(values, list):
                 width = max((len(v) for v in values), default=0)
                 dtype, shape = np.dtype(f"<U{max(width, 1)}"), (len(values),)

@@ -114,12 +114,11 @@ def plan(
         if content is None:
             with clock.stage("hashing"):
                 content = hash_local(cfg, paths)
-        for i, reason in enumerate(content.reason):
-            if reason:
-                if cfg.bad_input == "error":
-                    raise PreprocessError(f"{paths[i]}: {content.detail[i]} (bad_input=error)")
-                skipped.append(Skip(path=paths[i], reason=reason, detail=content.detail[i]))
-                keep[i] = False
+        for i, reason, detail in content.failures():
+            if cfg.bad_input == "error":
+                raise PreprocessError(f"{paths[i]}: {detail} (bad_input=error)")
+            skipped.append(Skip(path=paths[i], reason=reason, detail=detail))
+            keep[i] = False
         if cfg.dedupe.exact:
             _drop_exact(cfg, listed, content, keep, skipped)
         ok = np.flatnonzero(keep)
@@ -181,7 +180,7 @@ def plan(
     if pairs is not None:
         split_of = np.full(n, -1, dtype=np.int8)  # [n] index into SPLITS, -1: not kept
         split_of[rows_idx] = split_code
-        near = _near_report(cfg, paths, n, pairs, split_of)
+        near = _near_report(cfg, paths, pairs, split_of)
     if split_groups is not None and groups is not None:
         split_groups["units"] = len(set(groups[rows_idx].tolist()))
     return Plan(sample_ids=sample_ids, labels=listed.labels[sample_ids].astype(np.int32),
@@ -200,7 +199,7 @@ def _drop_exact(
     ``duplicate-of`` it (``of`` names the kept copy)."""
     paths, labels = listed.paths, listed.labels
     ok = np.flatnonzero(keep)
-    dropped = integrity.exact_duplicates(content.pixels_sha256[ok])
+    dropped = integrity.exact_duplicates(content.pixels_sha256, rows=ok)  # not a copy of them
     for d, k in sorted(dropped.items()):
         di, ki = int(ok[d]), int(ok[k])
         same = ("same bytes" if content.bytes_sha256[di] == content.bytes_sha256[ki]
@@ -241,8 +240,7 @@ def _label(classes: list[str], label: int) -> str:
 
 
 def _near_report(
-    cfg: PreprocessConfig, paths: Sequence[str], n: int, pairs: np.ndarray,
-    split_code: np.ndarray,
+    cfg: PreprocessConfig, paths: Sequence[str], pairs: np.ndarray, split_code: np.ndarray,
 ) -> dict[str, Any]:
     """The manifest's ``near_duplicates`` section (groups from near-duplicate pairs only);
     ``split_code``: ``[n]`` each item's index into SPLITS (-1: not kept)."""
@@ -250,7 +248,7 @@ def _near_report(
         c = int(split_code[i])
         return None if c < 0 else SPLITS[c]
 
-    found = integrity.groups_from_roots(integrity.group_roots(n, pairs))
+    found = integrity.pair_groups(pairs)
     found.sort(key=lambda g: (-len(g), g[0]))
     straddle = [(a, b) for a, b in pairs.tolist() if split_code[a] != split_code[b]]
     sizes = collections.Counter(len(g) for g in found)
