@@ -28,6 +28,7 @@ from components.data.build.placement import ANYWHERE, Placement
 from components.data.build.planning import Plan
 from components.data.build.source_record import _chunks
 from components.data.caption_backend import AUTO, reference_or
+from components.data.caption_texts import CaptionTexts
 from components.io.files import atomic_open, replacing, write_json
 
 CAPTION_TRUNCATED = "caption-truncated"
@@ -189,17 +190,32 @@ def _embedding_stage(cfg: PreprocessConfig, texts: Sequence[str], ids: np.ndarra
     0"; docs/ray-notes.md, "Ray Data"). :func:`embed_captions` re-runs the captions a dead
     actor left instead of Ray restarting it."""
     import pyarrow as pa
+    import pyarrow.compute as pc
     import ray
     from ray.util.annotations import RayDeprecationWarning
 
     # The ONNX backends run on CPU (the same encoder as the driver's class embeddings).
     use_gpu = cfg.captions.backend == "torch" and placement.gpus() > 0
     ids = np.asarray(ids, dtype=np.int64)
-    blocks = [pa.table({"caption_id": ids[s:s + STAGE_BLOCK_ROWS],
-                        "text": pa.array([texts[i] for i in ids[s:s + STAGE_BLOCK_ROWS]],
-                                         pa.string())})
-              for s in range(0, len(ids), STAGE_BLOCK_ROWS)]
-    items = ray.data.from_arrow(blocks)
+    # Each block goes into the object store as it is made (ray.put) and the driver's copy is
+    # let go: the driver never holds every text as Arrow, and Arrow's work is on the system
+    # allocator (its default keeps freed blocks in the driver's RSS).
+    pool = pa.system_memory_pool()
+    compact = texts if isinstance(texts, CaptionTexts) else None  # taken by Arrow: no strs
+    base = compact.arrow() if compact is not None else None
+    refs: list[Any] = []
+    for s in range(0, len(ids), STAGE_BLOCK_ROWS):
+        part = ids[s:s + STAGE_BLOCK_ROWS]
+        if compact is not None:
+            at = part if compact.rows is None else compact.rows[part]
+            text = pc.take(base, pa.array(at), memory_pool=pool)
+        else:
+            text = pa.array([texts[i] for i in part.tolist()], pa.large_string(),
+                            memory_pool=pool)
+        refs.append(ray.put(pa.table({"caption_id": pa.array(part, memory_pool=pool),
+                                      "text": text})))
+        del text
+    items = ray.data.from_arrow_refs(refs)
     with warnings.catch_warnings():
         # Ray 2.60's map_batches has no named max_restarts yet: it goes through the extra
         # remote arguments, which it says are deprecated (a TypeError once they are removed).
