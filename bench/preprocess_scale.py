@@ -248,11 +248,56 @@ def child(cfg_file: str) -> int:
             running.remove(name)
 
     BuildTimes.stage = stage  # type: ignore[method-assign]
+    after: dict[str, int] = {}  # the anonymous level when each step ended (what it left)
+    _wrap_steps(sampler, stages, running, after)
     rc = main(["preprocess", cfg_file])
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     print(RSS_TAG + json.dumps({"rc": rc, "maxrss_bytes": kib * 1024, **sampler.close(),
-                                "stage_anon_peaks": stages}), flush=True)
+                                "stage_anon_peaks": stages, "step_anon_after": after}),
+          flush=True)
     return rc
+
+
+# The driver's steps inside its stages sampled on their own ("captions: embed_captions"): the
+# module whose name the driver calls, the function, the stage it runs in.
+STEPS = (("components.data.captions", "load_encoder", "captions"),
+         ("components.data.build.driver", "choose", "captions"),
+         ("components.data.build.driver", "write_class_files", "captions"),
+         ("components.data.build.driver", "caption_files", "captions"),
+         ("components.data.build.driver", "embed_captions", "captions"),
+         ("components.data.build.driver", "shard_specs", "shards"),
+         ("components.data.build.driver", "map_tasks", "shards"),
+         ("components.data.build.driver", "merge_splits", "merge"))
+
+
+def _wrap_steps(sampler: RssSampler, peaks: dict[str, int], running: list[str],
+                after: dict[str, int]) -> None:
+    """Each of :data:`STEPS` recorded as a stage of its own (its anonymous peak in ``peaks``,
+    the level it leaves in ``after``)."""
+    import functools
+    import importlib
+
+    def settle() -> None:
+        peak = sampler.mark()
+        for name in running:
+            peaks[name] = max(peaks.get(name, 0), peak)
+
+    for module, fn, within in STEPS:
+        mod = importlib.import_module(module)
+        inner = getattr(mod, fn)
+        name = f"{within}: {fn}"
+
+        def step(*args: Any, _inner: Any = inner, _name: str = name, **kw: Any) -> Any:
+            settle()
+            running.append(_name)
+            try:
+                return _inner(*args, **kw)
+            finally:
+                settle()
+                running.remove(_name)
+                after[_name] = _status_kib(("RssAnon",))["RssAnon"] * 1024
+
+        setattr(mod, fn, functools.wraps(inner)(step))
 
 
 def build(n: int, source: Path, work: Path, num_cpus: int, keep: bool) -> dict[str, Any]:
@@ -280,6 +325,7 @@ def build(n: int, source: Path, work: Path, num_cpus: int, keep: bool) -> dict[s
         "n": n, "wall": wall, "rss": tagged[-1]["maxrss_bytes"],
         "anon": tagged[-1].get("peak_anon_bytes"), "file": tagged[-1].get("peak_file_bytes"),
         "stage_anon": tagged[-1].get("stage_anon_peaks"),
+        "step_after": tagged[-1].get("step_anon_after"),
         "kept": sum(s["samples"] for s in manifest["splits"].values()),
         "skipped": manifest["skipped"]["total"],
         "near_pairs": (manifest.get("near_duplicates") or {}).get("pairs"),
@@ -378,6 +424,21 @@ def report(rows: list[dict[str, Any]]) -> str:
                    f"largest: {top}, {at[top] / 2**30:,.1f} GiB (the whole build's peak at "
                    "12M is at least this: a stage that grows faster overtakes the one that "
                    "peaks at these N).")
+    steps = [f"{w}: {fn}" for _, fn, w in STEPS]
+    if all(r.get("step_after") for r in rows):
+        out += ["", f"| step: anonymous RSS MiB, peak while it ran / level it left | {head} | "
+                + " | ".join(f"slopes {_n(a['n'])}→{_n(b['n'])} B/item" for a, b in pairs)
+                + " |", "|---|" + "---:|" * (len(rows) + len(pairs))]
+        for st in steps:
+            if not all(st in r["step_after"] for r in rows):
+                continue  # not run (captions off, every shard reused)
+            cells = [f"{_mib(r['stage_anon'].get(st))} / {_mib(r['step_after'][st])}"
+                     for r in rows]
+            for a, b in pairs:
+                per = b["n"] - a["n"]
+                cells.append(f"{_per_item((b['stage_anon'][st] - a['stage_anon'][st]) / per)} / "
+                             f"{_per_item((b['step_after'][st] - a['step_after'][st]) / per)}")
+            out.append(f"| {st} | " + " | ".join(cells) + " |")
     out.append("")
     out.append("other: the process's wall time outside the stages (Python start-up and "
                "imports, the config, the lock, the swap checks).")
