@@ -40,6 +40,7 @@ import numpy as np
 
 from components.config.preprocess import IMAGE_EXTENSIONS, SourceConfig
 from components.data.caption_texts import CaptionReader
+from components.data.integrity import duplicate_rows
 from components.data.shard_files import open_shard, shard_files
 from components.data.shard_items import MISSING_IMAGE
 from components.data.shard_paths import ShardPaths
@@ -185,25 +186,17 @@ class _Lister:
         """Rows whose key an earlier row has (bool ``[n]``), each a ``duplicate-path`` skip
         naming the first (under ``bad_input: error`` not counted: the first of them is
         returned)."""
-        n = len(self.file)
-        dup = np.zeros(n, dtype=bool)
+        dup = np.zeros(len(self.file), dtype=bool)
         keyed = np.flatnonzero(np.frombuffer(self.keyed, np.uint8))
-        if len(keyed) < 2:
+        # positions among the keyed rows (the order of key_text): later copies, their first
+        later, kept = duplicate_rows(np.frombuffer(self.keys, "S16"), rows=keyed)
+        if not len(later):
             return dup, None
-        words = np.frombuffer(self.keys, np.uint64).reshape(n, 2)[keyed]
-        order = np.lexsort((words[:, 1], words[:, 0]))  # stable: equal keys in row order
-        w = words[order]
-        same = np.flatnonzero(np.all(w[1:] == w[:-1], axis=1)) + 1  # order positions
-        if not len(same):
-            return dup, None
-        starts = np.flatnonzero(np.r_[True, np.any(w[1:] != w[:-1], axis=1)])
-        first_pos = starts[np.searchsorted(starts, same, side="right") - 1]
         files = [p.rpartition("#")[0] for p, _ in self.prefix_ids]  # where: the shard file
         ends = np.flatnonzero(np.frombuffer(self.key_text, np.uint8) == 0)
         begins = np.r_[0, ends[:-1] + 1]
         first: Skip | None = None
-        for k, f in sorted(zip(order[same].tolist(), keyed[order[first_pos]].tolist(),
-                               strict=True)):
+        for k, f in zip(later.tolist(), keyed[kept].tolist(), strict=True):
             r = int(keyed[k])
             dup[r] = True
             if self.policy == "error" and first is not None:
