@@ -118,7 +118,9 @@ def _grouped_free_codes(
     index into :data:`SPLITS`, int8): the same
     assignment (the same units, heads, permutations and walk), without a list or dict per
     group (the driver's plan at 12M items held ~400 B an item in them)."""
-    lab = np.asarray(labels, dtype=np.int64)
+    lab = np.asarray(labels)
+    if lab.dtype.kind not in "iu":
+        lab = lab.astype(np.int64)
     g = np.asarray(groups, dtype=np.int64)
     if not len(g):
         return np.zeros(0, dtype=np.int8)
@@ -127,10 +129,13 @@ def _grouped_free_codes(
     sizes = np.bincount(inverse)  # [units]
     unit_code = np.zeros(len(heads), dtype=np.int8)  # 0 train, 1 val, 2 test
     head_label = lab[heads]
+    del lab
     for cls in np.unique(head_label).tolist():
         units = np.flatnonzero(head_label == cls)
-        units = units[np.argsort(heads[units], kind="stable")]  # by head, ascending
         h = heads[units]
+        if len(h) > 1 and not bool(np.all(h[1:] > h[:-1])):  # roots as groups: sorted already
+            by = np.argsort(h, kind="stable")  # by head, ascending
+            units, h = units[by], h[by]
         rng = np.random.default_rng([seed, cls + 1])
         perm = rng.permutation(h)
         order = units[np.searchsorted(h, perm)]  # the permuted heads' units
