@@ -424,6 +424,7 @@ def report(rows: list[dict[str, Any]]) -> str:
             cells += [_per_item((b["stage_anon"].get(st, 0) - a["stage_anon"].get(st, 0))
                                 / (b["n"] - a["n"])) for a, b in pairs]
             out.append(f"| {st} | " + " | ".join(cells) + " |")
+    if len(rows) >= 2 and all(r.get("stage_anon") for r in rows):  # a line needs two sizes
         a, b = rows[-2], rows[-1]
         at = {st: b["stage_anon"].get(st, 0) + (b["stage_anon"].get(st, 0)
                                                   - a["stage_anon"].get(st, 0))

@@ -59,6 +59,19 @@ def test_report_slopes_growth_and_extrapolation() -> None:
     assert "| 10,000 | 10,000 | 20.0 | 500 | 1000 | — | 500 | — | 500 | 4 |" in text
     old = [{k: v for k, v in r.items() if k not in ("anon", "file")} for r in rows]
     assert "| — | — | — |" in bench.report(old)  # rows saved before the sampler
+    # each stage's and step's anonymous peaks, and the level a step left; one size alone
+    # (a larger N run on its own, merged later with --from-json) has no line to draw
+    for r, mib in zip(rows, (600, 610, 630), strict=True):
+        r["stage_anon"] = {"hashing": mib * 2**20, "captions: embed_captions": mib * 2**20}
+        r["step_after"] = {"captions: embed_captions": (mib - 5) * 2**20}
+        r["malloc"] = "as-at-12m"
+    text = bench.report(rows)
+    step = next(line for line in text.splitlines() if line.startswith("| captions: embed"))
+    assert step.startswith("| captions: embed_captions | 600 / 595 | 610 / 605 | 630 / 625 |")
+    assert step.endswith("| 1,049 / 1,049 | 1,049 / 1,049 |")
+    assert "The driver's allocator (--malloc): as-at-12m." in text
+    assert "largest: hashing" in text or "largest: captions" in text
+    assert "along its own line" not in bench.report(rows[-1:])
 
 
 def test_the_rss_sampler_sees_the_heap_grow() -> None:
