@@ -229,7 +229,8 @@ def test_collected_content_is_the_parts_columns_with_thumbnails_mapped_from_the_
         assert (z["pixels_sha256"] == cols["pixels_sha256"]).all()
         assert list(z["failed_reason"]) == ["corrupt-image"]
     assert (npz_member(cache, "phash") == cols["phash"]).all()
-    again = Content.read(cache)
+    again = Content.read(cache, "k")
+    assert again is not None and Content.read(cache, "another key") is None
     assert list(again.failures()) == list(got.failures())
     assert (again.bytes_sha256 == cols["bytes_sha256"]).all() and isinstance(
         again.bytes_sha256, np.memmap)

@@ -11,6 +11,7 @@ import functools
 import hashlib
 import itertools
 import json
+import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -115,9 +116,12 @@ class Content:
         )
 
     @classmethod
-    def read(cls, cache: Path) -> Content:
-        """The content stored in ``cache`` (``content.npz``): digests and thumbnails mapped."""
+    def read(cls, cache: Path, key: str | None = None) -> Content | None:
+        """The content stored in ``cache`` (``content.npz``), its digests and thumbnails
+        mapped; ``None`` when ``key`` is given and the file was stored under another."""
         with np.load(cache, allow_pickle=False) as z:
+            if key is not None and ("key" not in z.files or str(z["key"]) != key):
+                return None
             failed = z["failed"].astype(np.int64)
             reason, detail = _shared_strs(z["failed_reason"]), _shared_strs(z["failed_detail"])
             phash = z["phash"].astype(np.uint64)
@@ -176,11 +180,9 @@ def hash_with_ray(cfg: PreprocessConfig, paths: Sequence[str], out: Path,
     (320 B an item) are read from that file, memory-mapped, not held (:func:`collect`)."""
     cache = out / CONTENT_FILE
     key = _content_key(cfg, paths, stat)
-    if cache.exists():
-        with np.load(cache, allow_pickle=False) as z:
-            same = "key" in z.files and str(z["key"]) == key
-        if same:
-            return Content.read(cache)
+    cached = Content.read(cache, key) if cache.exists() else None
+    if cached is not None:
+        return cached
     bounds = np.linspace(0, len(paths), _task_count(len(paths), placement) + 1).astype(int)
     # each task's paths as columns with its own few shard prefixes (no str per item here)
     batches = [{"idx": np.arange(a, b), "path": take_paths(paths, np.arange(a, b), True)}
@@ -194,9 +196,14 @@ CONTENT_FILE = "content.npz"
 
 
 # content.npz's per-item columns of fixed width that a build reads from the file (mapped), not
-# the heap: [n, 256] uint8 thumbnails (the near-duplicate check touches its candidates' pages),
-# [n] DIGEST digests (the exact-duplicate check streams them)
-MAPPED = ("bytes_sha256", "pixels_sha256", "thumbs")
+# the heap: name -> (the content task's column, dtype, one item's shape). [n, 256] uint8
+# thumbnails (the near-duplicate check touches its candidates' pages), [n] DIGEST digests (the
+# exact-duplicate check streams them).
+MAPPED: dict[str, tuple[str, np.dtype[Any], tuple[int, ...]]] = {
+    "bytes_sha256": ("bytes_sha256", DIGEST, ()),
+    "pixels_sha256": ("pixels_sha256", DIGEST, ()),
+    "thumbs": ("thumb", np.dtype(np.uint8), (integrity.THUMB**2,)),
+}
 
 
 def collect(parts: Iterable[dict[str, Any]], n: int, cache: Path, key: str) -> Content:
@@ -207,46 +214,41 @@ def collect(parts: Iterable[dict[str, Any]], n: int, cache: Path, key: str) -> C
     (``content.npz``, the layout ``np.savez`` writes, keyed by ``key``) is written from them
     column by column (:func:`_save_npz`), and :data:`MAPPED` columns are then mapped from it
     read-only (:func:`npz_member`): the driver holds ~8 B an item, not 320."""
-    side = integrity.THUMB**2
-    widths = {"thumbs": side, "bytes_sha256": DIGEST.itemsize, "pixels_sha256": DIGEST.itemsize}
+    width = {k: dtype.itemsize * math.prod(shape) for k, (_, dtype, shape) in MAPPED.items()}
     scratch = {k: cache.with_name(f"{cache.name}.{k}") for k in MAPPED}
     fds: dict[str, int] = {}
     try:
         for k, path in scratch.items():
             fds[k] = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.ftruncate(fds[k], n * widths[k])
+            os.ftruncate(fds[k], n * width[k])
         phash = np.zeros(n, dtype=np.uint64)
         failed: dict[int, tuple[str, str]] = {}
         shared: dict[str, str] = {}
         for part in parts:
             idx = np.asarray(part["idx"], dtype=np.int64)
             phash[idx] = part["phash"]
-            for k, col in (("thumbs", part["thumb"]), ("bytes_sha256", part["bytes_sha256"]),
-                           ("pixels_sha256", part["pixels_sha256"])):
-                dtype = np.uint8 if k == "thumbs" else DIGEST
-                _pwrite_rows(fds[k], np.ascontiguousarray(col, dtype=dtype), idx, widths[k])
+            for k, (column, dtype, _) in MAPPED.items():
+                _pwrite_rows(fds[k], np.ascontiguousarray(part[column], dtype=dtype), idx,
+                             width[k])
             for j in np.flatnonzero(np.asarray(part["reason"]) != "").tolist():
                 r, d = str(part["reason"][j]), str(part["detail"][j])
                 failed[int(idx[j])] = (shared.setdefault(r, r), shared.setdefault(d, d))
             del part
-        at = sorted(failed)
+        at = np.array(sorted(failed), dtype=np.int64)
+        reason = [failed[i][0] for i in at.tolist()]
+        detail = [failed[i][1] for i in at.tolist()]
         with replacing(cache) as tmp:
             _save_npz(tmp, {
-                "key": np.array(key),
-                "failed": np.array(at, dtype=np.int64),
-                "failed_reason": [failed[i][0] for i in at],
-                "failed_detail": [failed[i][1] for i in at],
-                "phash": phash,
-                "bytes_sha256": _FileRows(fds["bytes_sha256"], (n,), DIGEST),
-                "pixels_sha256": _FileRows(fds["pixels_sha256"], (n,), DIGEST),
-                "thumbs": _FileRows(fds["thumbs"], (n, side), np.dtype(np.uint8))})
+                "key": np.array(key), "failed": at, "failed_reason": reason,
+                "failed_detail": detail, "phash": phash,
+                **{k: _FileRows(fds[k], (n, *shape), dtype)
+                   for k, (_, dtype, shape) in MAPPED.items()}})
     finally:
         for fd in fds.values():
             os.close(fd)
         for path in scratch.values():
             path.unlink(missing_ok=True)
-    return Content(failed=np.array(at, dtype=np.int64), reason=[failed[i][0] for i in at],
-                   detail=[failed[i][1] for i in at], phash=phash,
+    return Content(failed=at, reason=reason, detail=detail, phash=phash,
                    **{k: npz_member(cache, k) for k in MAPPED})
 
 
