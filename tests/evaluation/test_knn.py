@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import math
-import os
-import socket
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from components.evaluation.knn import (
     knn_accuracy,
@@ -20,6 +16,7 @@ from components.evaluation.knn import (
     sharded_knn_top1,
     weighted_knn_predict,
 )
+from tests.support.gloo import gloo_group, rendezvous_file, spawn_bounded
 
 
 def _reference_scores(
@@ -302,20 +299,14 @@ def _knn_data() -> tuple[torch.Tensor, ...]:
             torch.randn(_QUERIES, 6, generator=g), torch.randint(0, 4, (_QUERIES,), generator=g))
 
 
-def _knn_worker(rank: int, world: int, port: int, out: str) -> None:
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    try:
+def _knn_worker(rank: int, world: int, port: str, out: str) -> None:
+    with gloo_group(rank, world, port, timeout_s=60):
         bf, by, qf, qy = _knn_data()
         b, q = _SHARDS[world]
         mine = slice(b[rank], b[rank + 1]), slice(q[rank], q[rank + 1])
         got = [sharded_knn_top1((bf[mine[0]], by[mine[0]]), (qf[mine[1]], qy[mine[1]]), k=k,
                                 num_classes=4, temperature=0.1) for k in (1, 5, 23, 40)]
         torch.save(got, Path(out) / f"r{rank}.pt")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 def test_sharded_knn_without_process_group_is_knn_top1() -> None:
@@ -328,10 +319,7 @@ def test_sharded_knn_without_process_group_is_knn_top1() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_sharded_knn_over_ranks_equals_one_process(world: int, tmp_path: Path) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp.spawn(_knn_worker, args=(world, port, str(tmp_path)), nprocs=world, join=True)
+    spawn_bounded(_knn_worker, (world, rendezvous_file(tmp_path), str(tmp_path)), world, 240.0)
     bf, by, qf, qy = _knn_data()
     want = [knn_top1(bf, by, qf, qy, k, num_classes=4, temperature=0.1) for k in (1, 5, 23, 40)]
     assert len(set(want)) > 1  # the k values give different answers: a real comparison

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -22,13 +21,12 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from components.config import AugmentConfig, ConfigError, PretrainConfig, from_dict
 from components.data.reader import ViewLoader
 from components.data.view_ops import pipeline_ops
 from tests.support.datasets import synthetic_dataset, tiny_run_config
-from tests.support.gloo import free_port
+from tests.support.gloo import gloo_group, rendezvous_file, spawn_bounded
 from tests.support.strict_device import DeviceRuleError, strict_device
 
 CUDA = torch.device("cuda", 1)
@@ -197,16 +195,11 @@ class _Host:
         self.rows.append(row)
 
 
-def _strict_worker(rank: int, world: int, port: int, cfgs: list[dict[str, Any]],
+def _strict_worker(rank: int, world: int, port: str, cfgs: list[dict[str, Any]],
                    out: str) -> None:
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    try:
+    with gloo_group(rank, world, port, timeout_s=120):
         for i, cfg in enumerate(cfgs):  # one process group for every config: ranks start once
             _strict_run(rank, world, cfg, Path(out) / f"{i}-r{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 def _strict_run(rank: int, world: int, cfg: dict[str, Any], out: Path) -> None:
@@ -281,7 +274,8 @@ def test_strict_device_run_of_the_recipe(tmp_path: Path) -> None:
                             data__augment={"resolution": 16, "blur_p": 0.5},
                             probe={"every_epochs": 1})
             for loss in STRICT_LOSSES]
-    mp.spawn(_strict_worker, args=(2, free_port(), cfgs, str(tmp_path)), nprocs=2, join=True)
+    spawn_bounded(_strict_worker, (2, rendezvous_file(tmp_path), cfgs, str(tmp_path)), 2,
+                  480.0)
     for i, loss in enumerate(STRICT_LOSSES):
         for r in range(2):
             got = torch.load(tmp_path / f"{i}-r{r}.pt", weights_only=False)

@@ -14,14 +14,12 @@ exchange) must give the same results as the exchanging path.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from components.objectives import (
@@ -37,7 +35,9 @@ from components.objectives import (
 )
 from components.objectives.batch import hot_path
 from components.runtime import distributed
-from tests.support.gloo import free_port
+from tests.support.gloo import gloo_group, rendezvous_file, spawn_bounded
+
+WAIT_S = 240.0  # spawn, imports and every case; a hung rank fails the test
 
 N, V, D_IN, D, C, E = 7, 2, 6, 5, 4, 3
 LABELS = torch.tensor([0, 0, 1, 2, 2, 1, 3])  # class 3 is a singleton, on the last rank only
@@ -146,25 +146,14 @@ def _slices(world: int) -> list[slice]:
     return [slice(bounds[r], bounds[r + 1]) for r in range(world)]
 
 
-def _worker(rank: int, world: int, port: int, out: str) -> None:
-    # Loopback interface by name: gloo otherwise resolves the machine's hostname, which fails
-    # (or names an unreachable address) inside the test suite's network namespace.
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
-    try:
+def _worker(rank: int, world: int, port: str, out: str) -> None:
+    with gloo_group(rank, world, port, timeout_s=60):
         results = {name: _run(name, _slices(world), rank) for name in CASES}
         torch.save(results, Path(out) / f"rank{rank}.pt")
         # then the training step's case in the same group: equal batches, no size exchange
         _gather_checks(rank, world)
         equal = {name: _run(name, _even_slices(world), rank, equal=True) for name in CASES}
         torch.save(equal, Path(out) / f"equal{rank}.pt")
-        # No rank tears its gloo pairs down while a peer may still be reading from them: rank 0
-        # also hosts the TCP store, and leaving first aborted the process once in CI (SIGABRT).
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 def _gather_checks(rank: int, world: int) -> None:
@@ -209,7 +198,7 @@ def single() -> dict:
 def test_matches_single_process(world: int, single: dict, tmp_path: Path) -> None:
     """Uneven batches (7 rows over the ranks) equal one process on all 7; then, in the same
     process group, the training step's case (:func:`_equal_batches_match`)."""
-    mp.spawn(_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
+    spawn_bounded(_worker, (world, rendezvous_file(tmp_path), str(tmp_path)), world, WAIT_S)
     _equal_batches_match(world, tmp_path)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
     _assert_same(ranks, single, world)

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
 from components.runtime.distributed import GlobalBatchNorm, convert_global_batchnorm
-from tests.support.gloo import gloo_group, rendezvous_file
+from tests.support.gloo import gloo_group, rendezvous_file, spawn_bounded
 
 N, C = 10, 3
 SHARES = {"unequal": [slice(0, 7), slice(7, 10)], "empty_rank": [slice(0, 10), slice(10, 10)]}
@@ -64,7 +63,7 @@ def _worker(rank: int, world: int, port: str, out: str, case: str) -> None:
 def test_two_ranks_equal_batchnorm_on_the_whole_batch(case: str, tmp_path: Path) -> None:
     x, w = _data()
     single = _step(_model(False), x, w)
-    mp.spawn(_worker, args=(2, rendezvous_file(tmp_path), str(tmp_path), case), nprocs=2, join=True)
+    spawn_bounded(_worker, (2, rendezvous_file(tmp_path), str(tmp_path), case), 2, 240.0)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     assert all(int(r["reads"]) == 0 for r in ranks)  # no host read, no data-shaped op
     for key in ("out", "x_grad"):
