@@ -20,20 +20,25 @@ from typing import Any, overload
 
 import numpy as np
 
+from components.io.spill import SpillBuffer, spill_copy
+
 
 class CaptionTexts(Sequence[str]):
     """``n`` texts: ``data[offsets[k]:offsets[k + 1]]`` is base text ``k`` (UTF-8), and item
     ``i`` is base text ``rows[i]`` (``rows`` None: item ``i`` is base text ``i``).
 
-    Equal to any sequence of the same strs, in order (as a list would be)."""
+    Equal to any sequence of the same strs, in order (as a list would be). ``spill``: the
+    directory a new table made from this one keeps its text bytes in (a mapped, unlinked
+    file: :class:`~components.io.spill.SpillBuffer`); None: in memory."""
 
-    __slots__ = ("data", "offsets", "rows")
+    __slots__ = ("data", "offsets", "rows", "spill")
 
     def __init__(self, data: np.ndarray, offsets: np.ndarray,
-                 rows: np.ndarray | None = None) -> None:
-        self.data = data  # [bytes] uint8
+                 rows: np.ndarray | None = None, spill: str | None = None) -> None:
+        self.data = data  # [bytes] uint8 (a read-only map of a spill file, or in memory)
         self.offsets = offsets  # [base + 1] int64
         self.rows = rows  # [n] int64, or None
+        self.spill = spill
 
     @classmethod
     def of(cls, texts: Iterable[str]) -> CaptionTexts:
@@ -116,10 +121,13 @@ class CaptionTexts(Sequence[str]):
             raise ValueError("sorted_subset takes a base table (no rows of its own)")
         items = np.asarray(items, dtype=np.int64)
         pool = _pool()
-        subset = pc.take(self.arrow(), items, memory_pool=pool)
+        every = len(items) == len(self) and (not len(items) or (
+            items[0] == 0 and items[-1] == len(items) - 1 and bool(np.all(np.diff(items) > 0))))
+        # every text used (web captions): sorted in place, not a taken copy of them all
+        subset = self.arrow() if every else pc.take(self.arrow(), items, memory_pool=pool)
         order = np.asarray(pc.sort_indices(subset, memory_pool=pool), dtype=np.int64)
         del subset
-        return CaptionTexts(self.data, self.offsets, items[order])
+        return CaptionTexts(self.data, self.offsets, items[order], spill=self.spill)
 
     def plus(self, extra: Sequence[str]) -> CaptionTexts:
         """These texts and then ``extra`` (a new base table: ``extra`` is a few class
@@ -128,8 +136,10 @@ class CaptionTexts(Sequence[str]):
             return self
         more = CaptionTexts.of(extra)
         base = self if self.rows is None else CaptionTexts.of(self)
-        return CaptionTexts(np.concatenate([base.data, more.data]),
-                            np.concatenate([base.offsets, base.offsets[-1] + more.offsets[1:]]))
+        # the base bytes copied a chunk at a time into a new spill file (not into memory)
+        return CaptionTexts(spill_copy([base.data, more.data], self.spill),
+                            np.concatenate([base.offsets, base.offsets[-1] + more.offsets[1:]]),
+                            spill=self.spill)
 
 
 class CaptionReader:
@@ -138,7 +148,8 @@ class CaptionReader:
     :attr:`RECENT` distinct raw values (a dict of those, emptied when full), and its text
     appended to one UTF-8 buffer with a 16-byte blake2b digest. A source of web captions,
     nearly one per item, so never holds a dict of them all (~200 B a caption: a bytes object,
-    an int and a slot each) — only its texts' bytes, 8 B of offset and 16 of digest; a source
+    an int and a slot each) — only 8 B of offset and 16 of digest, its texts' bytes going to a
+    file in ``spill`` (a :class:`~components.io.spill.SpillBuffer`; None: held); a source
     with few captions decodes each once. :meth:`finish` deduplicates the texts
     (:func:`unique_texts`: two raw values may decode to one text, and a caption seen again
     after the dict was emptied is an entry again)."""
@@ -146,10 +157,11 @@ class CaptionReader:
     RECENT = 1 << 16
 
     def __init__(self, decode: Callable[[Any], tuple[str | None, str | None]],
-                 issues: Sequence[str | None]) -> None:
+                 issues: Sequence[str | None], spill: str | None = None) -> None:
         self._decode, self._issues = decode, list(issues)
         self._recent: dict[Any, int] | None = {}  # raw value -> its entry (None: finished)
-        self._data, self._ends, self._digests = bytearray(), array("q", [0]), bytearray()
+        self._spill = spill
+        self._data, self._ends, self._digests = SpillBuffer(spill), array("q", [0]), bytearray()
         self._text = array("i")  # per entry: its text's place in the buffer, -1: none
         self._issue = array("b")  # per entry: its index into ``issues``
 
@@ -170,7 +182,7 @@ class CaptionReader:
         else:
             self._text.append(len(self._ends) - 1)
             utf8 = text.encode("utf-8", "surrogatepass")
-            self._data += utf8
+            self._data.append(utf8)
             self._ends.append(len(self._data))
             self._digests += hashlib.blake2b(utf8, digest_size=16).digest()
         self._issue.append(self._issues.index(issue))
@@ -183,11 +195,11 @@ class CaptionReader:
         if self._recent is None:
             raise RuntimeError("CaptionReader.finish() hands its texts on once: call it once")
         self._recent = None
-        decoded = CaptionTexts(np.frombuffer(self._data, np.uint8),
-                               np.frombuffer(self._ends, np.int64))
+        decoded = CaptionTexts(self._data.array(), np.frombuffer(self._ends, np.int64),
+                               spill=self._spill)
         texts, of_decoded = unique_texts(decoded, self._digests)
         del decoded
-        self._data, self._ends, self._digests = bytearray(), array("q"), bytearray()
+        self._ends, self._digests = array("q"), bytearray()
         at = np.frombuffer(self._text, np.int32)
         text_of = (np.where(at >= 0, of_decoded[np.maximum(at, 0)], -1).astype(np.int32)
                    if len(of_decoded) else np.full(len(at), -1, np.int32))
@@ -209,8 +221,11 @@ def unique_texts(texts: CaptionTexts, digests: Any = None) -> tuple[CaptionTexts
     16-byte blake2b of each text's UTF-8 bytes (``digests``: those, concatenated in order, when
     the caller made them while building the table; else made here) by
     :func:`~components.data.integrity.exact_duplicates`' sort. When every text is distinct (web
-    captions) the table itself is the unique one, not a copy.
+    captions) the table itself is the unique one, not a copy; else the unique texts' bytes
+    are gathered by Arrow a chunk of texts at a time into ``texts.spill`` (none: memory).
     """
+    import pyarrow.compute as pc
+
     from components.data.integrity import duplicate_rows
 
     if texts.rows is not None:
@@ -226,6 +241,16 @@ def unique_texts(texts: CaptionTexts, digests: Any = None) -> tuple[CaptionTexts
     rep[dropped] = kept
     first = rep == np.arange(n)
     ids = (np.cumsum(first) - 1)[rep].astype(np.int32)
-    lengths = np.diff(texts.offsets)
-    keep = np.repeat(first, lengths)  # [bytes] bool: the first items' bytes
-    return CaptionTexts(texts.data[keep], np.r_[0, np.cumsum(lengths[first])]), ids
+    firsts = np.flatnonzero(first)
+    del rep, first
+    out, base, pool = SpillBuffer(texts.spill), texts.arrow(), _pool()
+    for s in range(0, len(firsts), _GATHER):
+        part = pc.take(base, firsts[s:s + _GATHER], memory_pool=pool)  # a large_string array
+        ends = np.frombuffer(part.buffers()[1], np.int64)[part.offset:part.offset + len(part) + 1]
+        out.append(np.frombuffer(part.buffers()[2], np.uint8)[ends[0]:ends[-1]])
+    lengths = np.diff(texts.offsets)[firsts]
+    return CaptionTexts(out.array(), np.r_[0, np.cumsum(lengths)].astype(np.int64),
+                        spill=texts.spill), ids
+
+
+_GATHER = 1 << 16  # texts gathered at a time when the unique ones are copied out

@@ -194,8 +194,8 @@ class HFLister:
     shared ClassLabel names."""
 
     def __init__(self, path: str, on_bad_input: str, options: ShardOptions,
-                 splits: list[HFSplit]) -> None:
-        self.lister = _Lister(path, on_bad_input)
+                 splits: list[HFSplit], spill: str | None = None) -> None:
+        self.lister = _Lister(path, on_bad_input, spill)
         self.options = options
         self.splits = splits
         self.names: list[str] | None = None  # the ClassLabel's names, once one is seen
@@ -318,10 +318,11 @@ def list_huggingface(path: str, *, classes: Sequence[str] | None = None,
 
 
 def huggingface_lister(path: str, *, on_bad_input: str = "skip",
-                       options: ShardOptions) -> HFLister:
+                       options: ShardOptions, spill: str | None = None) -> HFLister:
     """A ``save_to_disk`` folder (Dataset or DatasetDict) listed into columns: one item per
     row, split by split (``options.split``), file by file, record batch by record batch; no
-    image bytes read, no object per item (:class:`~components.data.shard_sources._Lister`).
+    image bytes read, no object per item (:class:`~components.data.shard_sources._Lister`;
+    ``spill``: where its captions' text bytes go, as ``webdataset_lister``'s).
 
     Raises:
         SourceError: not such a folder, an unknown split, a caption column that is not text or
@@ -329,7 +330,7 @@ def huggingface_lister(path: str, *, on_bad_input: str = "skip",
             ``bad_input: error``: :meth:`HFLister.table`).
     """
     splits = hf_splits(path, options.split)
-    hf = HFLister(path, on_bad_input, options, splits)
+    hf = HFLister(path, on_bad_input, options, splits, spill)
     with hf.lister.reading():
         for split in splits:
             for file in split.files:

@@ -113,14 +113,15 @@ class _Lister:
     duplicate's first copy is always an earlier row, so the rows before the stop hold every
     duplicate that comes first."""
 
-    def __init__(self, source: str, on_bad_input: str) -> None:
+    def __init__(self, source: str, on_bad_input: str, spill: str | None = None) -> None:
         self.source = source
         self.policy = on_bad_input
         self.prefix_ids: dict[tuple[str, str], int] = {}  # (prefix, tail) -> file index
         self.file, self.a, self.b = array("i"), array("q"), array("q")
         self.label_ids: dict[object, int] = {}  # raw label -> index (few distinct)
         self.labels = array("i")
-        self.caption_reader = CaptionReader(decode_caption, CAPTION_ISSUES)
+        # the captions' text bytes go to a file in ``spill`` (the build dir), not the heap
+        self.caption_reader = CaptionReader(decode_caption, CAPTION_ISSUES, spill)
         self.captions = array("i")  # per row: its caption entry in caption_reader
         self.keys = bytearray()  # 16-byte blake2b of each row's key (zeros: none)
         self.keyed = bytearray()  # 1 where the row has a key
@@ -373,20 +374,21 @@ def list_webdataset(path: str, *, classes: Sequence[str] | None = None,
 
 
 def webdataset_lister(path: str, *, on_bad_input: str = "skip", options: ShardOptions,
-                      read_headers: bool = True) -> _Lister:
+                      read_headers: bool = True, spill: str | None = None) -> _Lister:
     """WebDataset tar shards (img2dataset's output): one item per key with an image member
     (the first of ``options.image_extensions``), its caption and label from the members
     ``options`` names. Keys are listed in shard order, then member order. A shard's members
     are read from their 512-byte headers (:mod:`components.data.tar_headers`; any shard that
     reader declines, and every shard with ``read_headers=False``, through ``tarfile``: the
-    same listing either way).
+    same listing either way). ``spill``: a directory for the captions' text bytes
+    (:class:`~components.data.caption_texts.CaptionReader`; None: held in memory).
 
     Raises:
         SourceError: no shard matched (no items, or a bad item under ``bad_input: error``:
             :meth:`_Lister.table`).
     """
     exts = [e.lower() for e in options.image_extensions]
-    lister = _Lister(path, on_bad_input)
+    lister = _Lister(path, on_bad_input, spill)
     with lister.reading():
         for shard in shard_files(path, ".tar"):
             try:
@@ -467,16 +469,18 @@ def list_parquet(path: str, *, classes: Sequence[str] | None = None,
         classes, options.label_column is not None)
 
 
-def parquet_lister(path: str, *, on_bad_input: str = "skip", options: ShardOptions) -> _Lister:
+def parquet_lister(path: str, *, on_bad_input: str = "skip", options: ShardOptions,
+                   spill: str | None = None) -> _Lister:
     """Parquet files with an image-bytes column and optional caption / label columns; a
     ``key`` column (img2dataset writes one), when present, finds duplicate keys. Rows are
-    listed file by file, row group by row group, reading no image bytes.
+    listed file by file, row group by row group, reading no image bytes. ``spill``: as
+    :func:`webdataset_lister`'s.
 
     Raises:
         SourceError: no file matched (no items, or a bad item under ``bad_input: error``:
             :meth:`_Lister.table`).
     """
-    lister = _Lister(path, on_bad_input)
+    lister = _Lister(path, on_bad_input, spill)
     column = quote(options.image_column, safe="")
     with lister.reading():
         for file in shard_files(path, ".parquet"):

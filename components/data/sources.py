@@ -472,9 +472,12 @@ def list_source_table(
     group_by: str | None = None,
     label_depth: int = 1,
     shard_options: ShardOptions | None = None,
+    spill: str | None = None,
 ) -> ItemTable:
     """:func:`list_source` as columns: webdataset, Parquet and Hugging Face shards are listed
     straight into them (no :class:`Item` per item); the other kinds' listings are converted.
+    ``spill``: a directory the shard kinds keep their captions' text bytes in (a mapped,
+    unlinked file; None: in memory).
 
     Raises:
         SourceError: as :func:`list_source`.
@@ -485,10 +488,11 @@ def list_source_table(
         where, options = _need_path(kind, path), shard_options or shard_sources.ShardOptions()
         if kind == "huggingface":
             return hf_source.huggingface_lister(where, on_bad_input=on_bad_input,
-                                                options=options).table(classes)
+                                                options=options, spill=spill).table(classes)
         lister = {"webdataset": shard_sources.webdataset_lister,
                   "parquet": shard_sources.parquet_lister}[kind]
-        return lister(where, on_bad_input=on_bad_input, options=options).table(classes)
+        return lister(where, on_bad_input=on_bad_input, options=options,
+                      spill=spill).table(classes)
     return ItemTable.of(list_source(kind, path, classes, on_bad_input, group_by, label_depth,
                                     shard_options))
 

@@ -4,6 +4,8 @@ deduplicates in order of first appearance as a dict would."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -62,6 +64,34 @@ def test_unique_texts_in_order_of_first_appearance_as_a_dict_gives() -> None:
     assert len(empty) == 0 and none.tolist() == []
 
 
+def test_a_spilled_table_deduplicates_sorts_and_extends_from_its_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Spilled (the text bytes in an unlinked file of ``spill``, mapped): ``unique_texts``
+    gathers the unique texts a chunk at a time into a new file, ``plus`` copies into one,
+    ``sorted_subset`` shares the bytes; every result equals the in-memory table's."""
+    from components.data import caption_texts
+    from components.io.spill import SpillBuffer
+
+    monkeypatch.setattr(caption_texts, "_GATHER", 2)  # several chunks of texts
+    texts = [*TEXTS, *TEXTS[::-1], "Ünï", TEXTS[0]]
+    buf = SpillBuffer(str(tmp_path))
+    ends = [0]
+    for t in texts:
+        buf.append(t.encode())
+        ends.append(len(buf))
+    spilled = CaptionTexts(buf.array(), np.array(ends, np.int64), spill=str(tmp_path))
+    held = CaptionTexts.of(texts)
+    (u, ids), (want, want_ids) = unique_texts(spilled), unique_texts(held)
+    assert list(u) == list(want) and ids.tolist() == want_ids.tolist()
+    assert isinstance(u.data, np.memmap) and u.spill == str(tmp_path)
+    sub = u.sorted_subset(np.arange(len(u)))
+    assert list(sub) == sorted(want) and sub.data is u.data
+    more = u.plus(["x"])
+    assert list(more) == [*want, "x"] and isinstance(more.data, np.memmap)
+    assert list(tmp_path.iterdir()) == []  # unlinked from the start
+
+
 def test_plus_appends_templates_to_a_new_table() -> None:
     t = CaptionTexts.of(TEXTS[:3])
     more = t.plus(["a photo of a dog", "Ünï"])
@@ -71,13 +101,16 @@ def test_plus_appends_templates_to_a_new_table() -> None:
     assert list(sub.plus(["x"])) == [*sorted(TEXTS[:3]), "x"]
 
 
+@pytest.mark.parametrize("spilled", [False, True])
 @pytest.mark.parametrize("recent", [1, 3, 1 << 16])
 def test_the_reader_gives_every_item_its_decoded_caption_whatever_it_remembers(
-    recent: int, monkeypatch: pytest.MonkeyPatch,
+    recent: int, spilled: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
     """CaptionReader decodes a raw value again once its dict of recent ones was emptied (web
     captions: no dict of them all); the table it finishes with is the same — distinct texts in
-    order of first appearance, each item's text and issue as ``decode_caption`` gives them."""
+    order of first appearance, each item's text and issue as ``decode_caption`` gives them —
+    with its text bytes held or spilled to a mapped file (``spill``: nothing left in the
+    folder)."""
     from components.data.caption_texts import CaptionReader
     from components.data.sources import CAPTION_ISSUES, decode_caption
 
@@ -86,9 +119,10 @@ def test_the_reader_gives_every_item_its_decoded_caption_whatever_it_remembers(
         b"a dog\nsecond line", "a dog", None, b"\xff\xfe bad", b"  ", "caf\u00e9",
         b"caf\xc3\xa9", b"\xef\xbb\xbfa dog", None, b"zebra", "a dog", b"\xff\xfe bad",
         "lone \ud800 surrogate", b"zebra", "caf\u00e9"]
-    reader = CaptionReader(decode_caption, CAPTION_ISSUES)
+    reader = CaptionReader(decode_caption, CAPTION_ISSUES, str(tmp_path) if spilled else None)
     entries = [reader.add(r) for r in raws]
     texts, text_of, issue_of = reader.finish()
+    assert isinstance(texts.data, np.memmap) == spilled and list(tmp_path.iterdir()) == []
     want = [decode_caption(r) for r in raws]
     distinct = list(dict.fromkeys(t for t, _ in want if t is not None))
     assert list(texts) == distinct == ["a dog", "café", "zebra", "lone \ud800 surrogate"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -137,15 +138,18 @@ def _template_ids(cfg: PreprocessConfig, table: ItemTable,
     return found
 
 
-def list_items(cfg: PreprocessConfig) -> Listed:
-    """Step 1 (driver, no Ray): list the source, take the subset, apply the caption policy."""
+def list_items(cfg: PreprocessConfig, spill: str | os.PathLike[str] | None = None) -> Listed:
+    """Step 1 (driver, no Ray): list the source, take the subset, apply the caption policy.
+    ``spill``: a directory (the build's) where a shard source's caption texts are kept in a
+    mapped, unlinked file instead of the driver's memory (CC12M: ~1.3 GB of UTF-8)."""
     from components.io.paths import resolve_path
 
     src = cfg.source
     source = resolve_path(src.path) if src.path else None
     try:
         table = list_source_table(src.kind, source, src.classes, cfg.bad_input,
-                                  cfg.split.group_by, src.label_depth, ShardOptions.of(src))
+                                  cfg.split.group_by, src.label_depth, ShardOptions.of(src),
+                                  None if spill is None else os.fspath(spill))
     except SourceError as e:
         raise PreprocessError(str(e)) from None
     skipped = list(table.skipped)

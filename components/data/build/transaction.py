@@ -263,7 +263,7 @@ def _run_locked(
             return done_manifest
         times = BuildTimes()
         with times.stage("listing"):
-            listed = list_items(cfg)
+            listed = list_items(cfg, spill=out)
         with times.stage("source_record"):
             record = SourceRecord.of(listed)
         (out / "shards").mkdir(exist_ok=True)
@@ -273,7 +273,7 @@ def _run_locked(
     # resumable build with the right source) or the dataset is touched.
     times = BuildTimes()
     with times.stage("listing"):
-        listed = list_items(cfg)
+        listed = list_items(cfg, spill=out)
     with times.stage("source_record"):
         record = SourceRecord.of(listed)
     manifest = _verified_manifest(stage, params_digest)
@@ -316,7 +316,7 @@ def _complete_for_source(cfg: PreprocessConfig, out: Path, manifest: dict[str, A
             (:func:`~components.data.build.source_record.check_unchanged`).
     """
     try:
-        listed = list_items(cfg)
+        listed = list_items(cfg, spill=out)
     except PreprocessError as e:
         # The dataset is whole without its source (its files verified above): usable, but
         # not known to match a source that is not here.
