@@ -524,11 +524,22 @@ def near_duplicate_groups(
     ``pairs`` ``[m, 2]`` are the near-duplicate pairs found (within ``threshold`` bits and
     ``max_diff`` grey levels, module docstring). ``rows``: item i's thumbnail is
     ``thumbs[rows[i]]`` (default ``thumbs[i]``): a subset's, without copying every one out."""
+    pairs = near_duplicate_pairs(hashes, thumbs, threshold, max_diff, rows)
+    return group_roots(len(hashes), pairs), pairs
+
+
+def near_duplicate_pairs(
+    hashes: np.ndarray, thumbs: np.ndarray, threshold: int, max_diff: float,
+    rows: np.ndarray | None = None,
+) -> np.ndarray:
+    """The ``pairs`` of :func:`near_duplicate_groups` alone (``[m, 2]`` int64, sorted): for a
+    caller that joins them with other pairs before taking roots (a build's plan: no ``[n]``
+    roots made twice)."""
     pairs = near_pairs(hashes, threshold)
     if len(pairs):
         at = pairs if rows is None else rows[pairs]
         pairs = pairs[thumb_diff(np.asarray(thumbs, dtype=np.uint8), at) <= max_diff]
-    return group_roots(len(hashes), pairs), pairs
+    return pairs
 
 
 def groups_from_roots(root: np.ndarray) -> list[list[int]]:

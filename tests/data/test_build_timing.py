@@ -56,13 +56,13 @@ def test_plan_times_the_near_duplicate_search_on_the_clock_it_is_given(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process plan (no Ray): hashing (``hash_local``, content not given) and the
     near-duplicate search are their own stages; planning.plan takes no clock of its own."""
-    real = planning.integrity.near_duplicate_groups
+    real = planning.integrity.near_duplicate_pairs
 
     def slow(*args: object, **kwargs: object) -> object:
         time.sleep(0.05)
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(planning.integrity, "near_duplicate_groups", slow)
+    monkeypatch.setattr(planning.integrity, "near_duplicate_pairs", slow)
     cfg = _cfg(tmp_path / "o", _images(tmp_path / "src"))
     t = BuildTimes()
     p = planning.plan(cfg, times=t)

@@ -111,10 +111,13 @@ def test_a_shard_listing_holds_tens_of_bytes_per_item(tmp_path: Path) -> None:
     assert held < 48, held
 
 
-def test_grouped_splits_on_arrays_equal_the_per_group_lists() -> None:
+def test_grouped_splits_on_arrays_equal_the_per_group_lists(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # the plan's split assignment without official splits runs on arrays; the same result
-    from components.data import splits
+    from components.data import integrity, splits
 
+    monkeypatch.setattr(splits, "_CHECK", 7)  # roots checked over several chunks
     for trial in range(60):
         rng = np.random.default_rng(trial)
         n = int(rng.integers(0, 200))
@@ -130,6 +133,17 @@ def test_grouped_splits_on_arrays_equal_the_per_group_lists() -> None:
         # as codes (the plan's form: no official splits given as None)
         codes = splits.assign_split_codes(labels, None, val, test, trial, groups)
         assert codes.dtype == np.int8 and [splits.SPLITS[c] for c in codes.tolist()] == want
+        # the same groups named by their first member (the plan's roots): units without a sort
+        roots = integrity.group_roots(n, np.stack([np.arange(n), groups], axis=1))
+        units = splits._root_units(roots)
+        assert units is not None
+        _, heads, inverse = np.unique(roots, return_index=True, return_inverse=True)
+        assert units[0].tolist() == heads.tolist() and units[1].tolist() == inverse.tolist()
+        if n and bool(np.any(groups > np.arange(n))):
+            assert splits._root_units(groups) is None  # not roots: np.unique's way
+        by_roots = splits.assign_split_codes(labels, None, val, test, trial, roots)
+        assert [splits.SPLITS[c] for c in by_roots.tolist()] == splits._assign_grouped_lists(
+            labels, [None] * n, val, test, trial, roots.tolist())
         official = [None if k % 3 else "test" for k in range(n)]  # and the per-item paths
         for grouped in (None, groups):
             names = splits.assign_splits(labels, official, val, test, trial, grouped)

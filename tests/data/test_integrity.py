@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -264,7 +265,12 @@ def test_near_duplicate_pair_never_straddles_splits(tmp_path: Path) -> None:
     assert seps > 0
 
 
-def test_group_by_column_keeps_groups_in_one_split(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dedupe", [{}, {"dedupe__exact": False,
+                                          "dedupe__near_threshold": None}])
+def test_group_by_column_keeps_groups_in_one_split(tmp_path: Path,
+                                                   dedupe: dict[str, Any]) -> None:
+    """With deduplication on or off (it was ignored with both checks off: a split that leaked
+    subjects across train and test, silently)."""
     root = tmp_path / "src"
     root.mkdir()
     lines = ["path,label,subject"]
@@ -273,13 +279,14 @@ def test_group_by_column_keeps_groups_in_one_split(tmp_path: Path) -> None:
         lines.append(f"{i}.png,{'ab'[i % 2]},s{i // 4}")
     (root / "m.csv").write_text("\n".join(lines) + "\n")
     p = plan(_cfg(tmp_path, root / "m.csv", kind="manifest", captions__enabled=False,
-                  split__val=0.25, split__test=0.25, split__group_by="subject"))
+                  split__val=0.25, split__test=0.25, split__group_by="subject", **dedupe))
     by_subject: dict[str, set[str]] = {}
     for r in p.rows:
         by_subject.setdefault(f"s{int(Path(r.path).stem) // 4}", set()).add(r.split)
     assert all(len(s) == 1 for s in by_subject.values())
     assert {s for v in by_subject.values() for s in v} == {"train", "val", "test"}
     assert p.split_groups is not None and p.split_groups["values"] == 10
+    assert p.split_groups["units"] == 10 and p.split_groups["items"] == 40
 
 
 def test_group_by_is_validated() -> None:

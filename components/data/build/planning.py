@@ -107,9 +107,10 @@ def plan(
     paths, skipped = listed.paths, list(listed.skipped)
     n = len(listed)
     keep = np.ones(n, dtype=bool)
-    groups: np.ndarray | None = None
     pairs: np.ndarray | None = None
     split_groups: dict[str, Any] | None = None
+    # pairs of kept items that share a split, as positions in ``ok`` (the kept rows)
+    joined = [np.zeros((0, 2), dtype=np.int64)]
     if n and dedupe_enabled(cfg):
         if content is None:
             with clock.stage("hashing"):
@@ -121,19 +122,21 @@ def plan(
             keep[i] = False
         if cfg.dedupe.exact:
             _drop_exact(cfg, listed, content, keep, skipped)
-        ok = np.flatnonzero(keep)
-        joined = [np.zeros((0, 2), dtype=np.int64)]  # pairs of items that share a split
         if cfg.dedupe.near_threshold is not None:
+            ok = np.flatnonzero(keep)
             with clock.stage("near_duplicates"):
-                _, local_pairs = integrity.near_duplicate_groups(
+                local_pairs = integrity.near_duplicate_pairs(
                     content.phash[ok], content.thumbs, cfg.dedupe.near_threshold,
                     cfg.dedupe.near_max_diff, rows=ok)  # the kept thumbnails, not a copy
             pairs = ok[local_pairs]
-            joined.append(pairs)
-        if cfg.split.group_by is not None:
-            split_groups, same_group = _group_by(cfg, listed.groups, ok)
-            joined.append(same_group)
-        groups = integrity.group_roots(n, np.concatenate(joined))
+            joined.append(local_pairs)
+    ok = np.flatnonzero(keep)
+    if n and cfg.split.group_by is not None:  # with deduplication or without
+        split_groups, same_group = _group_by(cfg, listed.groups, ok)
+        joined.append(np.searchsorted(ok, same_group))
+    # each kept row's group as the position of its first member (singletons: its own), which
+    # assign_split_codes takes without a sort or a str per item
+    groups = integrity.group_roots(len(ok), np.concatenate(joined))
     rows_idx = np.flatnonzero(keep)
     if not len(rows_idx):
         raise PreprocessError(
@@ -165,8 +168,7 @@ def plan(
     split_code = assign_split_codes(
         listed.labels[rows_idx],
         None if official is None else [official[i] for i in rows_idx.tolist()],
-        cfg.split.val, cfg.split.test, cfg.split.seed,
-        None if groups is None else groups[rows_idx],
+        cfg.split.val, cfg.split.test, cfg.split.seed, groups,
     )
     order, names, bounds = [], [], [0]
     for code, split in enumerate(SPLITS):
@@ -181,8 +183,9 @@ def plan(
         split_of = np.full(n, -1, dtype=np.int8)  # [n] index into SPLITS, -1: not kept
         split_of[rows_idx] = split_code
         near = _near_report(cfg, paths, pairs, split_of)
-    if split_groups is not None and groups is not None:
-        split_groups["units"] = len(set(groups[rows_idx].tolist()))
+    if split_groups is not None:
+        # units: the groups' first members (a root is its own)
+        split_groups["units"] = int(np.count_nonzero(groups == np.arange(len(groups))))
     return Plan(sample_ids=sample_ids, labels=listed.labels[sample_ids].astype(np.int32),
                 caption_ids=remap[cids[sample_ids]], shard_names=names,
                 shard_bounds=np.array(bounds, dtype=np.int64), paths=paths,

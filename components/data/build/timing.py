@@ -16,7 +16,7 @@ from collections.abc import Iterator
 # source listed, then recorded: made, and written to source.json.gz before the manifest);
 # ray: starting and stopping the local Ray (0 when one is running already), and on a cluster
 # the check of which nodes see the build dir (placement.py); hashing: the
-# content pass; near_duplicates: ``integrity.near_duplicate_groups`` inside planning.plan;
+# content pass; near_duplicates: ``integrity.near_duplicate_pairs`` inside planning.plan;
 # planning: the rest of the plan (skips, exact duplicates, splits, shards) and each shard's
 # digest; captions: the text model loaded, the backend chosen, class files and the caption
 # table embedded; shards: decoding and writing the shards; merge: the split files; manifest:
