@@ -525,7 +525,8 @@ def memory(n: int, source: Path, work: Path) -> str:
         return value
 
     tracemalloc.start()
-    listed = measure("listing (Listed: columns)", lambda: list_items(cfg))
+    # as the build lists (transaction.py): the caption texts spilled to the work dir
+    listed = measure("listing (Listed: columns)", lambda: list_items(cfg, spill=work))
     record = measure("source record (SourceRecord.of)", lambda: SourceRecord.of(listed))
     measure("source record digest (streamed, once per build)", record.digest)
     measure("content cache key (streamed over every item's stat)",

@@ -134,10 +134,11 @@ def plan(
     if n and cfg.split.group_by is not None:  # with deduplication or without
         split_groups, same_group = _group_by(cfg, listed.groups, ok)
         joined.append(np.searchsorted(ok, same_group))
+    joined_pairs = np.concatenate(joined)
     # each kept row's group as the position of its first member (singletons: its own), which
     # assign_split_codes takes without a sort or a str per item
-    groups = integrity.group_roots(len(ok), np.concatenate(joined))
-    rows_idx = np.flatnonzero(keep)
+    groups = integrity.group_roots(len(ok), joined_pairs)
+    rows_idx = ok
     if not len(rows_idx):
         raise PreprocessError(
             f"source {cfg.source.kind} {cfg.source.path or ''} gave no usable items: every "
@@ -168,7 +169,9 @@ def plan(
     split_code = assign_split_codes(
         listed.labels[rows_idx],
         None if official is None else [official[i] for i in rows_idx.tolist()],
-        cfg.split.val, cfg.split.test, cfg.split.seed, groups,
+        cfg.split.val, cfg.split.test, cfg.split.seed,
+        # with official splits and no pairs, the ungrouped walk (the same answer, no lists)
+        groups if official is None or len(joined_pairs) else None,
     )
     order, names, bounds = [], [], [0]
     for code, split in enumerate(SPLITS):
