@@ -28,3 +28,9 @@ def test_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     near_duplicates.main(["--sizes", "2000", "4000", "--clumpy", "1000"])
     out = capsys.readouterr().out
     assert out.count(" yes |") == 3 and "NO" not in out and "per doubling" in out
+
+
+def test_large_sizes_time_the_new_search_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    near_duplicates.main(["--sizes", "2000", "4000", "--clumpy", "0", "--bands-up-to", "2000"])
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| uniform")]
+    assert len(rows) == 2 and " yes |" in rows[0] and rows[1].split(" | ")[2] == "—"
