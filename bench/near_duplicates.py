@@ -109,6 +109,27 @@ def row(name: str, h: np.ndarray, t: int, bands: bool = True) -> tuple[str, floa
             f"{len(old):,} | {len(new):,} {same} | {m} ({keys} keys) |"), new_s
 
 
+def ray_row(h: np.ndarray, t: int, tasks: int, alone: float) -> str:
+    """``near_pairs`` over ``tasks`` Ray tasks (a local Ray started on first use), twice."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False)
+
+    import functools
+
+    from components.data.build import planning
+    from components.data.build.placement import ANYWHERE
+
+    map_keys = functools.partial(planning._map_keys, ANYWHERE)  # what a build runs
+
+    first, got = timed(lambda: integrity.near_pairs(h, t, map_keys=map_keys, tasks=tasks))
+    second, again = timed(lambda: integrity.near_pairs(h, t, map_keys=map_keys, tasks=tasks))
+    same = np.array_equal(got, integrity.near_pairs(h, t)) and np.array_equal(got, again)
+    return (f"| {len(h):,} | {tasks} | {first:.2f} | {second:.2f} | {alone:.2f} | "
+            f"{alone / second:.2f}x | {'yes' if same else '**NO**'} |")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
@@ -117,6 +138,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bands-up-to", type=int, default=1_000_000, metavar="N",
                     help="run the replaced band scheme only up to N hashes (~54 s at 1M, "
                          "×4 per doubling)")
+    ap.add_argument("--ray-tasks", type=int, default=0, metavar="K",
+                    help="also time each uniform size spread over K Ray tasks of a local Ray "
+                         "(as a build does from 250k items; run inside `unshare -n`)")
     ap.add_argument("--fashion-mnist", action="store_true",
                     help="also Fashion-MNIST's 70k pHashes (the built-in package)")
     a = ap.parse_args(argv)
@@ -127,15 +151,29 @@ def main(argv: list[str] | None = None) -> None:
           "new: blocks |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     times = []
+    spread: list[str] = []
     for n in a.sizes:
-        line, s = row("uniform", uniform(n), t, bands=n <= a.bands_up_to)
+        h = uniform(n)
+        line, s = row("uniform", h, t, bands=n <= a.bands_up_to)
         print(line, flush=True)
         times.append((n, s))
+        if a.ray_tasks:
+            spread.append(ray_row(h, t, a.ray_tasks, s))
     if a.clumpy:
         print(row(f"clumpy (near copies of {a.clumpy // 35:,})", clumpy(a.clumpy, a.clumpy // 35),
                   t)[0], flush=True)
     if a.fashion_mnist:
         print(row("Fashion-MNIST pHashes", fashion_mnist(), t)[0], flush=True)
+    if spread:
+        import ray
+
+        print(f"\nspread over Ray tasks ({ray.cluster_resources().get('CPU', 0):.0f} CPUs; "
+              "the hashes put once, each task a group of keys):\n")
+        print("| N | tasks | s (first call: workers start) | s (second) | one process s | "
+              "one process / second | same pairs |")
+        print("|---:|---:|---:|---:|---:|---:|---|")
+        print("\n".join(spread))
+        ray.shutdown()
     if len(times) > 1:
         growth = [f"{n1:,} -> {n2:,}: x{(t2 / t1) ** (1 / math.log2(n2 / n1)):.2f}"
                   for (n1, t1), (n2, t2) in zip(times[:-1], times[1:], strict=True)]

@@ -52,7 +52,7 @@ import hashlib
 import itertools
 import math
 import mmap
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -350,8 +350,15 @@ def choose_blocks(hashes: np.ndarray, threshold: int) -> int:
     return best
 
 
+KeyMapper = Callable[[Callable[..., np.ndarray], Sequence[Any], dict[str, Any]],
+                     Iterable[np.ndarray]]
+"""``map_keys(fn, args, kwargs)``: ``fn(a, **kwargs)`` for each ``a`` in ``args``, anywhere
+(a build's Ray tasks: ``components.data.build.tasks.iter_tasks``), results in any order."""
+
+
 def near_pairs(hashes: np.ndarray, threshold: int, *, blocks: int | None = None,
-               block: int = 2048, chunk: int = 1 << 16) -> np.ndarray:
+               block: int = 2048, chunk: int = 1 << 16, map_keys: KeyMapper | None = None,
+               tasks: int = 1) -> np.ndarray:
     """All pairs ``(i, j)``, ``i < j``, whose hashes differ in at most ``threshold`` bits.
 
     ``hashes``: ``[n]`` uint64. Returns ``[p, 2]`` int64, sorted, each pair once: exactly
@@ -360,7 +367,10 @@ def near_pairs(hashes: np.ndarray, threshold: int, *, blocks: int | None = None,
     k-subset of them (``k = blocks - threshold``) the items are sorted by the subset's bits;
     items sharing a key are compared with an XOR-popcount, and a pair is kept only under the
     first key on which it agrees (the k lowest blocks where the two hashes are equal), so no
-    pair is produced twice. Buckets of up to :data:`BIG` items are compared all at once, one
+    pair is produced twice — and the keys can be searched apart: ``map_keys`` (a
+    :data:`KeyMapper`) runs :func:`key_pairs` on ``tasks`` groups of them (a build's Ray
+    tasks, each with the hashes from the object store); without it, here, one key after
+    another. Buckets of up to :data:`BIG` items are compared all at once, one
     offset in the sorted order at a time; a larger bucket (clumpy hashes) on its own,
     ``block`` × ``block`` hashes at a time. The buckets of one key are compared ``chunk``
     sorted positions at a time (never cutting a bucket): besides the pairs found, memory is
@@ -378,10 +388,29 @@ def near_pairs(hashes: np.ndarray, threshold: int, *, blocks: int | None = None,
     m = choose_blocks(h, t) if blocks is None else blocks
     if not t + 1 <= m <= HASH_BITS:
         raise ValueError(f"blocks must be in [{t + 1}, {HASH_BITS}] for threshold {t}, not {m}")
-    k = m - t
+    subsets = list(itertools.combinations(range(m), m - t))
+    kwargs: dict[str, Any] = {"hashes": h, "threshold": t, "blocks": m, "block": block,
+                              "chunk": chunk}
+    if map_keys is None or tasks <= 1:
+        found = [key_pairs(subsets, **kwargs)]
+    else:
+        groups = [subsets[g::tasks] for g in range(min(tasks, len(subsets)))]  # mixed widths
+        found = list(map_keys(key_pairs, groups, kwargs))
+    codes = np.sort(np.concatenate(found))
+    return np.stack([codes // n, codes % n], axis=1)
+
+
+def key_pairs(subsets: Sequence[tuple[int, ...]], *, hashes: np.ndarray, threshold: int,
+              blocks: int, block: int = 2048, chunk: int = 1 << 16) -> np.ndarray:
+    """:func:`near_pairs`' search under the keys of ``subsets`` (k-subsets of the ``blocks``
+    blocks) alone: ``[p]`` int64 codes ``i * n + j`` (``i < j``) of the pairs within
+    ``threshold`` bits whose first agreeing key is one of them (any order). Keys of other
+    subsets find the rest: together, every pair once."""
+    h = np.asarray(hashes, dtype=np.uint64).reshape(-1)
+    n, t, m = len(h), threshold, blocks
     spans = _blocks(m)
     masks = [np.uint64(((1 << w) - 1) << lo) for lo, w in spans]
-    found: list[np.ndarray] = []
+    found: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
 
     def keep(a: np.ndarray, b: np.ndarray, x: np.ndarray, first: list[np.uint64]) -> None:
         """Keep the pairs ``(a, b)`` (item indices, hashes' XOR ``x``, already within ``t``
@@ -401,7 +430,7 @@ def near_pairs(hashes: np.ndarray, threshold: int, *, blocks: int | None = None,
     dtype = np.uint8 if widest <= 8 else np.uint16
     parts = ([((h >> lo) & ((1 << w) - 1)).astype(dtype) for lo, w in spans]
              if widest <= 16 else None)
-    for subset in itertools.combinations(range(m), k):
+    for subset in subsets:
         first = [masks[b] for b in range(subset[-1]) if b not in subset]
         width = sum(spans[b][1] for b in subset)
         if parts is not None and width <= 32:
@@ -418,10 +447,7 @@ def near_pairs(hashes: np.ndarray, threshold: int, *, blocks: int | None = None,
         for lo, hi in _bucket_chunks(skey, chunk):
             _chunk_pairs(h, t, order[lo:hi], skey[lo:hi], first, keep, block)
         del order, skey
-    if not found:
-        return np.zeros((0, 2), dtype=np.int64)
-    codes = np.sort(np.concatenate(found))
-    return np.stack([codes // n, codes % n], axis=1)
+    return np.concatenate(found)
 
 
 def _bucket_chunks(skey: np.ndarray, chunk: int) -> Iterator[tuple[int, int]]:
@@ -530,12 +556,13 @@ def near_duplicate_groups(
 
 def near_duplicate_pairs(
     hashes: np.ndarray, thumbs: np.ndarray, threshold: int, max_diff: float,
-    rows: np.ndarray | None = None,
+    rows: np.ndarray | None = None, map_keys: KeyMapper | None = None, tasks: int = 1,
 ) -> np.ndarray:
     """The ``pairs`` of :func:`near_duplicate_groups` alone (``[m, 2]`` int64, sorted): for a
     caller that joins them with other pairs before taking roots (a build's plan: no ``[n]``
-    roots made twice)."""
-    pairs = near_pairs(hashes, threshold)
+    roots made twice). ``map_keys`` / ``tasks``: the hash search spread, as
+    :func:`near_pairs`'; the thumbnails are compared here."""
+    pairs = near_pairs(hashes, threshold, map_keys=map_keys, tasks=tasks)
     if len(pairs):
         at = pairs if rows is None else rows[pairs]
         pairs = pairs[thumb_diff(np.asarray(thumbs, dtype=np.uint8), at) <= max_diff]

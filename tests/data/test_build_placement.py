@@ -80,3 +80,32 @@ def test_one_node_is_not_probed_and_a_killed_builds_token_is_removed(
     monkeypatch.setattr(pl, "probe", lambda *a: pytest.fail("probed a single node"))
     assert pl.decide(tmp_path, ["/x.jpg"]) is pl.ANYWHERE
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_near_duplicate_search_in_the_builds_ray_tasks_plans_the_same(
+        tmp_path: Path, ray_local: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From ``NEAR_TASKS_MIN`` kept items (here: any) a plan given the build's placement
+    searches the near-duplicate keys in Ray tasks (two per CPU, the hashes in the object
+    store): the same rows, splits and near-duplicate report as the search in the driver."""
+    from components.data.build import planning
+    from tests.data.test_integrity import _cfg, _collection
+
+    _collection(tmp_path / "src")
+    cfg = _cfg(tmp_path, tmp_path / "src", captions__enabled=False, split__val=0.3,
+               split__test=0.3)
+    here = planning.plan(cfg)
+    ran: list[tuple[str, int]] = []
+    real = planning.iter_tasks
+
+    def spy(fn: object, args: list[object], **kwargs: object) -> object:
+        ran.append((getattr(fn, "__name__", ""), len(args)))
+        return real(fn, args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(planning, "iter_tasks", spy)
+    monkeypatch.setattr(planning, "NEAR_TASKS_MIN", 0)
+    spread = planning.plan(cfg, placement=pl.ANYWHERE)
+    assert ran == [("key_pairs", 4)]  # 2 CPUs: 4 groups of keys
+    assert spread.rows == here.rows and spread.near_duplicates == here.near_duplicates
+    assert here.near_duplicates is not None and here.near_duplicates["pairs"] >= 1
+    monkeypatch.setattr(planning, "NEAR_TASKS_MIN", 10**9)  # below it: in the driver
+    assert planning.plan(cfg, placement=pl.ANYWHERE).rows == here.rows and len(ran) == 1

@@ -4,6 +4,7 @@ caption checks (issue 17)."""
 from __future__ import annotations
 
 import io
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,33 @@ def test_near_pairs_equal_brute_force(name: str) -> None:
             assert np.array_equal(got, want), (t, chunk)
     if name != "uniform":
         assert len(_brute_pairs(hashes, 6)) > 100
+
+
+@pytest.mark.parametrize("name", list(_hash_sets()))
+def test_near_pairs_spread_over_tasks_equal_one_search(name: str) -> None:
+    """The keys searched in groups (``map_keys``: a build's Ray tasks; here a mapper handing
+    the groups' results back in reverse): every pair once, the same sorted pairs; each group's
+    own pairs disjoint from the others'."""
+    hashes = _hash_sets()[name]
+    calls: list[int] = []
+
+    def backwards(fn: Any, args: Any, kwargs: dict[str, Any]) -> list[np.ndarray]:
+        calls.append(len(args))
+        return [fn(a, **kwargs) for a in args][::-1]
+
+    for t in (0, 3, 6):
+        want = integrity.near_pairs(hashes, t)
+        m = integrity.choose_blocks(hashes, t)
+        subsets = list(itertools.combinations(range(m), m - t))
+        for tasks in (2, 3, 7, 1000):
+            calls.clear()
+            got = integrity.near_pairs(hashes, t, map_keys=backwards, tasks=tasks)
+            assert np.array_equal(got, want), (t, tasks)
+            assert calls == [min(tasks, len(subsets))]  # one call, a group per task
+        parts = [integrity.key_pairs(subsets[g::3], hashes=hashes, threshold=t, blocks=m)
+                 for g in range(3)]
+        codes = np.concatenate(parts)
+        assert len(np.unique(codes)) == len(codes) == len(want)
 
 
 def test_near_pairs_edge_sizes_and_thresholds() -> None:

@@ -73,7 +73,7 @@ def _build(
                 print(f"simgraph preprocess: hashed {len(listed)} items "
                       f"in {time.perf_counter() - t0:.1f} s")
         with times.stage("planning"):
-            p = plan(cfg, listed, content, times)
+            p = plan(cfg, listed, content, times, placement)
             del content  # ~90 B an item (digests, pHashes, skip reasons), not needed past the plan
             classes, texts = p.classes, p.texts
             digests = {}

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,8 @@ from components.data import integrity
 from components.data.build.common import LISTED_MAX, PreprocessError
 from components.data.build.hashing import Content, dedupe_enabled, hash_local
 from components.data.build.listing import Listed, list_items
+from components.data.build.placement import Placement
+from components.data.build.tasks import iter_tasks
 from components.data.build.timing import BuildTimes
 from components.data.caption_texts import CaptionTexts
 from components.data.shards import FORMAT
@@ -88,9 +91,12 @@ class Plan:
                 for i, p, lab, c, sp, sh in self.shard_fields(k)]
 
 
+NEAR_TASKS_MIN = 250_000  # kept items from which the near-duplicate search runs as Ray tasks
+
+
 def plan(
     cfg: PreprocessConfig, listed: Listed | None = None, content: Content | None = None,
-    times: BuildTimes | None = None,
+    times: BuildTimes | None = None, placement: Placement | None = None,
 ) -> Plan:
     """Everything decided before the shards are written: rows (sample id, split, shard),
     classes, the caption table, skips, and the near-duplicate / group report.
@@ -98,7 +104,10 @@ def plan(
     With ``dedupe`` on, ``content`` (the items' hashes) is computed here, in this process, when
     not given (:func:`hash_with_ray` computes it in parallel for :func:`run`). ``times``: the
     build's clock; the near-duplicate search is timed on it as its own stage (as are the
-    listing and the content pass when they run here).
+    listing and the content pass when they run here). ``placement``: the build's Ray nodes
+    (a Ray session is open): from :data:`NEAR_TASKS_MIN` kept items the near-duplicate
+    search's keys are searched in Ray tasks there, two per CPU (the same pairs; its work off
+    the driver); None: here.
     """
     clock = times if times is not None else BuildTimes()
     if listed is None:
@@ -124,10 +133,15 @@ def plan(
             _drop_exact(cfg, listed, content, keep, skipped)
         if cfg.dedupe.near_threshold is not None:
             ok = np.flatnonzero(keep)
+            spread: dict[str, Any] = {}
+            if placement is not None and len(ok) >= NEAR_TASKS_MIN:
+                spread = {"tasks": 2 * max(1, int(placement.cpus())),
+                          "map_keys": functools.partial(_map_keys, placement)}
             with clock.stage("near_duplicates"):
                 local_pairs = integrity.near_duplicate_pairs(
                     content.phash[ok], content.thumbs, cfg.dedupe.near_threshold,
-                    cfg.dedupe.near_max_diff, rows=ok)  # the kept thumbnails, not a copy
+                    cfg.dedupe.near_max_diff, rows=ok,  # the kept thumbnails, not a copy
+                    **spread)
             pairs = ok[local_pairs]
             joined.append(local_pairs)
     ok = np.flatnonzero(keep)
@@ -195,6 +209,13 @@ def plan(
                 classes=listed.classes, texts=table, skipped=skipped,
                 caption_notes=listed.caption_notes, near_duplicates=near,
                 split_groups=split_groups)
+
+
+def _map_keys(placement: Placement, fn: Callable[..., np.ndarray], args: Sequence[Any],
+              kwargs: dict[str, Any]) -> Iterator[np.ndarray]:
+    """:data:`~components.data.integrity.KeyMapper` over the build's Ray tasks (the hashes
+    put in the object store once)."""
+    return iter_tasks(fn, args, placement=placement, **kwargs)
 
 
 def _drop_exact(
