@@ -3,7 +3,7 @@
     python bench/near_duplicates.py [--sizes 50000 100000 200000 400000 1000000]
                                     [--threshold 6] [--fashion-mnist]
 
-``components.data.integrity.near_pairs`` (the 64 bits cut into ``m`` blocks chosen by its cost
+``components.data.hash_search.near_pairs`` (the 64 bits cut into ``m`` blocks chosen by its cost
 model, one sorted key per k-subset of blocks) against a copy of the scheme it replaced (below:
 ``threshold + 1`` bands, all pairs compared inside each band bucket), on the same hashes in the
 same process, one after the other: seconds, pairs found (they must be equal), the ratio, and
@@ -26,14 +26,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components.data import integrity  # noqa: E402
+from components.data import hash_search, integrity  # noqa: E402
 from tests.support.hashes import flip_bits  # noqa: E402
 
 SIZES = (50_000, 100_000, 200_000, 400_000)
 
 
 def band_near_pairs(hashes: np.ndarray, threshold: int, block: int = 2048) -> np.ndarray:
-    """The replaced scheme (integrity.near_pairs before multi-index hashing, its band edges
+    """The replaced scheme (hash_search.near_pairs before multi-index hashing, its band edges
     inlined): cut the 64 bits into ``threshold + 1`` bands; two hashes within ``threshold``
     bits agree exactly on one band; every pair inside a band bucket is compared. Buckets hold
     n / 2^(bits of a band) items, so the search is quadratic in n."""
@@ -97,8 +97,8 @@ def timed(f, *args):  # type: ignore[no-untyped-def]
 
 def row(name: str, h: np.ndarray, t: int, bands: bool = True) -> tuple[str, float]:
     """One table row; ``bands`` False: the new search alone (the bands take hours at 12M)."""
-    new_s, new = timed(integrity.near_pairs, h, t)
-    m = integrity.choose_blocks(h, t)
+    new_s, new = timed(hash_search.near_pairs, h, t)
+    m = hash_search.choose_blocks(h, t)
     keys = math.comb(m, m - t)
     if not bands:
         return (f"| {name} | {len(h):,} | — | {new_s:.2f} | — | — | {len(new):,} | "
@@ -123,9 +123,9 @@ def ray_row(h: np.ndarray, t: int, tasks: int, alone: float) -> str:
 
     map_keys = functools.partial(planning._map_keys, ANYWHERE)  # what a build runs
 
-    first, got = timed(lambda: integrity.near_pairs(h, t, map_keys=map_keys, tasks=tasks))
-    second, again = timed(lambda: integrity.near_pairs(h, t, map_keys=map_keys, tasks=tasks))
-    same = np.array_equal(got, integrity.near_pairs(h, t)) and np.array_equal(got, again)
+    first, got = timed(lambda: hash_search.near_pairs(h, t, map_keys=map_keys, tasks=tasks))
+    second, again = timed(lambda: hash_search.near_pairs(h, t, map_keys=map_keys, tasks=tasks))
+    same = np.array_equal(got, hash_search.near_pairs(h, t)) and np.array_equal(got, again)
     return (f"| {len(h):,} | {tasks} | {first:.2f} | {second:.2f} | {alone:.2f} | "
             f"{alone / second:.2f}x | {'yes' if same else '**NO**'} |")
 

@@ -1,5 +1,5 @@
 """bench/near_duplicates.py on small sets: its copy of the replaced band scheme finds the same
-pairs as components.data.integrity.near_pairs, and it prints its table."""
+pairs as components.data.hash_search.near_pairs, and it prints its table."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import near_duplicates  # noqa: E402
 
-from components.data import integrity  # noqa: E402
+from components.data import hash_search  # noqa: E402
 
 
 def test_the_baseline_finds_the_same_pairs() -> None:
     for h in (near_duplicates.uniform(3000), near_duplicates.clumpy(2000, 60)):
         for t in (0, 3, 6):
             old = near_duplicates.band_near_pairs(h, t)
-            assert np.array_equal(old, integrity.near_pairs(h, t)) and len(old), t
+            assert np.array_equal(old, hash_search.near_pairs(h, t)) and len(old), t
 
 
 def test_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:

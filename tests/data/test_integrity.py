@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from components.config import ConfigError, DedupeConfig, PreprocessConfig, from_dict
-from components.data import integrity
+from components.data import hash_search, integrity
 from components.data.build import DUPLICATE_OF, plan
 from components.data.images import decode_image
 from components.data.sources import (
@@ -113,13 +113,13 @@ def test_near_pairs_equal_brute_force(name: str) -> None:
         want = _brute_pairs(hashes, t)
         # the chosen scheme, the bands, and more blocks (up to ~100 keys: the test's time)
         for blocks in [None, t + 1, *(m for m in (t + 2, t + 3) if math.comb(m, t) <= 100)]:
-            got = integrity.near_pairs(hashes, t, blocks=blocks, block=48)  # big buckets
+            got = hash_search.near_pairs(hashes, t, blocks=blocks, block=48)  # big buckets
             # compared in several blocks
             assert got.dtype == np.int64 and np.array_equal(got, want), (t, blocks)
         # the buckets compared a few sorted positions at a time (a bucket is never cut: big
         # ones span many chunks)
         for chunk in (1, 37, 300):
-            got = integrity.near_pairs(hashes, t, block=48, chunk=chunk)
+            got = hash_search.near_pairs(hashes, t, block=48, chunk=chunk)
             assert np.array_equal(got, want), (t, chunk)
     if name != "uniform":
         assert len(_brute_pairs(hashes, 6)) > 100
@@ -138,15 +138,15 @@ def test_near_pairs_spread_over_tasks_equal_one_search(name: str) -> None:
         return [fn(a, **kwargs) for a in args][::-1]
 
     for t in (0, 3, 6):
-        want = integrity.near_pairs(hashes, t)
-        m = integrity.choose_blocks(hashes, t)
+        want = hash_search.near_pairs(hashes, t)
+        m = hash_search.choose_blocks(hashes, t)
         subsets = list(itertools.combinations(range(m), m - t))
         for tasks in (2, 3, 7, 1000):
             calls.clear()
-            got = integrity.near_pairs(hashes, t, map_keys=backwards, tasks=tasks)
+            got = hash_search.near_pairs(hashes, t, map_keys=backwards, tasks=tasks)
             assert np.array_equal(got, want), (t, tasks)
             assert calls == [min(tasks, len(subsets))]  # one call, a group per task
-        parts = [integrity.key_pairs(subsets[g::3], hashes=hashes, threshold=t, blocks=m)
+        parts = [hash_search.key_pairs(subsets[g::3], hashes=hashes, threshold=t, blocks=m)
                  for g in range(3)]
         codes = np.concatenate(parts)
         assert len(np.unique(codes)) == len(codes) == len(want)
@@ -159,11 +159,11 @@ def test_near_pairs_edge_sizes_and_thresholds() -> None:
     for n in (0, 1, 2, len(h)):
         for t in (-3, -1, 0, 1, 6, 31, 62, 63, 64, 100):
             want = _brute_pairs(h[:n], t) if t >= 0 else np.zeros((0, 2), np.int64)
-            got = integrity.near_pairs(h[:n], t)
+            got = hash_search.near_pairs(h[:n], t)
             assert got.shape[1] == 2 and np.array_equal(got, want), (n, t)
-    assert len(integrity.near_pairs(h, 64)) == len(h) * (len(h) - 1) // 2
+    assert len(hash_search.near_pairs(h, 64)) == len(h) * (len(h) - 1) // 2
     with pytest.raises(ValueError, match="blocks"):
-        integrity.near_pairs(h, 6, blocks=6)
+        hash_search.near_pairs(h, 6, blocks=6)
 
 
 def test_near_pairs_choose_more_blocks_for_more_hashes() -> None:
@@ -171,12 +171,12 @@ def test_near_pairs_choose_more_blocks_for_more_hashes() -> None:
     keys, smaller buckets) as n grows; clumpy ones: no more keys than uniform ones of that
     size."""
     rng = np.random.default_rng(2)
-    few = integrity.choose_blocks(rng.integers(0, 2**64, 500, dtype=np.uint64), 6)
-    many = integrity.choose_blocks(rng.integers(0, 2**64, 1 << 17, dtype=np.uint64), 6)
-    lots = integrity.choose_blocks(rng.integers(0, 2**64, 1 << 20, dtype=np.uint64), 6)
+    few = hash_search.choose_blocks(rng.integers(0, 2**64, 500, dtype=np.uint64), 6)
+    many = hash_search.choose_blocks(rng.integers(0, 2**64, 1 << 17, dtype=np.uint64), 6)
+    lots = hash_search.choose_blocks(rng.integers(0, 2**64, 1 << 20, dtype=np.uint64), 6)
     assert few <= many <= lots and 7 < lots
     clumpy = np.repeat(rng.integers(0, 2**64, 100, dtype=np.uint64), 1 << 10)
-    assert integrity.choose_blocks(clumpy, 6) <= lots
+    assert hash_search.choose_blocks(clumpy, 6) <= lots
 
 
 @pytest.mark.parametrize("name", list(_hash_sets()))
