@@ -20,7 +20,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from components.io.spill import SpillBuffer, spill_copy
+from components.io.spill import SpillBuffer, release, spill_copy
 
 
 class CaptionTexts(Sequence[str]):
@@ -86,6 +86,14 @@ class CaptionTexts(Sequence[str]):
             return list(part.to_pylist())
         except UnicodeDecodeError:  # a lone surrogate (a JSON caption's "\ud800"): one by one
             return [self[k] for k in range(a, b)]
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Let go of the spilled text pages read so far (:func:`~components.io.spill.release`):
+        a table read a chunk at a time (sorted, counted, written, embedded) keeps a chunk's
+        pages in this process's RSS, not the file's (CC12M: ~1.3 GB)."""
+        release(self.data)
 
     def __iter__(self) -> Iterator[str]:
         step = 1 << 16  # texts converted at a time
@@ -127,6 +135,7 @@ class CaptionTexts(Sequence[str]):
         subset = self.arrow() if every else pc.take(self.arrow(), items, memory_pool=pool)
         order = np.asarray(pc.sort_indices(subset, memory_pool=pool), dtype=np.int64)
         del subset
+        self.release()
         return CaptionTexts(self.data, self.offsets, items[order], spill=self.spill)
 
     def plus(self, extra: Sequence[str]) -> CaptionTexts:
@@ -248,6 +257,7 @@ def unique_texts(texts: CaptionTexts, digests: Any = None) -> tuple[CaptionTexts
         part = pc.take(base, firsts[s:s + _GATHER], memory_pool=pool)  # a large_string array
         ends = np.frombuffer(part.buffers()[1], np.int64)[part.offset:part.offset + len(part) + 1]
         out.append(np.frombuffer(part.buffers()[2], np.uint8)[ends[0]:ends[-1]])
+        texts.release()
     lengths = np.diff(texts.offsets)[firsts]
     return CaptionTexts(out.array(), np.r_[0, np.cumsum(lengths)].astype(np.int64),
                         spill=texts.spill), ids

@@ -38,11 +38,11 @@ import hashlib
 import itertools
 import mmap
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from components.data.hash_search import KeyMapper, near_pairs
+from components.io.spill import mapping_of
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -151,7 +151,7 @@ def duplicate_rows(digests: np.ndarray, *, rows: np.ndarray | None = None,
     m = len(digests) if rows is None else len(rows)
     if m < 2:
         return none, none
-    width, mapped = digests.dtype.itemsize, _mapping(digests)
+    width, mapped = digests.dtype.itemsize, mapping_of(digests)
     lead = np.zeros((m, 8), dtype=np.uint8)  # each digest's first 8 bytes (zero-padded)
     for s in range(0, m, chunk):
         part = np.ascontiguousarray(digests[s : s + chunk] if rows is None
@@ -226,14 +226,6 @@ def _component_roots(n: int, pairs: np.ndarray) -> np.ndarray:
     return first[label].astype(np.int64)
 
 
-def _mapping(a: Any) -> mmap.mmap | None:
-    """The file mapping ``a``'s memory belongs to (a ``np.memmap`` or a view of one), or
-    None."""
-    while a is not None and not isinstance(a, mmap.mmap):
-        a = getattr(a, "_mmap", None) or getattr(a, "base", None)
-    return a
-
-
 def thumb_diff(thumbs: np.ndarray, pairs: np.ndarray, chunk: int = 1 << 13) -> np.ndarray:
     """Mean absolute difference (grey levels) of the thumbnails of each pair.
 
@@ -242,7 +234,7 @@ def thumb_diff(thumbs: np.ndarray, pairs: np.ndarray, chunk: int = 1 << 13) -> n
     file's clean pages stay in the page cache), so reading candidate pairs spread over every
     page does not grow the process by the whole file (256 B an item: 3 GB at 12M items) but
     by at most a chunk's pages (2 a pair: 64 MiB)."""
-    mapped = _mapping(thumbs)
+    mapped = mapping_of(thumbs)
     out = np.empty(len(pairs), dtype=np.float64)
     for s in range(0, len(pairs), chunk):
         p = pairs[s : s + chunk]

@@ -11,9 +11,10 @@ build to leave behind, nothing a resumed one could mistake for its own.
 
 from __future__ import annotations
 
+import mmap
 import os
 import tempfile
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 
@@ -80,6 +81,24 @@ class SpillBuffer:
                 return np.zeros(0, np.uint8)
             # the map keeps the unlinked file alive after ours is closed
             return np.memmap(f, dtype=np.uint8, mode="r", shape=(self._size,))
+
+
+def mapping_of(a: Any) -> mmap.mmap | None:
+    """The file mapping ``a``'s memory belongs to (a ``np.memmap`` or a view of one), or
+    None."""
+    while a is not None and not isinstance(a, mmap.mmap):
+        a = getattr(a, "_mmap", None) or getattr(a, "base", None)
+    return a
+
+
+def release(a: Any) -> None:
+    """Let go of the pages of ``a``'s file mapping that this process has read
+    (``MADV_DONTNEED``: they stay in the page cache, clean, not in this process's RSS); nothing
+    for an array in memory. After reading a spilled or mapped array piece by piece, its RSS
+    stays at a piece's, not the file's."""
+    mapped = mapping_of(a)
+    if mapped is not None:
+        mapped.madvise(mmap.MADV_DONTNEED)
 
 
 def spill_copy(parts: list[np.ndarray], directory: str | None) -> np.ndarray:

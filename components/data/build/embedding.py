@@ -209,6 +209,7 @@ def _embedding_stage(cfg: PreprocessConfig, texts: Sequence[str], ids: np.ndarra
         if compact is not None:
             at = part if compact.rows is None else compact.rows[part]
             text = pc.take(base, pa.array(at), memory_pool=pool)
+            compact.release()  # the block is a copy: its spilled pages can go
         else:
             text = pa.array([texts[i] for i in part.tolist()], pa.large_string(),
                             memory_pool=pool)
