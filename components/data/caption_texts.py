@@ -169,7 +169,6 @@ class CaptionReader:
                  issues: Sequence[str | None], spill: str | None = None) -> None:
         self._decode, self._issues = decode, list(issues)
         self._recent: dict[Any, int] | None = {}  # raw value -> its entry (None: finished)
-        self._spill = spill
         self._data, self._ends, self._digests = SpillBuffer(spill), array("q", [0]), bytearray()
         self._text = array("i")  # per entry: its text's place in the buffer, -1: none
         self._issue = array("b")  # per entry: its index into ``issues``
@@ -205,7 +204,7 @@ class CaptionReader:
             raise RuntimeError("CaptionReader.finish() hands its texts on once: call it once")
         self._recent = None
         decoded = CaptionTexts(self._data.array(), np.frombuffer(self._ends, np.int64),
-                               spill=self._spill)
+                               spill=self._data.directory)
         texts, of_decoded = unique_texts(decoded, self._digests)
         del decoded
         self._ends, self._digests = array("q"), bytearray()

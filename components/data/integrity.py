@@ -36,13 +36,12 @@ import dataclasses
 import functools
 import hashlib
 import itertools
-import mmap
 from collections.abc import Sequence
 
 import numpy as np
 
 from components.data.hash_search import KeyMapper, near_pairs
-from components.io.spill import mapping_of
+from components.io.spill import release
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -151,15 +150,14 @@ def duplicate_rows(digests: np.ndarray, *, rows: np.ndarray | None = None,
     m = len(digests) if rows is None else len(rows)
     if m < 2:
         return none, none
-    width, mapped = digests.dtype.itemsize, mapping_of(digests)
+    width = digests.dtype.itemsize
     lead = np.zeros((m, 8), dtype=np.uint8)  # each digest's first 8 bytes (zero-padded)
     for s in range(0, m, chunk):
         part = np.ascontiguousarray(digests[s : s + chunk] if rows is None
                                     else digests[rows[s : s + chunk]])
         raw = np.frombuffer(part.tobytes(), np.uint8).reshape(len(part), width)
         lead[s : s + len(part), : min(width, 8)] = raw[:, :8]
-        if mapped is not None:
-            mapped.madvise(mmap.MADV_DONTNEED)
+        release(digests)
     key = lead.view(np.uint64).reshape(m)
     del lead
     order = np.argsort(key, kind="stable")
@@ -234,14 +232,12 @@ def thumb_diff(thumbs: np.ndarray, pairs: np.ndarray, chunk: int = 1 << 13) -> n
     file's clean pages stay in the page cache), so reading candidate pairs spread over every
     page does not grow the process by the whole file (256 B an item: 3 GB at 12M items) but
     by at most a chunk's pages (2 a pair: 64 MiB)."""
-    mapped = mapping_of(thumbs)
     out = np.empty(len(pairs), dtype=np.float64)
     for s in range(0, len(pairs), chunk):
         p = pairs[s : s + chunk]
         a = thumbs[p[:, 0]].astype(np.int16)
         out[s : s + chunk] = np.abs(a - thumbs[p[:, 1]]).mean(axis=1)
-        if mapped is not None:
-            mapped.madvise(mmap.MADV_DONTNEED)
+        release(thumbs)
     return out
 
 

@@ -131,20 +131,19 @@ def plan(
             keep[i] = False
         if cfg.dedupe.exact:
             _drop_exact(cfg, listed, content, keep, skipped)
-        if cfg.dedupe.near_threshold is not None:
-            ok = np.flatnonzero(keep)
-            spread: dict[str, Any] = {}
-            if placement is not None and len(ok) >= NEAR_TASKS_MIN:
-                spread = {"tasks": 2 * max(1, int(placement.cpus())),
-                          "map_keys": functools.partial(_map_keys, placement)}
-            with clock.stage("near_duplicates"):
-                local_pairs = integrity.near_duplicate_pairs(
-                    content.phash[ok], content.thumbs, cfg.dedupe.near_threshold,
-                    cfg.dedupe.near_max_diff, rows=ok,  # the kept thumbnails, not a copy
-                    **spread)
-            pairs = ok[local_pairs]
-            joined.append(local_pairs)
     ok = np.flatnonzero(keep)
+    if content is not None and cfg.dedupe.near_threshold is not None:
+        spread: dict[str, Any] = {}
+        if placement is not None and len(ok) >= NEAR_TASKS_MIN:
+            spread = {"tasks": 2 * max(1, int(placement.cpus())),
+                      "map_keys": functools.partial(_map_keys, placement)}
+        with clock.stage("near_duplicates"):
+            local_pairs = integrity.near_duplicate_pairs(
+                content.phash[ok], content.thumbs, cfg.dedupe.near_threshold,
+                cfg.dedupe.near_max_diff, rows=ok,  # the kept thumbnails, not a copy
+                **spread)
+        pairs = ok[local_pairs]
+        joined.append(local_pairs)
     if n and cfg.split.group_by is not None:  # with deduplication or without
         split_groups, same_group = _group_by(cfg, listed.groups, ok)
         joined.append(np.searchsorted(ok, same_group))
@@ -213,7 +212,7 @@ def plan(
 
 def _map_keys(placement: Placement, fn: Callable[..., np.ndarray], args: Sequence[Any],
               kwargs: dict[str, Any]) -> Iterator[np.ndarray]:
-    """:data:`~components.data.integrity.KeyMapper` over the build's Ray tasks (the hashes
+    """:data:`~components.data.hash_search.KeyMapper` over the build's Ray tasks (the hashes
     put in the object store once)."""
     return iter_tasks(fn, args, placement=placement, **kwargs)
 
