@@ -116,12 +116,10 @@ def ray_row(h: np.ndarray, t: int, tasks: int, alone: float) -> str:
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
 
-    import functools
-
     from components.data.build import planning
     from components.data.build.placement import ANYWHERE
 
-    map_keys = functools.partial(planning._map_keys, ANYWHERE)  # what a build runs
+    map_keys = planning.key_mapper(ANYWHERE)  # what a build runs
 
     first, got = timed(lambda: hash_search.near_pairs(h, t, map_keys=map_keys, tasks=tasks))
     second, again = timed(lambda: hash_search.near_pairs(h, t, map_keys=map_keys, tasks=tasks))

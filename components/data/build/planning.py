@@ -26,6 +26,7 @@ from components.data.build.placement import Placement
 from components.data.build.tasks import iter_tasks
 from components.data.build.timing import BuildTimes
 from components.data.caption_texts import CaptionTexts
+from components.data.hash_search import KeyMapper
 from components.data.shards import FORMAT
 from components.data.sources import Skip
 from components.data.splits import SPLITS, assign_split_codes
@@ -136,7 +137,7 @@ def plan(
         spread: dict[str, Any] = {}
         if placement is not None and len(ok) >= NEAR_TASKS_MIN:
             spread = {"tasks": 2 * max(1, int(placement.cpus())),
-                      "map_keys": functools.partial(_map_keys, placement)}
+                      "map_keys": key_mapper(placement)}
         with clock.stage("near_duplicates"):
             local_pairs = integrity.near_duplicate_pairs(
                 content.phash[ok], content.thumbs, cfg.dedupe.near_threshold,
@@ -151,8 +152,7 @@ def plan(
     # each kept row's group as the position of its first member (singletons: its own), which
     # assign_split_codes takes without a sort or a str per item
     groups = integrity.group_roots(len(ok), joined_pairs)
-    rows_idx = ok
-    if not len(rows_idx):
+    if not len(ok):
         raise PreprocessError(
             f"source {cfg.source.kind} {cfg.source.path or ''} gave no usable items: every "
             f"item was skipped ({len(skipped)}); nothing to write"
@@ -160,7 +160,7 @@ def plan(
     # the caption table: the kept rows' texts, sorted (as sorted() orders str); each item's id
     # into it (-1: none). Sorted as an array of the texts' references: no dict of every text.
     cids = listed.caption_ids
-    used = np.unique(cids[rows_idx])
+    used = np.unique(cids[ok])
     used = used[used >= 0]
     table: Sequence[str]
     if isinstance(listed.captions, CaptionTexts) and listed.captions.rows is None:
@@ -180,15 +180,15 @@ def plan(
     official = listed.official
     # each kept item's index into SPLITS (no str or list per item without official splits)
     split_code = assign_split_codes(
-        listed.labels[rows_idx],
-        None if official is None else [official[i] for i in rows_idx.tolist()],
+        listed.labels[ok],
+        None if official is None else [official[i] for i in ok.tolist()],
         cfg.split.val, cfg.split.test, cfg.split.seed,
         # with official splits and no pairs, the ungrouped walk (the same answer, no lists)
         groups if official is None or len(joined_pairs) else None,
     )
     order, names, bounds = [], [], [0]
     for code, split in enumerate(SPLITS):
-        members = rows_idx[split_code == code]
+        members = ok[split_code == code]
         for k in range(0, len(members), cfg.shard_size):
             names.append(f"{split}-{k // cfg.shard_size:05d}")
             order.append(members[k : k + cfg.shard_size])
@@ -197,7 +197,7 @@ def plan(
     near = None
     if pairs is not None:
         split_of = np.full(n, -1, dtype=np.int8)  # [n] index into SPLITS, -1: not kept
-        split_of[rows_idx] = split_code
+        split_of[ok] = split_code
         near = _near_report(cfg, paths, pairs, split_of)
     if split_groups is not None:
         # units: the groups' first members (a root is its own)
@@ -210,10 +210,15 @@ def plan(
                 split_groups=split_groups)
 
 
+def key_mapper(placement: Placement) -> KeyMapper:
+    """The :data:`~components.data.hash_search.KeyMapper` a build's near-duplicate search
+    runs its key groups with from :data:`NEAR_TASKS_MIN` items: Ray tasks on ``placement``'s
+    nodes (the hashes put in the object store once)."""
+    return functools.partial(_map_keys, placement)
+
+
 def _map_keys(placement: Placement, fn: Callable[..., np.ndarray], args: Sequence[Any],
               kwargs: dict[str, Any]) -> Iterator[np.ndarray]:
-    """:data:`~components.data.hash_search.KeyMapper` over the build's Ray tasks (the hashes
-    put in the object store once)."""
     return iter_tasks(fn, args, placement=placement, **kwargs)
 
 
