@@ -19,7 +19,8 @@ instead re-orders or narrows them; ``-1``, ``datasets``' "no label", is a missin
 other column holds class names (or integer indices) as the parquet kind's. Splits: a
 DatasetDict's splits are all read (``source.split``: some of them), in ``dataset_dict.json``'s
 order; when both a ``train`` and a ``test`` split are read, their items keep that split
-(``Item.official_split``: val is drawn from train, as for fashion-mnist), otherwise every item
+(``Item.official_split``), a published validation split (``validation``, ``valid`` or ``val``)
+is val, and only without one is val drawn from train (as for fashion-mnist); otherwise every item
 is split by ``split.val`` / ``split.test``.
 
 Counted :class:`~components.data.sources.Skip` records (or :class:`SourceError` under
@@ -42,6 +43,7 @@ from urllib.parse import quote, unquote
 
 import numpy as np
 
+from components.data.hf_features import class_label_names, class_label_value, hf_feature
 from components.data.shard_items import MISSING_IMAGE, _stamp, image_cell_bytes
 from components.data.shard_paths import CodedColumn, ShardPaths
 from components.data.shard_sources import (
@@ -56,6 +58,8 @@ STATE_JSON = "state.json"
 INFO_JSON = "dataset_info.json"
 DICT_JSON = "dataset_dict.json"
 OFFICIAL = ("train", "test")  # split names kept as Item.official_split (both must be read)
+# the published validation split's names: kept as val beside an official train and test
+VALIDATION = ("validation", "valid", "val")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -136,27 +140,7 @@ def hf_splits(path: str, split: Sequence[str] | None = None) -> list[HFSplit]:
 def _feature(split: HFSplit, schema: Any, column: str | None) -> dict[str, Any] | None:
     """The ``datasets`` feature of ``column`` (``dataset_info.json``, else the data file's
     ``huggingface`` schema metadata)."""
-    if column is None:
-        return None
-    features = split.features
-    if features is None and schema.metadata and b"huggingface" in schema.metadata:
-        try:
-            meta = json.loads(schema.metadata[b"huggingface"])
-            features = meta.get("info", {}).get("features")
-        except (ValueError, AttributeError):
-            features = None
-    got = features.get(column) if isinstance(features, dict) else None
-    return got if isinstance(got, dict) else None
-
-
-def _class_names(feature: dict[str, Any] | None) -> list[str] | None:
-    """A ``ClassLabel`` feature's names (``None``: not a ClassLabel)."""
-    if feature is None or feature.get("_type") != "ClassLabel":
-        return None
-    names = feature.get("names")
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise SourceError(f"a ClassLabel feature without its names list: {feature!r}")
-    return names
+    return hf_feature(schema, column, split.features)
 
 
 def _text_type(t: Any) -> bool:
@@ -198,8 +182,6 @@ class HFLister:
         self.lister = _Lister(path, on_bad_input, spill)
         self.options = options
         self.splits = splits
-        self.names: list[str] | None = None  # the ClassLabel's names, once one is seen
-        self.names_from = ""
 
     def table(self, classes: Sequence[str] | None) -> ItemTable:
         """The kept items as columns (``classes``: default the ClassLabel's names); when both
@@ -210,28 +192,21 @@ class HFLister:
             SourceError: no items; or under ``bad_input: error`` the first problem in listing
                 order.
         """
-        table = self.lister.table(classes or self.names, self.options.label_column is not None)
+        table = self.lister.table(classes, self.options.label_column is not None)
         if not set(OFFICIAL) <= {s.name for s in self.splits} or not len(table):
             return table
         official = {f: s.name for s in self.splits if s.name in OFFICIAL for f in s.files}
+        official |= {f: "val" for s in self.splits if s.name in VALIDATION for f in s.files}
         paths = table.paths
         assert isinstance(paths, ShardPaths)
         # each data file's split from its prefix (``<file>#arrow:``, or a path kept whole)
-        values: list[str | None] = [None, *OFFICIAL]
+        values: list[str | None] = [None, *OFFICIAL, "val"]
         code = np.array([values.index(official.get(p.partition("#arrow:")[0]))
                          for p in paths.prefixes], dtype=np.int8)
         codes = code[paths.file] if len(code) else np.zeros(len(table), np.int8)
         if not codes.any():
             return table  # no kept item is in train or test
         return dataclasses.replace(table, official=CodedColumn(values, codes))
-
-    def _names(self, names: list[str], where: str) -> None:
-        if self.names is None:
-            self.names, self.names_from = names, where
-        elif names != self.names:
-            raise SourceError(f"source.label_column={self.options.label_column!r} is a "
-                              f"ClassLabel with other names in {where} ({names}) than in "
-                              f"{self.names_from} ({self.names})")
 
     def file(self, split: HFSplit, file: str) -> None:
         """List one data file (counted ``unreadable-shard`` when it cannot be read)."""
@@ -251,10 +226,9 @@ class HFLister:
                     lister.skip(file, UNREADABLE_SHARD, f"has no column {label!r} (it has "
                                 f"{schema.names}): set source.label_column")
                     return
-                names = _class_names(_feature(split, schema, label))
-                if names is not None:
-                    self._names(names, file)
-                cap = opts.caption_column if opts.caption_column in schema.names else None
+                names = class_label_names(_feature(split, schema, label))
+                lister.class_label(names, file, label)
+                cap = lister.caption_column(opts.caption_column, schema.names, file)
                 if cap is not None and not _text_type(schema.field(cap).type):
                     raise SourceError(
                         f"source.caption_column={cap!r} holds {schema.field(cap).type} in "
@@ -281,15 +255,11 @@ class HFLister:
                                 f"image bytes (null or empty){_path_hint(batch, opts, row)}")
                     continue
                 raw = None if labels is None else labels[row]
-                if names is not None and raw is not None:
-                    if raw == -1:  # datasets' ClassLabel "no label"
-                        raw = None
-                    elif not 0 <= raw < len(names):
-                        lister.skip(path, UNKNOWN_LABEL, f"ClassLabel index {raw} is outside "
-                                    f"its {len(names)} names")
+                if names is not None:
+                    raw, problem = class_label_value(raw, names)
+                    if problem is not None:
+                        lister.skip(path, UNKNOWN_LABEL, problem)
                         continue
-                    else:
-                        raw = names[raw]
                 lister.add(path, None, raw, None if caps is None else _caption(caps[row]), file)
 
 

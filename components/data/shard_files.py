@@ -15,6 +15,11 @@ from typing import IO, cast
 from components.data.sources import SourceError
 
 _GLOB = re.compile(r"[*?\[]")
+# A compressed shard's magic bytes -> (its kind, the command that decompresses it)
+_PACKED = ((b"\x1f\x8b", "gzip", "gunzip"), (b"BZh", "bzip2", "bunzip2"),
+           (b"\xfd7zXZ\x00", "xz", "unxz"), (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"))
+# Names a folder's compressed shards have (listed, so they are named as skips, not ignored)
+_PACKED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 
@@ -77,10 +82,33 @@ def _uri_files(pattern: str, suffix: str) -> list[str]:
         if info.type == pafs.FileType.Directory:
             infos = fs.get_file_info(pafs.FileSelector(inner))
             found = [i.path for i in infos if i.type == pafs.FileType.File
-                     and i.path.lower().endswith(suffix)]
+                     and is_shard_name(i.path.rpartition("/")[2], suffix)]
         else:
             found = [inner]  # a missing one is an unreadable shard, named when opened
     return [f"{scheme}://{p}{query}" for p in sorted(found)]
+
+
+def is_shard_name(name: str, suffix: str) -> bool:
+    """Whether a folder's file ``name`` is one of its shards: ``*<suffix>``, or a compressed
+    one (``.tar.gz``, ``.tgz``, ``.parquet.zst`` ...), listed so that it is named as an
+    unreadable shard (:func:`packed`) instead of left out without a word."""
+    low = name.lower()
+    return (low.endswith(suffix) or low.endswith(tuple(suffix + p for p in _PACKED_SUFFIXES))
+            or (suffix == ".tar" and low.endswith(".tgz")))
+
+
+def packed(f: IO[bytes]) -> str | None:
+    """Why the shard ``f`` (at its start; left there) cannot be read in place when it is
+    compressed (gzip, bzip2, xz, zstd by their magic bytes), naming the command that
+    decompresses it; ``None``: not compressed."""
+    head = f.read(6)
+    f.seek(0)
+    for magic, kind, command in _PACKED:
+        if head.startswith(magic):
+            return (f"a {kind}-compressed file: shards are read in place, item by item at "
+                    f"their offsets, which needs them uncompressed; decompress it first "
+                    f"(`{command}`, or write the shards uncompressed)")
+    return None
 
 
 def shard_files(path: str, suffix: str) -> list[str]:
@@ -99,7 +127,7 @@ def shard_files(path: str, suffix: str) -> list[str]:
             out += sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
         elif os.path.isdir(pattern):
             out += sorted(os.path.join(pattern, n) for n in os.listdir(pattern)
-                          if n.lower().endswith(suffix) and not n.startswith(".")
+                          if is_shard_name(n, suffix) and not n.startswith(".")
                           and os.path.isfile(os.path.join(pattern, n)))
         else:
             out.append(pattern)  # a missing one is an unreadable shard, named when opened

@@ -40,8 +40,10 @@ import numpy as np
 
 from components.config.preprocess import IMAGE_EXTENSIONS, SourceConfig
 from components.data.caption_texts import CaptionReader
+from components.data.hf_features import class_label_names, class_label_value, hf_feature
 from components.data.integrity import duplicate_rows
-from components.data.shard_files import open_shard, shard_files
+from components.data.labels import label_key, label_names, label_problem
+from components.data.shard_files import open_shard, packed, shard_files
 from components.data.shard_items import MISSING_IMAGE
 from components.data.shard_paths import ShardPaths
 from components.data.sources import (
@@ -53,8 +55,6 @@ from components.data.sources import (
     Skip,
     SourceError,
     decode_caption,
-    label_key,
-    label_names,
     shard_item,
 )
 from components.data.tar_headers import tar_members
@@ -129,6 +129,40 @@ class _Lister:
         self.skipped: list[tuple[tuple[int, int], Skip]] = []
         self.labelled = True  # whether labels are read (else every item is unlabelled)
         self.pending: Skip | None = None  # bad_input: error: the problem that stopped reading
+        # a Hugging Face ClassLabel's names (the default class list), once a file gives them
+        self.class_names: list[str] | None = None
+        self.names_from = ""
+        # the caption column: files that have it; the first without it and its columns
+        self.caption_files = 0
+        self.caption_absent: tuple[str, str, list[str]] | None = None
+
+    def caption_column(self, column: str | None, names: list[str], file: str) -> str | None:
+        """``column`` when the file whose columns are ``names`` has it (else ``None``: its
+        items have no caption), counted for :attr:`ItemTable.caption_hint`."""
+        if column is None:
+            return None
+        if column in names:
+            self.caption_files += 1
+            return column
+        if self.caption_absent is None:
+            self.caption_absent = (column, file, list(names))
+        return None
+
+    def class_label(self, names: list[str] | None, where: str, column: str | None) -> None:
+        """The ClassLabel names file ``where`` gives its label ``column`` (``None``: none):
+        every file's the same.
+
+        Raises:
+            SourceError: names other than an earlier file's.
+        """
+        if names is None:
+            return
+        if self.class_names is None:
+            self.class_names, self.names_from = names, where
+        elif names != self.class_names:
+            raise SourceError(f"source.label_column={column!r} is a ClassLabel with other names "
+                              f"in {where} ({names}) than in {self.names_from} "
+                              f"({self.class_names})")
 
     def skip(self, path: str, reason: str, detail: str, of: str | None = None,
              at: tuple[int, int] | None = None) -> None:
@@ -226,7 +260,7 @@ class _Lister:
         raw = list(self.label_ids)
         rows = np.frombuffer(self.labels, np.int32)
         used = np.unique(rows[~dup]).tolist() if labelled else []  # a duplicate's label: none
-        names, index = label_names([raw[i] for i in used], classes)
+        names, index = label_names([raw[i] for i in used], classes or self.class_names)
         if labelled:
             # raw label id -> class index; -2: no label, -3: not a class
             to = np.array([-2 if lab is None else index.get(label_key(lab), -3)
@@ -243,12 +277,13 @@ class _Lister:
             first = first_dup
             first_dup_row = int(np.argmax(dup)) if first_dup is not None else len(dup)
             if len(label_rows) and label_rows[0] < first_dup_row:
-                first = self._label_skip(paths, raw, rows, names, int(label_rows[0]))
+                first = self._label_skip(paths, raw, rows, names, index, int(label_rows[0]))
             first = first or self.pending
             if first is not None:
                 raise SourceError(f"{first.path}: {first.detail} (set bad_input=skip to skip "
                                   "and count such items)")
-        skipped += [self._label_skip(paths, raw, rows, names, r) for r in label_rows.tolist()]
+        skipped += [self._label_skip(paths, raw, rows, names, index, r)
+                    for r in label_rows.tolist()]
         keep = np.flatnonzero((labels >= -1) & ~dup)
         # each row's caption entry -> its text and issue (CaptionReader: no str per caption,
         # no dict of every raw value)
@@ -260,19 +295,22 @@ class _Lister:
             captions=captions,
             caption_issues=issue[cap] if len(issue) else cap.astype(np.int8),
             official=None, groups=None, classes=names, skipped=skipped)
+        if self.caption_absent is not None and not self.caption_files:
+            column, file, names_ = self.caption_absent
+            table.caption_hint = (f"no file has a column {column!r} ({file} has "
+                                  f"{', '.join(map(repr, names_))})")
         if not len(table) and not skipped:
             raise SourceError(f"source.path={self.source!r} holds no items")
         return table
 
     @staticmethod
-    def _label_skip(paths: ShardPaths, raw: list[object], rows: np.ndarray,
-                    names: list[str], r: int) -> Skip:
+    def _label_skip(paths: ShardPaths, raw: list[object], rows: np.ndarray, names: list[str],
+                    index: dict[int | str, int], r: int) -> Skip:
         """Row ``r``'s ``missing-label`` / ``unknown-label`` skip."""
         lab = raw[int(rows[r])]
         if lab is None:
             return Skip(path=paths[r], reason=MISSING_LABEL, detail="no label")
-        return Skip(path=paths[r], reason=UNKNOWN_LABEL,
-                    detail=f"label {lab!r} is not one of the {len(names)} classes")
+        return Skip(path=paths[r], reason=UNKNOWN_LABEL, detail=label_problem(lab, names, index))
 
     def listing(self, classes: Sequence[str] | None, labelled: bool) -> Listing:
         table = self.table(classes, labelled)
@@ -408,6 +446,10 @@ def _list_tar(lister: _Lister, shard: str, exts: list[str], options: ShardOption
     wanted = frozenset(_member_ext(c)[0] for c in (options.caption_key, options.label_key)
                        if c is not None)
     with open_shard(shard) as f:
+        why = packed(f)
+        if why is not None:
+            lister.skip(shard, UNREADABLE_SHARD, why)
+            return
         members = tar_members(f, wanted) if read_headers else None
         if members is not None:
             _add_samples(lister, shard, exts, options,
@@ -497,25 +539,37 @@ def _list_parquet_file(lister: _Lister, file: str, column: str, options: ShardOp
     import pyarrow.parquet as pq
 
     with open_shard(file) as f:
+        why = packed(f)
+        if why is not None:
+            lister.skip(file, UNREADABLE_SHARD, why)
+            return
         pf = pq.ParquetFile(f)
         schema = pf.schema_arrow
         problem = image_type_problem(schema, options.image_column)
         if problem is not None:
             lister.skip(file, UNREADABLE_SHARD, problem)
             return
-        cap = options.caption_column if options.caption_column in schema.names else None
+        cap = lister.caption_column(options.caption_column, schema.names, file)
         label = options.label_column
         if label is not None and label not in schema.names:
             lister.skip(file, UNREADABLE_SHARD, f"has no column {label!r} (it has "
                         f"{schema.names}): set source.label_column")
             return
+        # a Hugging Face export's ClassLabel: its names are the classes, cells their indices
+        names = class_label_names(hf_feature(schema, label))
+        lister.class_label(names, file, label)
         wanted = [c for c in ("key", cap, label) if c is not None and c in schema.names]
         for rg in range(pf.num_row_groups):
             n = pf.metadata.row_group(rg).num_rows
             cols = pf.read_row_group(rg, columns=wanted).to_pydict() if wanted else {}
             keys = cols.get("key")
             for row in range(n):
-                lister.add(f"{file}#parquet:{rg}:{row}:{column}",
-                           None if keys is None or keys[row] is None else str(keys[row]),
-                           cols[label][row] if label else None,
-                           cols[cap][row] if cap is not None else None, file)
+                path = f"{file}#parquet:{rg}:{row}:{column}"
+                raw = cols[label][row] if label else None
+                if names is not None:
+                    raw, problem = class_label_value(raw, names)
+                    if problem is not None:
+                        lister.skip(path, UNKNOWN_LABEL, problem)
+                        continue
+                lister.add(path, None if keys is None or keys[row] is None else str(keys[row]),
+                           raw, cols[cap][row] if cap is not None else None, file)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from components.config.preprocess import SOURCE_KINDS, SourceKind
+from components.data.labels import label_key, label_names, label_problem
 from components.data.shard_paths import take_column, take_paths
 from components.errors import SimgraphError
 
@@ -116,6 +117,9 @@ class ItemTable:
     groups: list[str | None] | None  # [n] split.group_by value, or None without group_by
     classes: list[str]
     skipped: list[Skip]
+    # why the source's caption setting gave no item a caption, where the listing can tell
+    # (a Parquet / Arrow caption column in no file: the columns they have)
+    caption_hint: str | None = None
 
     @classmethod
     def of(cls, listing: Listing) -> ItemTable:
@@ -187,27 +191,6 @@ def _check_classes(classes: Sequence[str] | None, found: Sequence[str]) -> list[
     return list(classes) if classes else sorted(set(found))
 
 
-def label_names(
-    raw: Sequence[object], classes: Sequence[str] | None
-) -> tuple[list[str], dict[int | str, int]]:
-    """The class list and a label -> index map for labels as a table or a shard gives them
-    (``None``: no label): integers are indices (names ``"0"``, ``"1"``, ... unless
-    ``classes`` names them); otherwise every label is a class name, by its text (``classes``,
-    or the sorted names found)."""
-    present = [lab for lab in raw if lab is not None]
-    if present and all(isinstance(x, int) and not isinstance(x, bool) for x in present):
-        ints = [int(x) for x in present]  # type: ignore[call-overload]
-        names = list(classes) if classes else [str(i) for i in range(max(ints) + 1)]
-        return names, {i: i for i in range(len(names))}
-    names = _check_classes(classes, [str(x) for x in present])
-    return names, {n: i for i, n in enumerate(names)}
-
-
-def label_key(lab: object) -> int | str:
-    """The key of a raw label in :func:`label_names`'s map."""
-    return lab if isinstance(lab, int) and not isinstance(lab, bool) else str(lab)
-
-
 def folder_label(rel_dir: Sequence[str], depth: int) -> str | None:
     """The class of an item whose folder, relative to the source root, is ``rel_dir``: its
     first ``depth`` folder names joined by ``/`` (``animals/birds`` at depth 2); an item
@@ -268,15 +251,21 @@ def list_folder(
             continue
         cap_file = f.with_suffix(".txt")
         caption, issue = (
-            _first_line(cap_file) if cap_file in present and cap_file != f else (None, None))
+            _caption_file(cap_file) if cap_file in present and cap_file != f else (None, None))
         items.append(Item(path=str(f), label=index[name], caption=caption, caption_issue=issue))
     return Listing(items, names, skipped)
 
 
-def decode_caption(raw: bytes | str | None) -> tuple[str | None, str | None]:
-    """``(text, issue)``: the first non-empty line, stripped, decoded as strict UTF-8 (a BOM is
-    dropped); ``issue`` is :data:`CAPTION_ENCODING` or :data:`CAPTION_EMPTY` when there is no
-    usable text. ``None`` (no caption at all) gives ``(None, None)``."""
+def decode_caption(raw: bytes | str | None,
+                   first_line: bool = False) -> tuple[str | None, str | None]:
+    """``(text, issue)``: a caption decoded as strict UTF-8 (a BOM is dropped), stripped;
+    ``issue`` is :data:`CAPTION_ENCODING` or :data:`CAPTION_EMPTY` when there is no usable
+    text. ``None`` (no caption at all) gives ``(None, None)``.
+
+    A caption value (a shard's ``.txt`` member or JSON field, a column's cell) is the whole
+    text, its non-empty lines joined by one space: a web caption's line break is part of it,
+    not where it ends. ``first_line``: a sidecar ``.txt`` file beside an image gives its first
+    non-empty line only (Tux Paint's stamp files put translations on the lines after it)."""
     if raw is None:
         return None, None
     if isinstance(raw, bytes):
@@ -287,11 +276,14 @@ def decode_caption(raw: bytes | str | None) -> tuple[str | None, str | None]:
     text = raw.strip()
     if not text:
         return None, CAPTION_EMPTY
-    return text.splitlines()[0].strip(), None
+    if "\n" in text or "\r" in text:
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        text = lines[0] if first_line else " ".join(lines)
+    return text, None
 
 
-def _first_line(path: Path) -> tuple[str | None, str | None]:
-    return decode_caption(path.read_bytes())
+def _caption_file(path: Path) -> tuple[str | None, str | None]:
+    return decode_caption(path.read_bytes(), first_line=True)
 
 
 def list_manifest(
@@ -365,7 +357,7 @@ def list_manifest(
             key = label_key(lab)
             if key not in to_index:
                 _note(skipped, on_bad_input, full, UNKNOWN_LABEL,
-                      f"label {lab!r} is not one of the {len(names)} classes")
+                      label_problem(lab, names, to_index))
                 continue
             label = to_index[key]
         cap = row.get("caption")
@@ -415,7 +407,7 @@ def list_tuxpaint(root: str = TUXPAINT_DIR, on_bad_input: str = "skip",
         if category is None:
             continue  # a PNG at the top level has no category
         txt = png.with_suffix(".txt")
-        caption, issue = _first_line(txt) if txt.is_file() else (None, None)
+        caption, issue = _caption_file(txt) if txt.is_file() else (None, None)
         stamps.append((png, category, caption, issue))
     categories = (sorted(p.name for p in base.iterdir() if p.is_dir()) if label_depth == 1
                   else sorted({c for _, c, _, _ in stamps}))

@@ -27,7 +27,8 @@ def assign_splits(
     """One split name per item, stratified by label, a pure function of the inputs.
 
     Items with an official split keep it, except that ``val`` is carved out of the official
-    train part. Otherwise each class (unlabelled items form one group) is permuted with
+    train part when no item's official split is val (a published validation split).
+    Otherwise each class (unlabelled items form one group) is permuted with
     ``numpy.random.default_rng([seed, class])`` and cut into test / val / train with
     ``round(n * fraction)`` items, so adding a class does not reshuffle the others.
 
@@ -44,6 +45,7 @@ def assign_splits(
     out = ["train"] * n
     lab = np.asarray(labels, dtype=np.int64)
     has_official = np.array([o is not None for o in official], dtype=bool)
+    carve = _carved_val(official, val)
     for i in np.flatnonzero(has_official):
         out[i] = str(official[int(i)])
     for cls in np.unique(lab):
@@ -54,7 +56,7 @@ def assign_splits(
         rng = np.random.default_rng([seed, int(cls) + 1])
         if len(official_train):
             perm = rng.permutation(official_train)
-            for i in perm[: round(len(perm) * val)]:
+            for i in perm[: round(len(perm) * carve)]:
                 out[i] = "val"
         if len(free):
             perm = rng.permutation(free)
@@ -86,6 +88,12 @@ def assign_split_codes(
                           seed, groups)
     code_of = {sp: k for k, sp in enumerate(SPLITS)}
     return np.fromiter((code_of[sp] for sp in names), dtype=np.int8, count=n)
+
+
+def _carved_val(official: Sequence[str | None], val: float) -> float:
+    """The fraction of the official train part made val: ``val``, or none when the official
+    splits have their own val (a Hugging Face DatasetDict's ``validation``)."""
+    return 0.0 if any(o == "val" for o in official) else val
 
 
 def _take(units: np.ndarray, sizes: dict[int, int], n_test: int, n_val: int) -> dict[int, str]:
@@ -212,7 +220,7 @@ def _assign_grouped_lists(
     units: dict[int, list[int]] = {}
     for mem in members.values():
         first_official = next((i for i in mem if official[i] is not None), None)
-        for key in (None, "train", "test"):
+        for key in (None, "train", "val", "test"):
             part = [i for i in mem if official[i] == key]
             if not part:
                 continue
@@ -224,6 +232,7 @@ def _assign_grouped_lists(
     by_class: dict[int, list[int]] = {}
     for head in sorted(units):
         by_class.setdefault(int(lab[head]), []).append(head)
+    carve = _carved_val(official, val)
     for cls in sorted(by_class):
         heads = np.array(by_class[cls], dtype=np.int64)
         is_off = np.array([official[h] is not None for h in heads], dtype=bool)
@@ -234,7 +243,7 @@ def _assign_grouped_lists(
         if len(off_train):
             perm = rng.permutation(off_train)
             n_items = sum(sizes[int(h)] for h in perm)
-            for h, s in _take(perm, sizes, 0, round(n_items * val)).items():
+            for h, s in _take(perm, sizes, 0, round(n_items * carve)).items():
                 for i in units[h]:
                     out[i] = s
         if len(free):

@@ -249,7 +249,7 @@ def list_images(root: str | Path) -> tuple[list[FolderImage], list[str]]:
             continue
         caption = None
         if p.stem + ".txt" in names:
-            caption, _ = decode_caption(p.with_suffix(".txt").read_bytes())
+            caption, _ = decode_caption(p.with_suffix(".txt").read_bytes(), first_line=True)
         items.append(FolderImage(str(p), -1, caption))
     classes: list[str] = []
     if any(p.is_dir() and not p.name.startswith(".") for p in base.iterdir()):

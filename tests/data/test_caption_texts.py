@@ -125,7 +125,8 @@ def test_the_reader_gives_every_item_its_decoded_caption_whatever_it_remembers(
     assert isinstance(texts.data, np.memmap) == spilled and list(tmp_path.iterdir()) == []
     want = [decode_caption(r) for r in raws]
     distinct = list(dict.fromkeys(t for t, _ in want if t is not None))
-    assert list(texts) == distinct == ["a dog", "café", "zebra", "lone \ud800 surrogate"]
+    assert list(texts) == distinct == [  # a caption's lines joined: a text of its own
+        "a dog second line", "a dog", "café", "zebra", "lone \ud800 surrogate"]
     got = [(None if text_of[e] < 0 else texts[int(text_of[e])],
             CAPTION_ISSUES[int(issue_of[e])]) for e in entries]
     assert got == want

@@ -159,7 +159,8 @@ def test_dataset_dict_splits(tmp_path: Path) -> None:
     assert [s.name for s in hf_splits(str(src))] == ["train", "validation", "test"]
     lst = list_huggingface(str(src), options=Options(label_column="label"))
     official = [(Path(i.path).parent.name, i.official_split) for i in lst.items]
-    assert official == [("train", "train")] * 4 + [("validation", None)] * 2 + [
+    # validation is val beside an official train and test (tests/data/test_shard_source_quirks)
+    assert official == [("train", "train")] * 4 + [("validation", "val")] * 2 + [
         ("test", "test")] * 2
     # Without both train and test, no split is official: all are split by the fractions.
     for split in (("train", "validation"), ("test",)):
@@ -203,10 +204,10 @@ def test_a_dataset_dict_is_listed_into_columns(tmp_path: Path) -> None:
     lst = list_huggingface(str(src), options=opts)
     assert table.items() == lst.items and table.classes == lst.classes == ["cat", "dog"]
     assert list(table.official) == ItemTable.of(lst).official == [
-        "train"] * 4 + [None] * 2 + ["test"] * 2
+        "train"] * 4 + ["val"] * 2 + ["test"] * 2
     part = table.take(np.array([7, 0, 5]))
     assert isinstance(part.official, CodedColumn)
-    assert list(part.official) == ["test", "train", None] and part.official[1] == "train"
+    assert list(part.official) == ["test", "train", "val"] and part.official[1] == "train"
     # without both train and test: no official column, as the Item listing
     train = list_source_table("huggingface", str(src), shard_options=Options(split=("train",)))
     assert train.official is None and len(train) == 4

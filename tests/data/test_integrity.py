@@ -341,7 +341,8 @@ def test_grouped_assignment_equals_ungrouped_for_singletons() -> None:
 
 
 def test_decode_caption() -> None:
-    assert decode_caption(b"\xef\xbb\xbfa cat\nmore") == ("a cat", None)
+    assert decode_caption(b"\xef\xbb\xbfa cat\nmore") == ("a cat more", None)
+    assert decode_caption(b"\xef\xbb\xbfa cat\nmore", first_line=True) == ("a cat", None)
     assert decode_caption(b"caf\xe9") == (None, CAPTION_ENCODING)  # Latin-1, not UTF-8
     assert decode_caption(b" \n\t ") == (None, CAPTION_EMPTY)
     assert decode_caption(None) == (None, None)

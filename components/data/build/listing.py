@@ -83,6 +83,9 @@ def _caption_texts(
     captions = table.captions
     added: list[str] = []  # class template texts no listed caption has, appended at the end
     missing = np.flatnonzero(table.caption_ids < 0)
+    unmatched = _unmatched_caption_setting(cfg, table, len(missing))
+    if unmatched is not None:
+        notes.append(unmatched)
     index = _template_ids(cfg, table, missing)
     ids = table.caption_ids.copy()
     keep = np.ones(len(table), dtype=bool)
@@ -119,6 +122,34 @@ def _caption_texts(
         captions = (captions.plus(added) if isinstance(captions, CaptionTexts)
                     else [*captions, *added])
     return (table if keep.all() else table.take(np.flatnonzero(keep))), captions
+
+
+NO_CAPTION_FROM_SOURCE = "no-caption-from-source"
+
+
+def _unmatched_caption_setting(cfg: PreprocessConfig, table: ItemTable,
+                               missing: int) -> dict[str, Any] | None:
+    """A caption note when a shard source's caption setting gave not one item a caption (a
+    mistyped ``caption_column`` / ``caption_key``: every caption silently the class template
+    otherwise), naming the setting and, for columns, what the files have."""
+    src = cfg.source
+    setting = {"webdataset": ("caption_key", src.caption_key),
+               "parquet": ("caption_column", src.caption_column),
+               "huggingface": ("caption_column", src.caption_column)}.get(src.kind)
+    if (setting is None or setting[1] is None or not len(table) or missing < len(table)
+            or bool(table.caption_issues.any())):
+        return None
+    hint = f" ({table.caption_hint})" if table.caption_hint else ""
+    action = {"from-label": "; each took its class template (captions.missing=from-label)",
+              "skip": "; each was skipped (captions.missing=skip)"}.get(
+                  cfg.captions.missing, " (captions.missing=error)")
+    detail = (f"none of the {len(table)} items has a caption from "
+              f"source.{setting[0]}={setting[1]!r}{hint}{action}: name the source's caption "
+              f"{setting[0].split('_')[1]}, or set it to null for no captions")
+    if cfg.captions.missing == "error":
+        raise PreprocessError(detail)
+    return {"path": str(src.path), "reason": NO_CAPTION_FROM_SOURCE, "detail": detail,
+            "action": cfg.captions.missing}
 
 
 def _template_ids(cfg: PreprocessConfig, table: ItemTable,

@@ -17,6 +17,7 @@ from components.config import PreprocessConfig
 from components.data import captions as cap
 from components.data import shards
 from components.data.build.common import PreprocessError, _read_json
+from components.data.build.listing import NO_CAPTION_FROM_SOURCE
 from components.data.build.merging import _split_shards
 from components.data.build.planning import Plan
 from components.data.build.timing import BuildTimes
@@ -151,4 +152,7 @@ def summary(manifest: dict[str, Any]) -> str:
     lines.append(f"skipped: {sk['total']}" + (
         " (" + ", ".join(f"{r}: {n}" for r, n in sorted(sk["by_reason"].items())) + ")"
         if sk["total"] else ""))
+    checks = manifest.get("caption_checks") or {}
+    lines += [f"captions: {n['detail']}" for n in checks.get("items", [])
+              if n.get("reason") == NO_CAPTION_FROM_SOURCE]
     return "\n".join(lines)

@@ -21,7 +21,7 @@ from components.config.preprocess import SHARD_KEYS
 from components.data import integrity
 from components.data.build.common import LISTED_MAX, PreprocessError
 from components.data.build.hashing import Content, dedupe_enabled, hash_local
-from components.data.build.listing import Listed, list_items
+from components.data.build.listing import NO_CAPTION_FROM_SOURCE, Listed, list_items
 from components.data.build.placement import Placement
 from components.data.build.tasks import iter_tasks
 from components.data.build.timing import BuildTimes
@@ -155,7 +155,8 @@ def plan(
     if not len(ok):
         raise PreprocessError(
             f"source {cfg.source.kind} {cfg.source.path or ''} gave no usable items: every "
-            f"item was skipped ({len(skipped)}); nothing to write"
+            f"item was skipped ({_why_skipped(skipped, listed.caption_notes)}); nothing to "
+            "write"
         )
     # the caption table: the kept rows' texts, sorted (as sorted() orders str); each item's id
     # into it (-1: none). Sorted as an array of the texts' references: no dict of every text.
@@ -208,6 +209,22 @@ def plan(
                 classes=listed.classes, texts=table, skipped=skipped,
                 caption_notes=listed.caption_notes, near_duplicates=near,
                 split_groups=split_groups)
+
+
+def _why_skipped(skipped: Sequence[Skip], notes: Sequence[dict[str, Any]],
+                 reasons: int = 3) -> str:
+    """``skipped``'s count, by reason (most first), the first skip of each of the ``reasons``
+    commonest and the source-wide caption ``notes``: what to fix when nothing is left to
+    write."""
+    counts = collections.Counter(s.reason for s in skipped)
+    first: dict[str, Skip] = {}
+    for s in skipped:
+        first.setdefault(s.reason, s)
+    top = counts.most_common()
+    parts = [f"{len(skipped)}: " + ", ".join(f"{r}: {n}" for r, n in top)]
+    parts += [f"first {r}: {first[r].path}: {first[r].detail}" for r, _ in top[:reasons]]
+    parts += [n["detail"] for n in notes if n.get("reason") == NO_CAPTION_FROM_SOURCE]
+    return "; ".join(parts)
 
 
 def key_mapper(placement: Placement) -> KeyMapper:
