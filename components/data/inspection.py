@@ -305,7 +305,8 @@ def _skips(info: DatasetInfo) -> list[str]:
         by: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
         for s in sk["items"]:
             by[s["reason"]].append(s)
-        rows = [[r, n, "; ".join(f"{Path(s['path']).name}: {s['detail']}"
+        # an item by its file and the folder it is in (a DatasetDict's split, a class)
+        rows = [[r, n, "; ".join(f"{'/'.join(Path(s['path']).parts[-2:])}: {s['detail']}"
                                  for s in by.get(r, [])[:3])]
                 for r, n in sorted(sk["by_reason"].items())]
         lines += _md_table(["reason", "items", "examples"], rows)

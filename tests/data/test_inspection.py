@@ -19,7 +19,8 @@ def test_inspect_writes_report_and_images(tmp_path: Path) -> None:
     m["skipped"] = {"total": 2, "by_reason": {"duplicate-of": 1, "corrupt-image": 1},
                     "items": [{"path": "/x/b.png", "reason": "duplicate-of",
                                "detail": "same bytes as /x/a.png", "of": "/x/a.png"},
-                              {"path": "/x/c.png", "reason": "corrupt-image",
+                              {"path": "/x/validation/data-00000-of-00001.arrow#arrow:0:1:"
+                                       "image", "reason": "corrupt-image",
                                "detail": "cannot decode"}]}
     # sample ids 0 and 1 are train images of class 0 (tests/support/datasets.py numbering)
     m["near_duplicates"] = {
@@ -40,6 +41,8 @@ def test_inspect_writes_report_and_images(tmp_path: Path) -> None:
     assert "| class0 | 10 | 2 |" in text  # counts per split, from the labels column
     assert "| /x/b.png | /x/a.png |" in text  # the dropped copy and the one it duplicates
     assert "| duplicate-of | 1 |" in text and "| corrupt-image | 1 |" in text
+    # an example names its folder too: a DatasetDict's splits have the same file names
+    assert "validation/data-00000-of-00001.arrow#arrow:0:1:image: cannot decode" in text
     assert "Near-duplicate groups:** 1 holding 2 images" in text
     assert "No caption texts" in text  # this synthetic dir has embeddings but no texts
 
