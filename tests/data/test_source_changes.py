@@ -187,3 +187,32 @@ def test_shards_and_a_waiting_overwrite_build_are_reused_only_for_unchanged_file
         capsys.readouterr().out
     assert new["source"]["items"] == 7 and _dataset(out) != before
     _assert_usable(out, new)
+
+
+def test_a_source_changed_while_the_build_reads_it_is_not_called_complete(
+    tmp_path: Path, ray_local: None, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A file rewritten after the listing, while the shards are written (a sync job, an
+    img2dataset run still writing), may be read half old, half new: the build checks the
+    source's files again before it writes its manifest and stops naming the changed file; the
+    re-run rebuilds what it touched and completes."""
+    src = _images(tmp_path / "src")
+    out = tmp_path / "out"
+    cfg = _cfg(out, src)
+    merge = driver.merge_splits
+
+    def merge_after_a_rewrite(*args: object, **kwargs: object) -> object:
+        _same_size_new_content(src / "dog" / "2.png")  # mid-build: only ctime / inode say so
+        return merge(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(driver, "merge_splits", merge_after_a_rewrite)
+        with pytest.raises(PreprocessError) as e:
+            run(cfg, echo=False)
+    msg = str(e.value)
+    assert "changed while the build read it" in msg and str(src / "dog" / "2.png") in msg
+    assert "re-run" in msg
+    assert not (out / MANIFEST).exists()  # not complete
+    manifest = run(cfg, echo=False)
+    assert manifest["source"]["items"] == 8
+    _assert_usable(out, manifest)

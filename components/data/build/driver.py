@@ -32,13 +32,33 @@ from components.data.build.manifest import _assemble, _cleanup, summary
 from components.data.build.merging import merge_splits
 from components.data.build.placement import decide
 from components.data.build.planning import plan
-from components.data.build.source_record import SourceRecord
+from components.data.build.source_record import NAMED, SourceRecord
 from components.data.build.tasks import map_tasks
 from components.data.build.timing import BuildTimes
 from components.data.build.writing import ShardSettings, _shard_done, shard_specs, write_shard
 from components.data.caption_backend import AUTO, choose, reference_or
 from components.runtime import console
 from components.runtime.session import ray_session
+
+
+def _check_source_held_still(record: SourceRecord, listed: Listed) -> None:
+    """The source's files as the listing found them, checked again once every shard is
+    written: a file rewritten meanwhile (a sync, a writer still at work) may have been hashed
+    as one version and decoded as another, or read at offsets that moved (a tar shard).
+
+    Raises:
+        PreprocessError: naming the changed files; no manifest is written, and the re-run
+            lists the source anew and rebuilds the shards those files touched.
+    """
+    changed = record.changed_files(listed)
+    if changed:
+        named = ", ".join(changed[:NAMED]) + (f" and {len(changed) - NAMED} more"
+                                              if len(changed) > NAMED else "")
+        raise PreprocessError(
+            f"the source changed while the build read it: {len(changed)} file(s) differ from "
+            f"their listing ({named}); the shards made from them may hold old and new "
+            "content, so the dataset is not marked complete: re-run `simgraph preprocess` "
+            "once the source holds still (the shards of unchanged files are reused)")
 
 
 def _build(
@@ -153,6 +173,7 @@ def _build(
     times.add("ray", time.perf_counter() - stopping)  # a local Ray's shutdown
 
     with times.stage("source_record"):
+        _check_source_held_still(record, listed)
         record.write(out)  # before the manifest that names its digest
     manifest = _assemble(cfg, out, params, params_digest, p, sides, merged, class_files, dim,
                          checks, None if choice is None else choice.as_dict(),

@@ -198,6 +198,18 @@ class SourceRecord:
     def __len__(self) -> int:
         return len(self.labels)
 
+    def changed_files(self, listed: Listed) -> list[str]:
+        """The files of ``listed`` (what this record was made of) whose metadata differs now
+        from the record's: stat'ed again, each file once (a shard once for its items)."""
+        now = SourceRecord.of(listed)
+        moved = [k for k, (a, b) in enumerate(zip(self.stats, now.stats, strict=True))
+                 if a != b]
+        if not moved:
+            return []
+        row = np.full(len(self.stats), -1, dtype=np.int64)
+        row[self.stat_ids[::-1]] = np.arange(len(self.stat_ids))[::-1]  # each file's first item
+        return [item_file(self.paths[int(row[k])]) or self.paths[int(row[k])] for k in moved]
+
     def stat_at(self, i: int) -> Stat:
         """The stat of item ``i`` (its index in the :class:`Listed` the record was made of)."""
         return self.stats[int(self.stat_ids[i])]
