@@ -125,19 +125,42 @@ def describe(e: BaseException) -> str:
 
 
 INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
+TERMINATED = 143  # ... and by SIGTERM
+
+
+class Terminated(BaseException):  # noqa: N818 (a stop request, not an error)
+    """SIGTERM (``kill``, a service stop, a batch scheduler's preemption) as an exception in
+    the main thread (:func:`stop_on_sigterm`): unwound like Ctrl-C, so what was complete stays
+    and the command ends with one line, not Ray's native crash dump."""
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM raise :class:`Terminated` in the main thread. Called before a command's
+    body and again after ``ray.init`` (Ray's core worker installs a native SIGTERM handler
+    that dumps stacks and aborts: exit 134); a no-op off the main thread."""
+    import signal
+    import threading
+
+    def terminated(signum: int, frame: object) -> None:
+        raise Terminated()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, terminated)
 
 
 def run_command(command: str, body: Callable[[], object]) -> int:
     """Run a ``simgraph <command>`` body; returns its exit code. A :class:`SimgraphError`
     becomes one ``simgraph <command>: ...`` line on stderr and its ``exit_code`` (2 for config
     errors, 1 otherwise); Ctrl-C one line and :data:`INTERRUPTED`; any other exception is a
-    bug and keeps its traceback.
+    bug and keeps its traceback. SIGTERM: one line and :data:`TERMINATED`
+    (:func:`stop_on_sigterm`).
 
     Example::
 
         def main(config: str) -> int:
             return run_command("pretrain", lambda: run(load_config(config, PretrainConfig)))
     """
+    stop_on_sigterm()
     try:
         body()
     except SimgraphError as e:
@@ -148,4 +171,8 @@ def run_command(command: str, body: Callable[[], object]) -> int:
         print(f"simgraph {command}: interrupted (Ctrl-C); what was complete stays (the same "
               "command resumes runs, builds and sweeps)", file=sys.stderr)
         return INTERRUPTED
+    except Terminated:
+        print(f"simgraph {command}: terminated (SIGTERM); what was complete stays (the same "
+              "command resumes runs, builds and sweeps)", file=sys.stderr)
+        return TERMINATED
     return 0

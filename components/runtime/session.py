@@ -44,6 +44,8 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from components.errors import stop_on_sigterm
+
 DASHBOARD_ENV = "SIMGRAPH_RAY_DASHBOARD"
 LOOPBACK = "127.0.0.1"
 _CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
@@ -148,6 +150,7 @@ def ray_session(num_cpus: int | None, needs_dashboard: bool = False) -> Iterator
     with local_start() if kwargs.get("address") == "local" else contextlib.nullcontext():
         ray.init(**kwargs, **console.before_ray_init())
     console.after_ray_init()
+    stop_on_sigterm()  # over the core worker's native handler (a stack dump, then abort)
     try:
         yield
     finally:
