@@ -211,10 +211,26 @@ def _print_paper_estimate(cfg: Any) -> None:
     print("\n".join(lines))
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """argparse, except that a command's dotted overrides may also follow its flags
+    (``preprocess cfg.yaml --overwrite split.seed=1``: argparse stops a positional list at
+    the first flag and calls the rest unrecognized)."""
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        ns, extra = self.parse_known_args(args, namespace)
+        if extra and isinstance(getattr(ns, "overrides", None), list) and all(
+                "=" in a and not a.startswith("-") for a in extra):
+            ns.overrides = [*ns.overrides, *extra]
+        elif extra:
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        return ns
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every ``simgraph`` subcommand and its arguments (``simgraph submit`` checks the command
     it sends with this same parser)."""
-    parser = argparse.ArgumentParser(prog="simgraph", description=__doc__.split("\n")[0])
+    parser = _CommandParser(prog="simgraph", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("validate", help="check a config file and print it resolved")
     p.add_argument("config", help="YAML config file")

@@ -51,6 +51,21 @@ def test_cli_validate_prints_resolved_config(capsys: pytest.CaptureFixture[str])
     }
 
 
+def test_overrides_may_follow_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    """``simgraph preprocess cfg.yaml --overwrite split.seed=1``: an override after a flag
+    is an override (was "unrecognized arguments"); an unknown flag is still refused."""
+    path = str(ROOT / "pipelines/configs/losses/xclr_class.yaml")
+    assert main(["validate", path, "-v", "loss.tau_s=0.3"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["loss"]["tau_s"] == 0.3
+    assert main(["validate", "-v", path, "loss.tau_s=0.2", "--verbose", "loss.tau=0.5"]) == 0
+    loss = yaml.safe_load(capsys.readouterr().out)["loss"]
+    assert (loss["tau_s"], loss["tau"]) == (0.2, 0.5)
+    with pytest.raises(SystemExit) as e:
+        main(["validate", path, "--no-such-flag", "loss.tau_s=0.3"])
+    assert e.value.code == 2 and "unrecognized arguments: --no-such-flag" in (
+        capsys.readouterr().err)
+
+
 def test_cli_validate_rejects_bad_values(capsys: pytest.CaptureFixture[str]) -> None:
     path = str(ROOT / "pipelines/configs/losses/sincere.yaml")
     assert main(["validate", path, "loss.tau=-1"]) == 2
