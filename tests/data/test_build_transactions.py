@@ -136,8 +136,10 @@ def test_failed_overwrite_keeps_the_dataset_and_a_rerun_resumes_and_swaps(
     mark = json.loads((out / NEXT / STAGE_MARK).read_text())
     assert mark["params_digest"] != old["params_digest"]
 
-    with pytest.raises(PreprocessError, match="other parameters.*--overwrite"):
-        run(new_cfg, echo=False)  # still refused without --overwrite, still intact
+    # still refused without --overwrite, still intact; the refusal names what differs
+    with pytest.raises(PreprocessError,
+                       match=r"other parameters \(split\.val: 0\.25 -> 0\.0\).*--overwrite"):
+        run(new_cfg, echo=False)
     assert _dataset(out) == before
 
     new = run(new_cfg, overwrite=True, echo=False)
@@ -270,7 +272,8 @@ def test_uri_output_is_compared_with_the_remote_manifest(
     monkeypatch.setenv("SIMGRAPH_STAGE_DIR", str(tmp_path / "host2"))
     new_cfg = _cfg(Path("unused"), src, output=uri)
     with pytest.raises(PreprocessError,
-                       match=re.escape(storage.display(uri)) + ".*other parameters.*--overwrite"):
+                       match=re.escape(storage.display(uri)) + r".*other parameters "
+                       r"\(split\.val: 0\.25 -> 0\.0\).*--overwrite"):
         run(new_cfg, echo=False)
     typo = tmp_path / "scr"
     with pytest.raises(PreprocessError, match=re.escape(str(typo))):

@@ -142,8 +142,9 @@ def _run_uri(cfg: PreprocessConfig, overwrite: bool, echo: bool) -> dict[str, An
                       command="preprocess", fix=_CLAIM_FIX)
     if remote is not None and remote.get("params_digest") != params_digest and not overwrite:
         raise PreprocessError(
-            f"{storage.display(uri)} holds a dataset built with other parameters; choose "
-            "another output or pass --overwrite to rebuild it"
+            f"{storage.display(uri)} holds a dataset built with other parameters"
+            f"{_differ(remote, _params(cfg))}; choose another output or pass --overwrite to "
+            "rebuild it"
         )
     local = default_cache_dir() / "build" / hashlib.sha256(uri.encode()).hexdigest()[:16]
     cached = _read_json(local / MANIFEST)
@@ -237,6 +238,29 @@ def _exclusive(out: Path) -> Iterator[None]:
         raise PreprocessError(str(e)) from None
 
 
+def _differ(manifest: dict[str, Any], params: dict[str, Any], named: int = 4) -> str:
+    """`` (key: old -> new, ...)``: the build parameters a dataset's ``manifest`` was made
+    with that ``params`` change (dotted keys), for the refusal that names ``--overwrite``;
+    empty when the manifest does not record them."""
+    old = manifest.get("params")
+    if not isinstance(old, dict):
+        return ""
+
+    def flat(d: dict[str, Any], at: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{at}{k}.") if isinstance(v, dict) else {f"{at}{k}": v})
+        return out
+
+    a, b = flat(old), flat(params)
+    keys = sorted(k for k in a.keys() | b.keys() if a.get(k, "?") != b.get(k, "?"))
+    if not keys:
+        return ""
+    shown = [f"{k}: {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}" for k in keys[:named]]
+    more = f", and {len(keys) - named} more" if len(keys) > named else ""
+    return f" ({', '.join(shown)}{more})"
+
+
 def _run_locked(
     cfg: PreprocessConfig, out: Path, params: dict[str, Any], params_digest: str,
     overwrite: bool, echo: bool,
@@ -251,8 +275,8 @@ def _run_locked(
         old = _read_json(out / MANIFEST)
         if old and old.get("params_digest") != params_digest:
             raise PreprocessError(
-                f"{out} holds a dataset built with other parameters; choose another output or "
-                "pass --overwrite to rebuild it"
+                f"{out} holds a dataset built with other parameters{_differ(old, params)}; "
+                "choose another output or pass --overwrite to rebuild it"
             )
         done_manifest = _verified_manifest(out, params_digest)
         if done_manifest is not None:
