@@ -309,7 +309,7 @@ class LoadedRun:
             ``error``: the dataset cannot be read, has no labels, or is not the data the run
                 trained on.
         """
-        from components.data.identity import dataset_identity
+        from components.data.identity import dataset_identity, identity_diff
         from components.data.reader import DatasetError, DatasetInfo
         from components.data.staging import local_dataset
         from components.io.storage import StorageError
@@ -323,11 +323,15 @@ class LoadedRun:
             raise self.error(f"{info.root} has no labels: kNN, the probe and the graph "
                              "metrics need labelled data")
         trained_on = self.state.dataset
-        if trained_on is not None and trained_on != dataset_identity(info.manifest):
+        now = dataset_identity(info.manifest)
+        if trained_on is not None and trained_on != now:
             raise self.error(
-                f"{info.root} does not hold the data this run trained on (its manifest's "
-                "digest, split checksums or classes differ); point data.dataset at the "
-                "original dataset dir")
+                f"{info.root} does not hold the data this run trained on "
+                f"({', '.join(identity_diff(trained_on, now)) or 'its identity'} differ: "
+                "rebuilt or replaced since, e.g. by `simgraph preprocess --overwrite`); the "
+                f"run's config names it as data.dataset={data.dataset!r}: restore the dataset "
+                "the run trained on there (rebuild it with the parameters it was built with), "
+                "or train a run on the new one")
         return info
 
 

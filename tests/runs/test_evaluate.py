@@ -133,8 +133,13 @@ def test_bad_inputs_are_clear_errors(dataset: Path, tmp_path: Path) -> None:
     manifest = json.loads((moved / "manifest.json").read_text())
     manifest["splits"]["train"]["sha256"] = "0" * 64
     (moved / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(EvaluateError, match="does not hold the data this run trained on"):
+    with pytest.raises(EvaluateError, match="does not hold the data this run trained on") as e:
         evaluate_run(run2)
+    # what differs, where the run's config points, and a fix evaluate can take (it has no
+    # data.dataset option: was "point data.dataset at the original dataset dir")
+    assert "split files (train) differ" in str(e.value)
+    assert f"data.dataset={str(moved)!r}" in str(e.value) and "restore" in str(e.value)
+    assert "point data.dataset" not in str(e.value)
     manifest["classes"] = []
     (moved / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(EvaluateError, match="needs labelled data|has no labels"):
