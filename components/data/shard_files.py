@@ -131,7 +131,11 @@ def shard_files(path: str, suffix: str) -> list[str]:
                           and os.path.isfile(os.path.join(pattern, n)))
         else:
             out.append(pattern)  # a missing one is an unreadable shard, named when opened
-    if not out or (len(out) == 1 and out[0] == path and not _exists(path)):
+    if len(out) == 1 and out[0] == path and not _GLOB.search(path) and not _exists(path):
+        raise SourceError(f"source.path={path!r} does not exist: give a folder of {suffix} "
+                          f"files, a file, a glob (/data/*{suffix}) or a brace range "
+                          f"(shard-{{00000..00099}}{suffix})")
+    if not out:
         raise SourceError(f"source.path={path!r} matches no {suffix} file: give a folder of "
                           f"{suffix} files, a file, a glob (/data/*{suffix}) or a brace range "
                           f"(shard-{{00000..00099}}{suffix})")

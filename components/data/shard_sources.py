@@ -57,7 +57,7 @@ from components.data.sources import (
     decode_caption,
     shard_item,
 )
-from components.data.tar_headers import tar_members
+from components.data.tar_headers import CutShort, tar_members
 
 UNREADABLE_SHARD = "unreadable-shard"
 MISSING_LABEL = "missing-label"
@@ -429,11 +429,15 @@ def webdataset_lister(path: str, *, on_bad_input: str = "skip", options: ShardOp
     lister = _Lister(path, on_bad_input, spill)
     with lister.reading():
         for shard in shard_files(path, ".tar"):
+            before = len(lister.labels)
             try:
                 _list_tar(lister, shard, exts, options, read_headers)
             except (OSError, tarfile.TarError, EOFError) as e:
+                listed = len(lister.labels) - before
+                kept = (f"; its first {listed} items were listed, the rest of the shard is "
+                        "lost" if listed else "")
                 lister.skip(shard, UNREADABLE_SHARD,
-                            f"not a readable uncompressed tar shard: {e}")
+                            f"not a readable uncompressed tar shard: {e}{kept}")
     lister.labelled = options.label_key is not None
     return lister
 
@@ -450,7 +454,12 @@ def _list_tar(lister: _Lister, shard: str, exts: list[str], options: ShardOption
         if why is not None:
             lister.skip(shard, UNREADABLE_SHARD, why)
             return
-        members = tar_members(f, wanted) if read_headers else None
+        try:
+            members = tar_members(f, wanted) if read_headers else None
+        except CutShort as e:  # the whole members before the cut listed, the shard named
+            _add_samples(lister, shard, exts, options,
+                         _tar_keys((m.name, m) for m in e.members), lambda m: m.data)
+            raise
         if members is not None:
             _add_samples(lister, shard, exts, options,
                          _tar_keys((m.name, m) for m in members), lambda m: m.data)
@@ -463,6 +472,9 @@ def _list_tar(lister: _Lister, shard: str, exts: list[str], options: ShardOption
 
             _add_samples(lister, shard, exts, options,
                          _tar_keys((m.name, m) for m in tf if m.isfile()), read)
+            size = f.seek(0, 2)
+            if tf.offset >= size:  # no end-of-archive block after the last member
+                raise CutShort(size, [])
 
 
 def _add_samples(lister: _Lister, shard: str, exts: list[str], options: ShardOptions,

@@ -66,6 +66,17 @@ def _name(field: bytes) -> str:
     return (field if end < 0 else field[:end]).decode(tarfile.ENCODING, "surrogateescape")
 
 
+class CutShort(EOFError):
+    """A tar file that ends on a header boundary without tar's end-of-archive blocks: cut
+    short (a copy or a writer stopped there; with 4 KiB-aligned copies, the likely place).
+    ``members``: those before the cut, whole."""
+
+    def __init__(self, size: int, members: list[TarMember]) -> None:
+        super().__init__(f"ends at byte {size:,} without tar's end-of-archive blocks: cut "
+                         "short (copy it again)")
+        self.members = members
+
+
 def tar_members(f: IO[bytes], wanted: frozenset[str]) -> list[TarMember] | None:
     """The regular-file members of the uncompressed tar ``f`` (seekable, at any position), in
     order, each with its bytes when its extension (WebDataset's: after the base name's first
@@ -73,6 +84,8 @@ def tar_members(f: IO[bytes], wanted: frozenset[str]) -> list[TarMember] | None:
 
     Raises:
         OSError: ``f`` cannot be read.
+        CutShort: the file ends on a header boundary without the end-of-archive blocks
+            (``tarfile`` reads such a file as complete).
     """
     size = f.seek(0, 2)
     members: list[TarMember] = []
@@ -81,6 +94,7 @@ def tar_members(f: IO[bytes], wanted: frozenset[str]) -> list[TarMember] | None:
     checked: set[bytes] = set()  # mode, uid, gid, mtime, devmajor, devminor seen valid
     buf, start = b"", 0  # buf holds the file's bytes [start, start + len(buf))
     pos = 0
+    cut = -1  # where the file ends without an end-of-archive block (-1: it has one)
     while True:
         if pos + BLOCK > start + len(buf):
             f.seek(pos)
@@ -88,8 +102,9 @@ def tar_members(f: IO[bytes], wanted: frozenset[str]) -> list[TarMember] | None:
         at = pos - start
         h = buf[at:at + BLOCK]
         if len(h) < BLOCK:
-            if not h and pos > 0:
-                break  # the file ends on a header boundary: tarfile stops there too
+            if not h and pos > 0:  # on a header boundary, no end-of-archive block
+                cut = size
+                break
             return None  # an empty file, or a header cut short
         if h == _ZERO:
             break  # the end-of-archive block
@@ -142,4 +157,6 @@ def tar_members(f: IO[bytes], wanted: frozenset[str]) -> list[TarMember] | None:
                + 8 * 32)
         if not np.array_equal(got, np.array(sums, dtype=np.int64)):
             return None
+    if cut >= 0:
+        raise CutShort(cut, members)
     return members

@@ -186,3 +186,23 @@ def test_an_official_val_split_is_kept_and_no_other_val_is_drawn() -> None:
     drawn = assign_splits(labels, no_val, 0.25, 0.25, seed=1)
     assert drawn.count("val") == 2 and drawn[8:] == ["test", "test"]
 
+
+def test_a_truncated_tar_shard_says_how_much_of_it_was_listed(tmp_path: Path) -> None:
+    """Cut inside a member's data (tarfile: "unexpected end of data"), or on a 512-byte
+    boundary — where an interrupted copy of 4 KiB blocks stops, and where tarfile sees a
+    complete archive: the items before the cut are kept and the shard is one named skip."""
+    whole = _tar(tmp_path / "whole.tar", [(f"{i}.png", _png(i, side=32)) for i in range(8)])
+    data = whole.read_bytes()
+    (tmp_path / "wds").mkdir()
+    for at, why in ((len(data) // 3, "unexpected end of data"),
+                    (20480, "ends at byte 20,480 without tar's end-of-archive blocks")):
+        cut = tmp_path / "wds" / "00001.tar"
+        cut.write_bytes(data[:at])
+        lst = list_webdataset(str(cut), options=ShardOptions())
+        (skip,) = lst.skipped
+        assert skip.reason == UNREADABLE_SHARD and skip.path == str(cut)
+        assert why in skip.detail, skip.detail
+        assert f"its first {len(lst.items)} items were listed" in skip.detail
+        assert "the rest of the shard is lost" in skip.detail and 0 < len(lst.items) < 8
+    # a whole shard (its end-of-archive blocks there) is no skip
+    assert not list_webdataset(str(whole), options=ShardOptions()).skipped

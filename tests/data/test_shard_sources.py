@@ -415,9 +415,12 @@ def test_brace_and_glob_expansion(tmp_path: Path) -> None:
     assert shard_files(str(tmp_path / "*.tar"), ".tar") == names
     assert shard_files(str(tmp_path / "cc-{00001..00002}.tar"), ".tar") == names[1:]
     (tmp_path / "empty").mkdir()
-    for nothing in (tmp_path / "*.none", tmp_path / "none.tar", tmp_path / "empty"):
+    for nothing in (tmp_path / "*.none", tmp_path / "empty"):
         with pytest.raises(SourceError, match="matches no .tar file"):
             shard_files(str(nothing), ".tar")
+    for missing in (tmp_path / "none.tar", tmp_path / "no-such-folder"):
+        with pytest.raises(SourceError, match=re.escape(f"{str(missing)!r} does not exist")):
+            shard_files(str(missing), ".tar")
     # A brace naming a missing shard: that shard is counted, the others listed.
     lst = list_webdataset(str(tmp_path / "cc-{00002..00003}.tar"), options=ShardOptions())
     assert len(lst.items) == 1 and [s.reason for s in lst.skipped] == [UNREADABLE_SHARD]

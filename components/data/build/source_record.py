@@ -350,4 +350,6 @@ def check_unchanged(out: Path, manifest: Mapping[str, Any], now: SourceRecord) -
     raise PreprocessError(
         f"{out} was built from another version of its source: {what}; pass --overwrite to "
         "rebuild it from the source as it is now (built beside the current dataset and "
-        "swapped in when complete), or restore the source")
+        "swapped in when complete). Files are compared by size, modification time, inode and "
+        "change time, not their bytes: a file copied back or moved away and back counts as "
+        "changed too")
