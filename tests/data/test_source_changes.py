@@ -216,3 +216,18 @@ def test_a_source_changed_while_the_build_reads_it_is_not_called_complete(
     manifest = run(cfg, echo=False)
     assert manifest["source"]["items"] == 8
     _assert_usable(out, manifest)
+
+
+def test_a_changed_shard_is_named_by_its_file_not_its_items_offsets() -> None:
+    """One image edited in a tar shard moves every later item's offset: the refusal said
+    "50 added (…#tar:105472:2696, …); 50 removed (…)" — places in the shard nobody can map to
+    a member. Shard items are named by their shard."""
+    from components.data.build.source_record import SourceChanges
+
+    a, b = "/d/shard-00000.tar", "/d/shard-00001.tar"
+    changes = SourceChanges(
+        added=[f"{a}#tar:{512 * k}:100" for k in range(50)],
+        removed=[f"{a}#tar:{512 * k + 1}:100" for k in range(49)] + [f"{b}#tar:512:9"],
+        changed=["/d/folder/x.png"], classes=None, skipped=None)
+    assert changes.describe() == (
+        f"50 added (in {a}); 50 removed (in {a}, {b}); 1 changed (/d/folder/x.png)")

@@ -33,7 +33,7 @@ import numpy as np
 from components.data.build.common import PreprocessError
 from components.data.build.listing import Listed
 from components.data.shard_paths import ShardPaths
-from components.data.sources import item_file
+from components.data.sources import item_file, shard_item
 from components.io.files import replacing, stat_key
 
 SOURCE_FILE = "source.json.gz"
@@ -125,10 +125,17 @@ class SourceChanges:
         return bool(self.added or self.removed or self.changed or self.classes or self.skipped)
 
     def describe(self) -> str:
-        """One clause per kind of change, naming up to :data:`NAMED` paths each."""
+        """One clause per kind of change, naming up to :data:`NAMED` paths each: a shard
+        item by its shard (its path is its place in the shard, ``#tar:<offset>:<size>``,
+        which means nothing to a reader, and moves for every later item when one changes)."""
         def some(paths: Sequence[str]) -> str:
-            more = f", and {len(paths) - NAMED} more" if len(paths) > NAMED else ""
-            return ", ".join(paths[:NAMED]) + more
+            shards = {s[0]: None for p in paths if (s := shard_item(p)) is not None}
+            if not paths or len(shards) == 0 or any(shard_item(p) is None for p in paths):
+                more = f", and {len(paths) - NAMED} more" if len(paths) > NAMED else ""
+                return ", ".join(paths[:NAMED]) + more
+            files = list(shards)
+            more = f", and {len(files) - NAMED} more" if len(files) > NAMED else ""
+            return "in " + ", ".join(files[:NAMED]) + more
 
         parts = [f"{len(v)} {k} ({some(v)})" for k, v in
                  (("added", self.added), ("removed", self.removed),
