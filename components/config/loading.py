@@ -163,7 +163,8 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
     """Return a copy of ``data`` with ``a.b.c=value`` overrides applied.
 
     Values are parsed with ``yaml.safe_load`` (``0.2`` is a float, ``true`` a bool, ``[1,2]`` a
-    list). Switching a tagged section's ``name`` (``loss.name=sincere``) keeps only the keys
+    list, ``{a: 1}`` a mapping; ``json:`` stays text). Switching a tagged section's ``name``
+    (``loss.name=sincere``) keeps only the keys
     given after it for that section, so the old loss's parameters do not leak into the new one.
     """
     out: dict[str, Any] = _deep_copy(data)
@@ -184,6 +185,10 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
                 f"({getattr(e, 'problem', None) or e}); quote list entries that contain "
                 "brackets or commas, e.g. overrides=['data.augment.mean=[0.5,0.5,0.5]']"
             ) from None
+        if isinstance(value, dict) and not raw.strip().startswith("{"):
+            # ``json:`` / ``a: b`` typed on a command line is text, not a block mapping
+            # (``{json: null}``); a mapping is written in flow style, ``{a: 1}``
+            value = raw.strip()
         _set(out, keys, value, f"override {clip(item)}")
     return out
 

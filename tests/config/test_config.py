@@ -93,6 +93,10 @@ def test_overrides_parse_yaml_values_and_switch_loss_cleanly() -> None:
         apply_overrides(base, ["overrides=[a=[1,2], b]"])
     quoted = apply_overrides(base, ["overrides=['a=[1,2]', b]"])
     assert quoted["overrides"] == ["a=[1,2]", "b"]
+    # "key:" on a command line is a string, not YAML's one-key mapping {key: None} (was
+    # "source.caption_key={'json': None} must be a string"); a mapping is written {a: 1}
+    text = apply_overrides({}, ["source.caption_key=json:", "source.x=a: b", "m={a: 1}"])
+    assert text == {"source": {"caption_key": "json:", "x": "a: b"}, "m": {"a": 1}}
 
 
 def test_set_values_is_apply_overrides_without_text() -> None:
