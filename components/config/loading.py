@@ -164,8 +164,8 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
 
     Values are parsed with ``yaml.safe_load`` (``0.2`` is a float, ``true`` a bool, ``[1,2]`` a
     list, ``{a: 1}`` a mapping; ``json:`` stays text). Switching a tagged section's ``name``
-    (``loss.name=sincere``) keeps only the keys
-    given after it for that section, so the old loss's parameters do not leak into the new one.
+    (``loss.name=sincere``) keeps only the keys given after it for that section, so the old
+    loss's parameters do not leak into the new one.
     """
     out: dict[str, Any] = _deep_copy(data)
     for item in overrides:
