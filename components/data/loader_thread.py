@@ -7,7 +7,8 @@ thread's traceback text); a thread that produces nothing for ``stall_timeout`` s
 (:class:`~components.data.reader_errors.LoaderStalledError`), naming the split file. FFCV
 1.0.2's own iterator waits forever.
 
-Owns: the stall timeout (:func:`stall_timeout_s`), the seeded ``Loader`` class and its epoch
+Owns: the decoding threads a loader may have here (:func:`decode_threads`), the stall
+timeout (:func:`stall_timeout_s`), the seeded ``Loader`` class and its epoch
 iterator (:func:`seeded_loader_class`: a copy of FFCV's ``EpochIterator`` without CUDA for a
 CPU reader), its unpinned host buffers (:func:`_host_buffers`) and FFCV's stage order made
 deterministic (:func:`_order_stages_by_id`).
@@ -32,6 +33,30 @@ from components.data.reader_errors import LoaderError, LoaderStalledError, Reade
 
 STALL_TIMEOUT_S = 300.0  # default: generous (a first batch includes numba compiling, 15-45 s)
 STALL_TIMEOUT_ENV = "SIMGRAPH_LOADER_TIMEOUT_S"
+
+
+_CAPPED: set[tuple[int, int]] = set()  # (asked, allowed) already said in this process
+
+
+def decode_threads(asked: int) -> int:
+    """The FFCV decoding threads a loader gets for ``data.num_workers=asked``: at most numba's
+    thread limit here (``NUMBA_NUM_THREADS``, this machine's CPUs), which FFCV's ``Loader``
+    otherwise fails on with numba's traceback — in training, and in ``evaluate`` / ``embed``
+    of a run trained on a bigger machine, whose config cannot be changed. Decoding threads
+    change the speed only, never a batch. Said once per process on stderr when capped."""
+    import sys
+
+    import numba
+
+    allowed = max(1, int(numba.config.NUMBA_NUM_THREADS))
+    if asked <= allowed:
+        return asked
+    if (asked, allowed) not in _CAPPED:
+        _CAPPED.add((asked, allowed))
+        print(f"simgraph: data.num_workers={asked} is more than the {allowed} decoding threads "
+              f"this machine allows (numba's limit: its CPUs); using {allowed}",
+              file=sys.stderr, flush=True)
+    return allowed
 
 
 def stall_timeout_s(value: float | None = None) -> float:

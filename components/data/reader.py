@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from components.config import AugmentConfig, PretrainConfig
-from components.data.loader_thread import seeded_loader_class, stall_timeout_s
+from components.data.loader_thread import decode_threads, seeded_loader_class, stall_timeout_s
 from components.data.multicrop import Images, MultiCrop
 from components.data.reader_errors import (
     LoaderError as LoaderError,  # pickled by path in older sweep dirs
@@ -294,7 +294,8 @@ class ViewLoader:
                                world_size=world_size,
                                batch_size=batch_size, shuffle=train, drop_last=drop_last)
         self.loader = seeded_loader_class()(
-            str(path), batch_size=batch_size, num_workers=num_workers, order=order,
+            str(path), batch_size=batch_size, num_workers=decode_threads(num_workers),
+            order=order,
             os_cache=os_cache, drop_last=drop_last, pipelines=pipelines,
         )
         self.loader.aug_seed = (seed, rank)  # type: ignore[attr-defined]

@@ -248,6 +248,23 @@ def test_stopping_early_ends_the_thread(betons: _Betons) -> None:
     assert error is None and sum(len(b.labels) for b in batches) == 10
 
 
+def test_more_decoding_threads_than_this_machine_allows_are_capped(
+        betons: _Betons, capsys: pytest.CaptureFixture[str]) -> None:
+    """``data.num_workers`` above numba's thread limit (the machine's CPUs) was a numba
+    traceback ("The number of threads must be between 1 and 2") in training, and made a run
+    trained on a bigger machine impossible to evaluate or embed here (no option lowers it):
+    the reader decodes with as many threads as it may, saying so once."""
+    import numba
+
+    limit = int(numba.config.NUMBA_NUM_THREADS)
+    loader = ViewLoader(betons(10), batch_size=2, train=False, augment=AUG,
+                        num_workers=limit + 62)
+    batches, error, _ = _drain(loader, 120)
+    assert error is None and sum(len(b.labels) for b in batches) == 10
+    err = capsys.readouterr().err
+    assert f"data.num_workers={limit + 62}" in err and f"using {limit}" in err
+
+
 # ---------------------------------------------------------------------------------------------
 # Defect 1 (a): devices are always indexed and follow the stage's resources.
 
