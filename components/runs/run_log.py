@@ -5,11 +5,32 @@ run dir after every epoch."""
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 from typing import Any
 
 from components.config import PretrainConfig, to_dict
 from components.io.files import atomic_open
 from components.runs.run_dir import METRICS_CSV
+
+
+def read_history(run_dir: str | Path) -> list[dict[str, float | None]] | None:
+    """A local run dir's ``metrics.csv`` as rows (numbers as floats, an empty cell None): the
+    run's whole per-epoch history, as :class:`RunLog` rewrites it from the checkpointed
+    history every epoch (a resumed run's earlier epochs too); ``None`` when there is none."""
+    path = Path(run_dir) / METRICS_CSV
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except (OSError, csv.Error, UnicodeDecodeError):
+        return None
+
+    def number(v: str | None) -> float | None:
+        try:
+            return float(v) if v not in (None, "") else None
+        except ValueError:
+            return None
+
+    return [{k: number(v) for k, v in row.items() if k is not None} for row in rows] or None
 
 
 class RunLog:

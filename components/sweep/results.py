@@ -36,7 +36,8 @@ def trial_rows(results: Any, sweep: SweepConfig) -> list[dict[str, Any]]:
     for r in results:
         cfg = setting_of(r.config or {})
         repeat = int((r.config or {}).get(REPEAT_INDEX, 0) or 0)
-        df = r.metrics_dataframe
+        trial = (r.metrics or {}).get("trial_id") or Path(r.path).name
+        df = _whole_history(sweep, str(trial), r.metrics_dataframe)
         history = [] if df is None or sweep.metric not in df else list(df[sweep.metric])
         epochs = int(df["epoch"].max()) if df is not None and "epoch" in df else 0
         failed = r.error is not None
@@ -50,7 +51,7 @@ def trial_rows(results: Any, sweep: SweepConfig) -> list[dict[str, Any]]:
                   if isinstance(v, int | float) and math.isfinite(v)]
                  if history and "epoch" in df else [])
         rows.append({
-            "trial": (r.metrics or {}).get("trial_id") or Path(r.path).name,
+            "trial": trial,
             "status": "failed" if failed else "finished",
             "error": _short(r.error) if failed else "",
             "epochs": epochs,
@@ -73,13 +74,38 @@ def trial_rows(results: Any, sweep: SweepConfig) -> list[dict[str, Any]]:
             m.update(setting_mean=mean, setting_sd=sd, setting_n=len(scores))
     sign = -1.0 if sweep.mode == "max" else 1.0
 
-    def order(row: dict[str, Any]) -> tuple[bool, float, bool, float]:
+    def order(row: dict[str, Any]) -> tuple[bool, float, bool, float, str]:
+        # ties by trial id: the same ranking whatever order Tune hands the results in (a
+        # --resume re-ranked tied trials and replaced a confirmed best.yaml)
         mean, score = row["setting_mean"], row["score"]
         return (mean is None, sign * float(mean or 0.0), score is None,
-                sign * float(score or 0.0))
+                sign * float(score or 0.0), str(row["trial"]))
 
     rows.sort(key=order)
     return rows
+
+
+def _whole_history(sweep: SweepConfig, trial: str, df: Any) -> Any:
+    """The trial's per-epoch results: Tune's, or — when the trial's run dir
+    (``<sweep dir>/trials/<trial id>``, local) records more epochs, as after a ``--resume`` of
+    a killed driver, where Tune's restored trial holds only the results reported since — its
+    ``metrics.csv``, the run's whole history. A score from the results since a resume alone
+    ranked a trial by its last epochs only."""
+    import os
+
+    from components.runs.run_log import read_history
+    from components.sweep.layout import sweep_dir
+
+    root = sweep_dir(sweep)
+    if "://" in root:
+        return df
+    rows = read_history(os.path.join(root, "trials", trial))
+    seen = 0 if df is None or "epoch" not in df else len(df)
+    if rows is None or len(rows) <= seen or any("epoch" not in r for r in rows):
+        return df
+    import pandas as pd
+
+    return pd.DataFrame(rows)
 
 
 def best_row(rows: Sequence[dict[str, Any]], sweep: SweepConfig) -> dict[str, Any] | None:
