@@ -15,7 +15,7 @@ from components.config.checks import (
     check_non_negative,
     check_positive,
 )
-from components.config.losses import LOSS_CONFIGS, LossConfig, SimCLRConfig
+from components.config.losses import LOSS_CONFIGS, ContrastiveConfig, LossConfig, SimCLRConfig
 from components.errors import clip
 
 # ---------------------------------------------------------------------------------------------
@@ -563,6 +563,20 @@ class PretrainConfig:
                 f"train.accumulate={k} does not divide data.batch_size={b}: a step splits "
                 f"each worker's batch into train.accumulate equal encoder chunks; use one of "
                 f"{allowed} (or change data.batch_size)")
+        # a contrastive loss with no positive for any anchor is 0 every step: a run that
+        # trains nothing, silently (SimCLR's positive is the other view of its image)
+        if isinstance(self.loss, SimCLRConfig) and self.data.views < 2:
+            raise ConfigError(
+                f"loss.name='simclr' with data.views={self.data.views}: an image's positive "
+                "is its other view, so no anchor has one and the loss is 0 every step; use "
+                "data.views=2 (or more)")
+        gathered = self.data.views * self.data.batch_size * self.scaling.num_workers
+        if isinstance(self.loss, ContrastiveConfig) and gathered < 2 and not self.loss.bank_size:
+            raise ConfigError(
+                f"loss.name={self.loss.name!r} with data.views={self.data.views} and "
+                f"data.batch_size={self.data.batch_size} on {self.scaling.num_workers} worker: "
+                "each step contrasts one view with nothing (the loss is 0 every step); raise "
+                "data.batch_size or data.views")
         if self.scaling.use_gpu is False and self.train.amp == "fp16":
             raise ConfigError("train.amp='fp16' needs scaling.use_gpu=true; on CPU use 'bf16' "
                               "or 'none'")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -170,3 +171,27 @@ def test_step_schedule_settings() -> None:
         OptimConfig(step_epochs=[30])
     with pytest.raises(ConfigError, match="optim.step_gamma"):
         OptimConfig(schedule="step", step_epochs=[30], step_gamma=1.5)
+
+
+def test_a_run_whose_loss_has_no_positive_is_refused(tmp_path: Path) -> None:
+    """SimCLR with one view (its positive is the other view), or any batch loss contrasting
+    one view with nothing (batch 1, one view, one worker): the loss is 0 every step and the
+    run trained nothing, silently (metrics.csv: anchors_without_positive = every anchor)."""
+    from components.config import PretrainConfig
+    from tests.support.datasets import tiny_run_config
+
+    def run(**over: Any) -> PretrainConfig:
+        return from_dict(PretrainConfig, tiny_run_config(tmp_path, tmp_path, **over))
+
+    with pytest.raises(ConfigError, match=r"loss.name='simclr' with data.views=1: .*use "
+                                          r"data.views=2"):
+        run(loss={"name": "simclr", "tau": 0.2}, data__views=1)
+    one = {"data__views": 1, "data__batch_size": 1, "scaling": {"num_workers": 1}}
+    with pytest.raises(ConfigError, match=r"contrasts one view with nothing"):
+        run(loss={"name": "supcon", "tau": 0.2}, **one)
+    # what does learn: two views, a batch of two, a memory bank, two workers, CE
+    assert run(loss={"name": "supcon", "tau": 0.2}, data__views=1).data.views == 1
+    assert run(loss={"name": "supcon", "tau": 0.2}, data__views=2, data__batch_size=1,
+               scaling={"num_workers": 1})
+    assert run(loss={"name": "supcon", "tau": 0.2, "bank_size": 64}, **one)
+    assert run(loss={"name": "ce"}, **one)
