@@ -292,6 +292,10 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
     try:
         meta = json.loads((d / META).read_text())
     except FileNotFoundError:
+        if not d.is_dir():  # a typo, or an epoch pruned by checkpoint.keep
+            near = sorted(p.name for p in d.parent.glob("epoch_*")) if d.parent.is_dir() else []
+            there = f"; {d.parent} has {', '.join(near[-5:])}" if near else ""
+            raise CheckpointError(f"checkpoint {d} does not exist{there}") from None
         raise CheckpointError(
             f"{d} is not a complete checkpoint: no {META} (its write was interrupted)"
         ) from None

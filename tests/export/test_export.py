@@ -275,6 +275,11 @@ def test_errors_are_one_line(dataset: Path, tmp_path: Path,
     (tmp_path / "half").mkdir()
     assert cli(["export", str(run), "--checkpoint", str(tmp_path / "half")]) == 1
     assert "not a complete checkpoint" in _one_line(capsys)
+    # one that is not there (a typo, an epoch pruned by checkpoint.keep): said so, with the
+    # epochs the run dir has (was "no meta.json (its write was interrupted)")
+    assert cli(["export", str(run), "--checkpoint", str(run / "epoch_00099")]) == 1
+    line = _one_line(capsys)
+    assert f"checkpoint {run / 'epoch_00099'} does not exist; {run} has epoch_" in line
     assert cli(["export", str(run), "--format", "torchscript", "--projector"]) == 0
     assert capsys.readouterr().out.strip() == str(run / "export" / "model_card.md")
 
