@@ -180,6 +180,7 @@ class HFLister:
     def __init__(self, path: str, on_bad_input: str, options: ShardOptions,
                  splits: list[HFSplit], spill: str | None = None) -> None:
         self.lister = _Lister(path, on_bad_input, spill)
+        self.lister.label_setting = f"source.label_column={options.label_column!r}"
         self.options = options
         self.splits = splits
 

@@ -128,6 +128,8 @@ class _Lister:
         self.key_text = bytearray()  # the keyed rows' keys, UTF-8, each ended by a NUL
         self.skipped: list[tuple[tuple[int, int], Skip]] = []
         self.labelled = True  # whether labels are read (else every item is unlabelled)
+        self.label_setting = ""  # e.g. "source.label_key='cls'": named when no item has one
+        self.first_members: list[str] = []  # a tar source's first item's member extensions
         self.pending: Skip | None = None  # bad_input: error: the problem that stopped reading
         # a Hugging Face ClassLabel's names (the default class list), once a file gives them
         self.class_names: list[str] | None = None
@@ -282,7 +284,13 @@ class _Lister:
             if first is not None:
                 raise SourceError(f"{first.path}: {first.detail} (set bad_input=skip to skip "
                                   "and count such items)")
-        skipped += [self._label_skip(paths, raw, rows, names, index, r)
+        none = "no label"
+        if labelled and len(label_rows) and bool(np.all(labels[~dup] == -2)) and \
+                self.label_setting:  # not one item has a label: the setting, not the items
+            members = (f" (the first item's members: .{', .'.join(self.first_members)})"
+                       if self.first_members else "")
+            none = f"no label: {self.label_setting} gives none for any item{members}"
+        skipped += [self._label_skip(paths, raw, rows, names, index, r, none)
                     for r in label_rows.tolist()]
         keep = np.flatnonzero((labels >= -1) & ~dup)
         # each row's caption entry -> its text and issue (CaptionReader: no str per caption,
@@ -305,11 +313,12 @@ class _Lister:
 
     @staticmethod
     def _label_skip(paths: ShardPaths, raw: list[object], rows: np.ndarray, names: list[str],
-                    index: dict[int | str, int], r: int) -> Skip:
-        """Row ``r``'s ``missing-label`` / ``unknown-label`` skip."""
+                    index: dict[int | str, int], r: int, none: str = "no label") -> Skip:
+        """Row ``r``'s ``missing-label`` / ``unknown-label`` skip (``none``: the detail of a
+        missing one)."""
         lab = raw[int(rows[r])]
         if lab is None:
-            return Skip(path=paths[r], reason=MISSING_LABEL, detail="no label")
+            return Skip(path=paths[r], reason=MISSING_LABEL, detail=none)
         return Skip(path=paths[r], reason=UNKNOWN_LABEL, detail=label_problem(lab, names, index))
 
     def listing(self, classes: Sequence[str] | None, labelled: bool) -> Listing:
@@ -439,6 +448,7 @@ def webdataset_lister(path: str, *, on_bad_input: str = "skip", options: ShardOp
                 lister.skip(shard, UNREADABLE_SHARD,
                             f"not a readable uncompressed tar shard: {e}{kept}")
     lister.labelled = options.label_key is not None
+    lister.label_setting = f"source.label_key={options.label_key!r}"
     return lister
 
 
@@ -481,6 +491,8 @@ def _add_samples(lister: _Lister, shard: str, exts: list[str], options: ShardOpt
                  samples: Iterator[tuple[str, dict[str, _M]]],
                  read: Callable[[_M], bytes | None]) -> None:
     for key, members in samples:
+        if not lister.first_members:
+            lister.first_members = sorted(members)
         image = next((members[e] for e in exts if e in members), None)
         if image is None:
             lister.skip(f"{shard}#{key}", MISSING_IMAGE,
@@ -543,6 +555,7 @@ def parquet_lister(path: str, *, on_bad_input: str = "skip", options: ShardOptio
             except (OSError, ValueError, EOFError) as e:  # ArrowInvalid is a ValueError
                 lister.skip(file, UNREADABLE_SHARD, f"not a readable Parquet file: {e}")
     lister.labelled = options.label_column is not None
+    lister.label_setting = f"source.label_column={options.label_column!r}"
     return lister
 
 

@@ -206,3 +206,19 @@ def test_a_truncated_tar_shard_says_how_much_of_it_was_listed(tmp_path: Path) ->
         assert "the rest of the shard is lost" in skip.detail and 0 < len(lst.items) < 8
     # a whole shard (its end-of-archive blocks there) is no skip
     assert not list_webdataset(str(whole), options=ShardOptions()).skipped
+
+
+def test_a_label_setting_that_gives_no_item_a_label_is_named(tmp_path: Path) -> None:
+    """A mistyped ``label_key``: every item a ``missing-label`` "no label" named by its byte
+    offset; the skip now names the setting and the members the items have."""
+    shard = _tar(tmp_path / "00000.tar", [m for i in range(3) for m in (
+        (f"{i}.png", _png(i)), (f"{i}.cls", b"1"), (f"{i}.txt", b"a cat"))])
+    lst = list_webdataset(str(shard), options=ShardOptions(label_key="clss"))
+    assert len(lst.skipped) == 3 and {s.reason for s in lst.skipped} == {"missing-label"}
+    assert lst.skipped[0].detail == (
+        "no label: source.label_key='clss' gives none for any item (the first item's "
+        "members: .cls, .png, .txt)")
+    # one item without a label among labelled ones stays "no label"
+    _tar(shard, [("0.png", _png(0)), ("0.cls", b"1"), ("1.png", _png(1))])
+    (skip,) = list_webdataset(str(shard), options=ShardOptions(label_key="cls")).skipped
+    assert skip.detail == "no label"

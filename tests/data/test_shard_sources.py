@@ -219,7 +219,7 @@ def test_split_files_equal_the_folder_builds(
         run(cfg, echo=False)
     msg = str(e.value)
     assert "\n" not in msg and f"{out} was built from another version of its source" in msg
-    assert re.search(r"\d+ changed \(" + re.escape(str(shard)) + "#", msg), msg
+    assert re.search(r"\d+ changed \(in " + re.escape(str(shard)) + r"\)", msg), msg
 
 
 # --------------------------------------------------------------------------- bad items
