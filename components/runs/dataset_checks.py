@@ -12,6 +12,8 @@ from components.config import TEMPERATURE_KEYS, PretrainConfig
 from components.data.identity import dataset_identity, identity_diff
 from components.runs.errors import RunError
 
+NO_LABELS = "no labels"  # why the online kNN is off, when the dataset has no classes
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunFacts:
@@ -64,6 +66,11 @@ def check_dataset(cfg: PretrainConfig) -> RunFacts:
             caption_dim=info.caption_dim,
         )
     except ValueError as e:
+        if getattr(cfg.loss, "graph", None) == "class" and not info.classes:
+            raise RunError(
+                f"loss {cfg.loss.name!r} with graph='class' needs labels but {where} has none "
+                "(no classes in its manifest): its targets are the classes' similarities; "
+                "use loss.graph=caption, or simclr") from None
         raise RunError(f"loss {cfg.loss.name!r} cannot train on {where}: {e}") from None
     needs = objective.requires
     if "labels" in needs and not info.classes:
@@ -106,7 +113,7 @@ def check_dataset(cfg: PretrainConfig) -> RunFacts:
     knn = cfg.knn.every_epochs > 0
     knn_note = ""
     if knn and not info.classes:
-        knn, knn_note = False, "no labels"
+        knn, knn_note = False, NO_LABELS
     elif knn and (info.splits.get(cfg.knn.query_split, 0) == 0
                   or info.splits.get(cfg.knn.bank_split, 0) == 0):
         knn, knn_note = False, (f"split {cfg.knn.query_split!r} or {cfg.knn.bank_split!r} is "
@@ -133,8 +140,10 @@ def config_warnings(cfg: PretrainConfig, train_n: int, knn_note: str = "") -> li
         out.append(f"loss.bank_size={bank} is larger than the {train_n} training samples: the "
                    f"bank would hold stale copies of the same samples; use at most {train_n}")
     if knn_note and cfg.knn.every_epochs > 0:
+        fix = ("preprocess with labels (source.label_key / label_column), or rank a sweep by "
+               "loss" if knn_note == NO_LABELS else "preprocess with split.val > 0")
         out.append(f"the online kNN is off ({knn_note}): no knn_top1 in metrics.csv, and a sweep "
-                   "on metric knn_top1 has nothing to rank; preprocess with split.val > 0")
+                   f"on metric knn_top1 has nothing to rank; {fix}")
     lo, hi = TEMPERATURE_RANGE
     for key in TEMPERATURE_KEYS:
         value = getattr(cfg.loss, key, None)

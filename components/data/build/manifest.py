@@ -147,7 +147,9 @@ def _cleanup(out: Path, cfg: PreprocessConfig, manifest: dict[str, Any]) -> None
 def summary(manifest: dict[str, Any]) -> str:
     lines = ["", f"{'split':<8}{'samples':>10}  classes"]
     for name, s in manifest["splits"].items():
-        lines.append(f"{name:<8}{s['samples']:>10}  {len(s['per_class'])}")
+        # classes: the labelled ones ("unlabelled" counts the items without a label)
+        lines.append(f"{name:<8}{s['samples']:>10}  "
+                     f"{sum(1 for c in s['per_class'] if c != 'unlabelled')}")
     sk = manifest["skipped"]
     lines.append(f"skipped: {sk['total']}" + (
         " (" + ", ".join(f"{r}: {n}" for r, n in sorted(sk["by_reason"].items())) + ")"
