@@ -324,14 +324,29 @@ def _chunks(seq: Sequence[FolderImage], n: int) -> Iterator[Sequence[FolderImage
         yield seq[start:start + n]
 
 
+def run_classes(labels: Sequence[int], folder_classes: Sequence[str],
+                run: Sequence[str] | None) -> tuple[list[int], list[str]]:
+    """A folder's labels and classes numbered as the run's dataset numbers them: a class
+    sub-folder named like one of the run's classes takes its index (``red_square`` is label 3
+    in the folder's embedding as in the dataset's, whatever other sub-folders there are), the
+    other names come after the run's classes; ``run`` ``None`` / empty: the folder's own
+    numbering (its sorted sub-folders). ``-1`` (no class) stays."""
+    if not run:
+        return list(labels), list(folder_classes)
+    order = list(run) + [c for c in folder_classes if c not in run]
+    at = {c: i for i, c in enumerate(order)}
+    return [at[folder_classes[x]] if x >= 0 else -1 for x in labels], order
+
+
 def embed_folder(
     encoder: Encoder, folder: str | Path, augment: AugmentConfig, *, projector: bool = False,
     max_side: int | None = None, batch_size: int = 256, num_workers: int = 2,
-    device: torch.device | None = None,
+    device: torch.device | None = None, classes_of_run: Sequence[str] | None = None,
 ) -> Embedded:
     """Embed every image of a folder (see the module docstring). ``max_side``: shrink the
     longer side to this first, as the preprocessing of the dataset the run trained on did
-    (``None``: decode at full size).
+    (``None``: decode at full size). ``classes_of_run``: the run's dataset's classes, which
+    number the folder's labels (:func:`run_classes`).
 
     Raises:
         EmbedError: no image in it (:func:`list_images`), or none of its files decodes.
@@ -370,10 +385,11 @@ def embed_folder(
         reasons = sorted({r for _, r in skipped})
         raise EmbedError(f"no image in {folder} could be decoded ({len(skipped)} files: "
                          f"{', '.join(reasons)})")
+    labels, classes = run_classes([it.label for it in kept], classes, classes_of_run)
     return Embedded(
         embeddings=np.concatenate(feats).astype(np.float32, copy=False),
-        labels=np.array([it.label for it in kept], dtype=np.int64),
-        classes=list(classes),
+        labels=np.array(labels, dtype=np.int64),
+        classes=classes,
         captions=[it.caption for it in kept],
         paths=[it.path for it in kept],
         skipped=skipped,

@@ -127,9 +127,10 @@ def embed_run(run_dir: str, data: str, out: str, *, split: str | None = None,
             print("simgraph embed: note: the run's dataset manifest is not readable here, so "
                   "its image.max_side is unknown: images are cropped and resized from their "
                   "full size (the build would have shrunk larger ones first)", file=sys.stderr)
+        trained_on = state.dataset or {}  # its identity: classes numbered as it numbers them
         e = embed_folder(encoder, data, cfg.data.augment, projector=projector, max_side=side,
                          batch_size=cfg.data.batch_size, num_workers=cfg.data.num_workers,
-                         device=dev)
+                         device=dev, classes_of_run=trained_on.get("classes"))
         meta["data"]["max_side"] = side
         meta["data"]["skipped"] = len(e.skipped)
         if e.skipped:

@@ -192,7 +192,9 @@ def test_folder_matches_a_beton_of_the_same_images(dataset: Path, tmp_path: Path
     t = pq.read_table(tmp_path / "f.parquet")
     assert t.column_names == ["path", "label", "class", "caption", "embedding"]
     assert t.column("class").to_pylist() == [None, "cat", "cat", "cat", "dog", "dog"]
-    assert t.column("label").to_pylist() == [None, 0, 0, 0, 1, 1]
+    # numbered as the run's dataset numbers its classes: cat and dog are not among its four
+    # (class0 ... class3), so they come after them (test_a_folders_labels_are_numbered_...)
+    assert t.column("label").to_pylist() == [None, 4, 4, 4, 5, 5]
     meta = read_metadata(tmp_path / "f.parquet")
     assert meta["data"]["kind"] == "folder" and meta["data"]["skipped"] == 1
     assert meta["data"]["max_side"] is None  # the synthetic manifest does not record it
@@ -295,3 +297,16 @@ def test_errors_are_one_line(dataset: Path, tmp_path: Path,
     assert lines[-1] == out and "32 images, 16-d backbone features" in lines[0]
     assert pq.read_table(out).num_rows == 32
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".o.")] == []  # no temp
+
+
+def test_a_folders_labels_are_numbered_as_the_runs_classes() -> None:
+    """``embed --data <folder>`` numbered labels by the folder's own sorted sub-folders: a
+    folder holding only red_square/ and yellow_cross/ gave red_square label 0, where the run's
+    dataset (and ``embed --data <dataset>``) says 3 — joining the two tables went wrong."""
+    from components.export.embed import run_classes
+
+    run = ["blue_circle", "green_tri", "purple_star", "red_square", "yellow_cross"]
+    labels, classes = run_classes([0, 1, -1, 2], ["red_square", "yellow_cross", "zebra"], run)
+    assert labels == [3, 4, -1, 5] and classes == [*run, "zebra"]
+    assert [classes[x] for x in labels if x >= 0] == ["red_square", "yellow_cross", "zebra"]
+    assert run_classes([1, 0], ["a", "b"], None) == ([1, 0], ["a", "b"])  # no run classes
