@@ -36,7 +36,8 @@ def run_summary(cfg: Any, facts: Any, run_dir: str) -> str:
         f"  model   {cfg.model.backbone}, projector {cfg.model.projector_hidden}->"
         f"{cfg.model.projector_dim}",
         *([f"  init    {facts.init['summary']}"] if getattr(facts, "init", None) else []),
-        f"  batch   {w} worker(s) x {d.batch_size} = {gb} global, {d.views} views"
+        f"  batch   {w} worker(s) x {d.batch_size} = {gb} global, {d.views} "
+        f"view{'' if d.views == 1 else 's'}"
         + (" (" + " + ".join(f"{n} x {a.resolution} px" for n, a in d.groups()) + ")"
            if d.view_groups else "") + "; "
         f"{steps} steps/epoch x {cfg.train.epochs} epochs = {steps * cfg.train.epochs} steps"
