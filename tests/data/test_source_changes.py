@@ -231,3 +231,23 @@ def test_a_changed_shard_is_named_by_its_file_not_its_items_offsets() -> None:
         changed=["/d/folder/x.png"], classes=None, skipped=None)
     assert changes.describe() == (
         f"50 added (in {a}); 50 removed (in {a}, {b}); 1 changed (/d/folder/x.png)")
+
+
+def test_changed_files_names_a_rewritten_shard_once(tmp_path: Path) -> None:
+    """A shard source's record is checked per shard: one rewritten shard (same bytes, a new
+    inode and ctime) is named once, whatever number of items it holds."""
+    from components.data.build.listing import list_items
+    from tests.data.test_shard_sources import _cfg as shard_cfg
+    from tests.data.test_shard_sources import _png, _tar
+
+    src = tmp_path / "wds"
+    for k in range(2):
+        _tar(src / f"{k:05d}.tar", [(f"{k}-{i}.png", _png(10 * k + i)) for i in range(3)])
+    listed = list_items(shard_cfg(tmp_path / "o", "webdataset", src))
+    record = SourceRecord.of(listed)
+    assert record.changed_files(listed) == []
+    again = src / "00001.tar"
+    data = again.read_bytes()
+    again.unlink()
+    again.write_bytes(data)
+    assert record.changed_files(listed) == [str(again)]

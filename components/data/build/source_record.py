@@ -207,15 +207,25 @@ class SourceRecord:
 
     def changed_files(self, listed: Listed) -> list[str]:
         """The files of ``listed`` (what this record was made of) whose metadata differs now
-        from the record's: stat'ed again, each file once (a shard once for its items)."""
-        now = SourceRecord.of(listed)
-        moved = [k for k, (a, b) in enumerate(zip(self.stats, now.stats, strict=True))
-                 if a != b]
-        if not moved:
-            return []
-        row = np.full(len(self.stats), -1, dtype=np.int64)
-        row[self.stat_ids[::-1]] = np.arange(len(self.stat_ids))[::-1]  # each file's first item
-        return [item_file(self.paths[int(row[k])]) or self.paths[int(row[k])] for k in moved]
+        from the record's: each stat'ed again and compared as it goes (a shard once for its
+        items; no second record of a folder source's millions of stats)."""
+        paths = listed.paths
+        changed: list[str] = []
+        if isinstance(paths, ShardPaths):
+            first = np.full(len(paths.prefixes), -1, dtype=np.int64)
+            first[paths.file[::-1]] = np.arange(len(paths.file))[::-1]  # each file's first row
+            for k, row in enumerate(first.tolist()):
+                if row >= 0 and item_stat(paths[row]) != self.stats[k]:
+                    changed.append(item_file(paths[row]) or paths[row])
+            return changed
+        last: tuple[str | None, Stat] = (None, None)  # items sharing a file come together
+        for i, p in enumerate(paths):
+            f = item_file(p)
+            st = last[1] if f is not None and f == last[0] else item_stat(p)
+            last = (f, st)
+            if st != self.stat_at(i) and (f or p) not in changed[-1:]:
+                changed.append(f or p)
+        return changed
 
     def stat_at(self, i: int) -> Stat:
         """The stat of item ``i`` (its index in the :class:`Listed` the record was made of)."""
