@@ -167,12 +167,10 @@ def run_command(command: str, body: Callable[[], object]) -> int:
         # never a URI's credentials, whoever wrote it
         print(bounded(redact(f"simgraph {command}: {e.headline}{e}")), file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:  # Ctrl-C: the user's choice, not a bug; no traceback
-        print(f"simgraph {command}: interrupted (Ctrl-C); what was complete stays (the same "
-              "command resumes runs, builds and sweeps)", file=sys.stderr)
-        return INTERRUPTED
-    except Terminated:
-        print(f"simgraph {command}: terminated (SIGTERM); what was complete stays (the same "
-              "command resumes runs, builds and sweeps)", file=sys.stderr)
-        return TERMINATED
+    except (KeyboardInterrupt, Terminated) as e:  # the user's choice, not a bug: no traceback
+        how, code = (("terminated (SIGTERM)", TERMINATED) if isinstance(e, Terminated)
+                     else ("interrupted (Ctrl-C)", INTERRUPTED))
+        print(f"simgraph {command}: {how}; what was complete stays (the same command resumes "
+              "runs, builds and sweeps)", file=sys.stderr)
+        return code
     return 0

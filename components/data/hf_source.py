@@ -137,12 +137,6 @@ def hf_splits(path: str, split: Sequence[str] | None = None) -> list[HFSplit]:
     return [_one_split(os.path.join(path, s), s) for s in chosen]
 
 
-def _feature(split: HFSplit, schema: Any, column: str | None) -> dict[str, Any] | None:
-    """The ``datasets`` feature of ``column`` (``dataset_info.json``, else the data file's
-    ``huggingface`` schema metadata)."""
-    return hf_feature(schema, column, split.features)
-
-
 def _text_type(t: Any) -> bool:
     import pyarrow as pa
 
@@ -227,7 +221,7 @@ class HFLister:
                     lister.skip(file, UNREADABLE_SHARD, f"has no column {label!r} (it has "
                                 f"{schema.names}): set source.label_column")
                     return
-                names = class_label_names(_feature(split, schema, label))
+                names = class_label_names(hf_feature(schema, label, split.features))
                 lister.class_label(names, file, label)
                 cap = lister.caption_column(opts.caption_column, schema.names, file)
                 if cap is not None and not _text_type(schema.field(cap).type):

@@ -27,3 +27,11 @@ def sweep_dir(sweep: SweepConfig, base: str | Path | None = None) -> str:
     from components.io.storage import join
 
     return join(resolve_path(sweep.storage, base), sweep.name)
+
+
+def trials_dir(sweep: SweepConfig, base: str | Path | None = None) -> str:
+    """``<sweep dir>/trials``: the storage of the trials' run dirs (each named by its trial
+    id)."""
+    from components.io.storage import join
+
+    return join(sweep_dir(sweep, base), "trials")

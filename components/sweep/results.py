@@ -91,15 +91,14 @@ def _whole_history(sweep: SweepConfig, trial: str, df: Any) -> Any:
     a killed driver, where Tune's restored trial holds only the results reported since — its
     ``metrics.csv``, the run's whole history. A score from the results since a resume alone
     ranked a trial by its last epochs only."""
-    import os
-
+    from components.io import storage
     from components.runs.run_log import read_history
-    from components.sweep.layout import sweep_dir
+    from components.sweep.layout import trials_dir
 
-    root = sweep_dir(sweep)
-    if "://" in root:
+    root = trials_dir(sweep)
+    if storage.is_uri(root):
         return df
-    rows = read_history(os.path.join(root, "trials", trial))
+    rows = read_history(storage.join(root, trial))
     seen = 0 if df is None or "epoch" not in df else len(df)
     if rows is None or len(rows) <= seen or any("epoch" not in r for r in rows):
         return df

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from components.io.paths import base_dir, localize, portable, resolve_path
 from components.runs.hosts import metric_first
-from components.sweep.layout import SweepError, sweep_dir
+from components.sweep.layout import SweepError, sweep_dir, trials_dir
 from components.sweep.study import optuna_console
 from components.training.tracking import prepare_sweep_trackers, tune_callbacks
 
@@ -51,7 +51,6 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
     """
     from ray import tune  # Ray: ~1 s to import, only where a trial runs
 
-    from components.io.storage import join  # pyarrow
     from components.runs.run_dir import writing_run  # the data package: where a trial runs
     from components.search_space import load_sweep, trial_config  # YAML + configs: ~0.1 s
 
@@ -60,7 +59,7 @@ def trial_fn(params: dict[str, Any], sweep_path: str, sweep_overrides: list[str]
     # Relative paths mean what they meant where `simgraph sweep` was started (or
     # $SIMGRAPH_BASE_DIR): Tune runs each trial in its own working directory.
     cfg = trial_config(sweep, params, name=trial_id,
-                       storage=join(sweep_dir(sweep, cwd), "trials"))
+                       storage=trials_dir(sweep, cwd))
     with writing_run(cfg, base=cwd, command="sweep", wait_s=TRIAL_LOCK_WAIT_S,
                      waiting=TRIAL_LOCK_WAITING) as run:
         _train_trial(sweep, run)

@@ -32,7 +32,7 @@ from components.data.build.manifest import _assemble, _cleanup, summary
 from components.data.build.merging import merge_splits
 from components.data.build.placement import decide
 from components.data.build.planning import plan
-from components.data.build.source_record import NAMED, SourceRecord
+from components.data.build.source_record import SourceRecord, name_some
 from components.data.build.tasks import map_tasks
 from components.data.build.timing import BuildTimes
 from components.data.build.writing import ShardSettings, _shard_done, shard_specs, write_shard
@@ -52,11 +52,9 @@ def _check_source_held_still(record: SourceRecord, listed: Listed) -> None:
     """
     changed = record.changed_files(listed)
     if changed:
-        named = ", ".join(changed[:NAMED]) + (f" and {len(changed) - NAMED} more"
-                                              if len(changed) > NAMED else "")
         raise PreprocessError(
             f"the source changed while the build read it: {len(changed)} file(s) differ from "
-            f"their listing ({named}); the shards made from them may hold old and new "
+            f"their listing ({name_some(changed)}); the shards made from them may hold old and new "
             "content, so the dataset is not marked complete: re-run `simgraph preprocess` "
             "once the source holds still (the shards of unchanged files are reused)")
 

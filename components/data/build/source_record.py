@@ -43,6 +43,20 @@ NAMED = 3  # paths named per kind of change in a message
 Stat = tuple[int, int, int, int] | None  # stat_key of the file an item is read from, or None
 
 
+def name_some(paths: Sequence[str]) -> str:
+    """Up to :data:`NAMED` of ``paths``, and how many more: a message's list of files."""
+    more = f", and {len(paths) - NAMED} more" if len(paths) > NAMED else ""
+    return ", ".join(paths[:NAMED]) + more
+
+
+def _first_rows(paths: ShardPaths) -> np.ndarray:
+    """``[files]``: each shard file's first row in ``paths`` (-1: a file with no row)."""
+    first = np.full(len(paths.prefixes), -1, dtype=np.int64)
+    rows = np.arange(len(paths.file))[::-1]
+    first[paths.file[::-1]] = rows
+    return first
+
+
 def item_stat(path: str, cache: dict[str, Stat] | None = None) -> Stat:
     """:func:`components.io.files.stat_key` of the file the item ``path`` is read from; ``None``
     when it is an object-store URI or cannot be stat'ed (a missing file is skipped later, when
@@ -129,13 +143,10 @@ class SourceChanges:
         item by its shard (its path is its place in the shard, ``#tar:<offset>:<size>``,
         which means nothing to a reader, and moves for every later item when one changes)."""
         def some(paths: Sequence[str]) -> str:
-            shards = {s[0]: None for p in paths if (s := shard_item(p)) is not None}
-            if not paths or len(shards) == 0 or any(shard_item(p) is None for p in paths):
-                more = f", and {len(paths) - NAMED} more" if len(paths) > NAMED else ""
-                return ", ".join(paths[:NAMED]) + more
-            files = list(shards)
-            more = f", and {len(files) - NAMED} more" if len(files) > NAMED else ""
-            return "in " + ", ".join(files[:NAMED]) + more
+            items = [shard_item(p) for p in paths]
+            if not items or any(x is None for x in items):
+                return name_some(paths)
+            return "in " + name_some(list(dict.fromkeys(x[0] for x in items if x is not None)))
 
         parts = [f"{len(v)} {k} ({some(v)})" for k, v in
                  (("added", self.added), ("removed", self.removed),
@@ -188,10 +199,8 @@ class SourceRecord:
         paths = listed.paths
         stat_ids: np.ndarray
         if isinstance(paths, ShardPaths):
-            first = np.full(len(paths.prefixes), -1, dtype=np.int64)
-            rows = np.arange(len(paths.file))[::-1]
-            first[paths.file[::-1]] = rows  # each file's first row
-            stats = [None if k < 0 else item_stat(paths[int(k)]) for k in first.tolist()]
+            stats = [None if k < 0 else item_stat(paths[int(k)])
+                     for k in _first_rows(paths).tolist()]
             stat_ids = paths.file
         else:
             cache: dict[str, Stat] = {}
@@ -212,9 +221,7 @@ class SourceRecord:
         paths = listed.paths
         changed: list[str] = []
         if isinstance(paths, ShardPaths):
-            first = np.full(len(paths.prefixes), -1, dtype=np.int64)
-            first[paths.file[::-1]] = np.arange(len(paths.file))[::-1]  # each file's first row
-            for k, row in enumerate(first.tolist()):
+            for k, row in enumerate(_first_rows(paths).tolist()):
                 if row >= 0 and item_stat(paths[row]) != self.stats[k]:
                     changed.append(item_file(paths[row]) or paths[row])
             return changed
